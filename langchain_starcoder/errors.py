@@ -1,0 +1,35 @@
+"""Errors raised by langchain-starcoder. Each says what is wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class StarCoderError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ModelNotFoundError(StarCoderError, FileNotFoundError):
+    """The model folder or hub id does not exist, or cannot be reached."""
+
+
+class UnsupportedModelError(StarCoderError, ValueError):
+    """The checkpoint is of another architecture, or uses a feature this package does not run."""
+
+
+class CheckpointError(StarCoderError):
+    """The checkpoint is incomplete, corrupted or unsafe (pickled weights)."""
+
+
+class InvalidParameterError(StarCoderError, ValueError):
+    """A setting or request parameter is out of range or of the wrong type."""
+
+
+class ContextLengthError(InvalidParameterError):
+    """The prompt plus the tokens to generate do not fit in the model's context window."""
+
+
+class GenerationCancelled(StarCoderError):
+    """The request was cancelled before it finished."""
+
+
+class EngineClosedError(StarCoderError):
+    """The engine was closed; load a new one."""

@@ -1,0 +1,290 @@
+"""From a folder or hub id to a ready MLX model and tokenizer, with clear errors and a CPU-aware dtype policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.tokenizer_utils import (
+    BPEStreamingDetokenizer,
+    NaiveStreamingDetokenizer,
+    TokenizerWrapper,
+)
+
+from .errors import (
+    CheckpointError,
+    InvalidParameterError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
+from .models import starcoder2
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZE_BITS = (None, 4, 8)
+GROUP_SIZES = (32, 64, 128)
+KV_BITS = (None, 4, 8)
+
+#: What a download fetches: configs, tokenizer, safetensors weights. Never pickled ``.bin`` files.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer.model"]
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    args: starcoder2.ModelArgs
+    config: dict[str, Any]
+    path: Path
+
+
+def validate_load_options(
+    quantize: int | None, group_size: int, dtype: str, kv_bits: int | None
+) -> None:
+    """Refuse nonsense settings before touching the disk or the network."""
+    if quantize not in QUANTIZE_BITS:
+        msg = f"quantize must be None, 4 or 8, not {quantize!r}."
+        raise InvalidParameterError(msg)
+    if group_size not in GROUP_SIZES:
+        msg = f"group_size must be one of {GROUP_SIZES}, not {group_size!r}."
+        raise InvalidParameterError(msg)
+    if dtype not in DTYPES:
+        msg = f"dtype must be one of {DTYPES}, not {dtype!r}."
+        raise InvalidParameterError(msg)
+    if kv_bits not in KV_BITS:
+        msg = f"kv_bits must be None, 4 or 8, not {kv_bits!r}."
+        raise InvalidParameterError(msg)
+
+
+def resolve_model_path(model: str | os.PathLike[str], revision: str | None = None) -> Path:
+    """A local folder as it is, or a hub id downloaded (and cached) with huggingface_hub.
+
+    ``HF_HUB_OFFLINE=1`` makes this use the local hub cache only. Only configs, tokenizer files and
+    safetensors weights are fetched.
+    """
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            msg = f"{path} is a file; pass the checkpoint folder that holds config.json."
+            raise ModelNotFoundError(msg)
+        return path
+    name = str(model)
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        msg = (
+            f"No model folder at {path} and {name!r} is not a hub id (owner/name). "
+            "Check the path, or build an offline checkpoint with "
+            "`langchain-starcoder build-test-model DST`."
+        )
+        raise ModelNotFoundError(msg)
+    return _download(name, revision)
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except RevisionNotFoundError as e:
+        msg = (
+            f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
+        )
+        raise ModelNotFoundError(msg) from e
+    except GatedRepoError as e:
+        msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
+        raise ModelNotFoundError(msg) from e
+    except RepositoryNotFoundError as e:
+        msg = f"Hub model {repo_id!r} does not exist (or is private: log in with `hf auth login`)."
+        raise ModelNotFoundError(msg) from e
+    except HFValidationError as e:
+        msg = f"{repo_id!r} is neither a local folder nor a valid hub id: {e}"
+        raise ModelNotFoundError(msg) from e
+    except LocalEntryNotFoundError as e:
+        msg = (
+            f"Could not download {repo_id!r}: the hub cannot be reached (or HF_HUB_OFFLINE is set) "
+            "and the model is not in the local cache. Connect once to download it, or pass a local "
+            "folder (`langchain-starcoder build-test-model DST` builds one offline)."
+        )
+        raise ModelNotFoundError(msg) from e
+    except OSError as e:
+        msg = f"Download of {repo_id!r} failed: {e}. Nothing was loaded; run again to resume it."
+        raise ModelNotFoundError(msg) from e
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        msg = f"{path} has no config.json: it is not a Hugging Face checkpoint folder."
+        raise CheckpointError(msg)
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        msg = f"{config_file} is not valid JSON ({e}); re-download or rebuild the checkpoint."
+        raise CheckpointError(msg) from e
+    model_type = config.get("model_type")
+    if model_type != "starcoder2":
+        hint = (
+            " (StarCoder v1 / GPTBigCode is not supported yet)"
+            if model_type == "gpt_bigcode"
+            else ""
+        )
+        msg = (
+            f"{path} holds a {model_type!r} model{hint}; langchain-starcoder runs StarCoder2 "
+            "checkpoints (model_type 'starcoder2'), e.g. mlx-community/starcoder2-3b-4bit."
+        )
+        raise UnsupportedModelError(msg)
+    return config
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, checked to be whole. Pickled weights are refused."""
+    index_file = path / "model.safetensors.index.json"
+    if index_file.is_file():
+        try:
+            index = json.loads(index_file.read_text())
+        except json.JSONDecodeError as e:
+            msg = f"{index_file} is not valid JSON ({e}); re-download the checkpoint."
+            raise CheckpointError(msg) from e
+        files = sorted({path / name for name in index.get("weight_map", {}).values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            msg = f"{path} is missing weight shards {missing}; the download is incomplete, run it again."
+            raise CheckpointError(msg)
+    else:
+        files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(
+            p.name for p in path.glob("*.pt*")
+        )
+        if pickled:
+            msg = (
+                f"{path} has only pickled weights ({', '.join(pickled[:3])}); they are refused because "
+                "unpickling can run code. Use a checkpoint with safetensors weights, or convert it "
+                "with `mlx_lm.convert`."
+            )
+            raise CheckpointError(msg)
+        msg = f"{path} has no model*.safetensors weights."
+        raise CheckpointError(msg)
+    for f in files:
+        _check_safetensors(f)
+    return files
+
+
+def _check_safetensors(file: Path) -> None:
+    """Read the header and compare the data it describes with the file's size (truncation, garbage)."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as fh:
+            (header_len,) = struct.unpack("<Q", fh.read(8))
+            if header_len > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(fh.read(header_len))
+        end = max(
+            (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
+        )
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        msg = f"{file} is not a valid safetensors file ({e}); delete it and download it again."
+        raise CheckpointError(msg) from e
+    if 8 + header_len + end != size:
+        msg = (
+            f"{file} is truncated or corrupted ({size} bytes, its header describes "
+            f"{8 + header_len + end}); delete it and download it again."
+        )
+        raise CheckpointError(msg)
+
+
+def check_tokenizer_files(path: Path) -> None:
+    if (path / "tokenizer.json").is_file() or (
+        (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
+    ):
+        return
+    msg = f"{path} has no tokenizer (tokenizer.json, or vocab.json + merges.txt); copy it from the original checkpoint."
+    raise CheckpointError(msg)
+
+
+def default_compute_dtype() -> mx.Dtype | None:
+    """float32 on the CPU (MLX's float16 CPU kernels are up to 35x slower); None keeps the checkpoint's dtype."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str) -> LoadedModel:
+    """Load our StarCoder2 module through mlx-lm's loader; then dtype policy and quantize-on-load."""
+    from mlx_lm.utils import load_model as mlx_load_model
+    from mlx_lm.utils import quantize_model
+
+    config = read_config(path)
+    files = weight_files(path)
+    if quantize is not None and "quantization" in config:
+        q = config["quantization"]
+        msg = (
+            f"{path} is already quantized ({q.get('bits')}-bit, group size {q.get('group_size')}); "
+            "load it with quantize=None."
+        )
+        raise InvalidParameterError(msg)
+    try:
+        model, config = mlx_load_model(
+            path, get_model_classes=lambda config: (starcoder2.Model, starcoder2.ModelArgs)
+        )
+    except ValueError as e:
+        if "Received parameters not in model" in str(e) or "Missing parameters" in str(e):
+            msg = f"The weights in {path} do not match its config.json: {e}"
+            raise CheckpointError(msg) from e
+        msg = f"Could not load {path}: {e}"
+        raise CheckpointError(msg) from e
+    except (RuntimeError, OSError) as e:
+        msg = f"Could not read the weights {[f.name for f in files]} in {path}: {e}. Re-download them."
+        raise CheckpointError(msg) from e
+
+    target = default_compute_dtype() if dtype == "auto" else getattr(mx, dtype)
+    if target is not None:
+        # Packed quantized weights are integers: only floats (incl. scales and biases) change.
+        model.set_dtype(target)
+    if quantize is not None:
+        model, config = quantize_model(model, config, group_size=group_size, bits=quantize)
+    mx.eval(model.parameters())
+    return LoadedModel(model, starcoder2.ModelArgs.from_dict(config), config, path)
+
+
+class CodeDetokenizer(BPEStreamingDetokenizer):
+    """mlx-lm's byte-level streaming detokenizer, minus its trimming of a leading space.
+
+    In code a completion's first space is content (``def f():`` + `` return``), so we keep it.
+    """
+
+    def _maybe_trim_space(self, current_text: str) -> str:
+        return current_text
+
+
+def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
+    """The checkpoint's tokenizer in mlx-lm's wrapper, with a streaming detokenizer for code."""
+    from transformers import AutoTokenizer
+
+    check_tokenizer_files(path)
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as e:  # transformers raises many types for a broken tokenizer
+        msg = f"Could not load the tokenizer in {path}: {e}"
+        raise CheckpointError(msg) from e
+    decoder = {}
+    if (path / "tokenizer.json").is_file():
+        decoder = (
+            json.loads((path / "tokenizer.json").read_text(encoding="utf-8")).get("decoder") or {}
+        )
+    byte_level = decoder.get("type") == "ByteLevel"
+    eos = config.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return TokenizerWrapper(
+        hf_tokenizer,
+        CodeDetokenizer if byte_level else NaiveStreamingDetokenizer,
+        eos_token_ids=eos_ids,
+    )

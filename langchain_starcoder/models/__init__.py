@@ -1,0 +1,1 @@
+"""MLX model modules, one file per architecture."""
