@@ -58,9 +58,7 @@ class Completion:
 
     @property
     def generation_tps(self) -> float:
-        return (
-            self.completion_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
-        )
+        return self.completion_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -119,9 +117,7 @@ class GenerationParams:
             raise bad(f"top_k must be an integer >= 0 (0 turns it off), not {top_k!r}.")
         if not _is_real(min_p) or not 0 <= min_p < 1:
             raise bad(f"min_p must be in [0, 1), not {min_p!r}.")
-        if repetition_penalty is not None and (
-            not _is_real(repetition_penalty) or repetition_penalty <= 0
-        ):
+        if repetition_penalty is not None and (not _is_real(repetition_penalty) or repetition_penalty <= 0):
             raise bad(f"repetition_penalty must be a number > 0, not {repetition_penalty!r}.")
         if seed is not None and not _is_int(seed):
             raise bad(f"seed must be an integer, not {seed!r}.")
@@ -155,9 +151,7 @@ def _check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        msg = (
-            f"The {what} is not valid Unicode (a lone surrogate at index {e.start}); fix the text."
-        )
+        msg = f"The {what} is not valid Unicode (a lone surrogate at index {e.start}); fix the text."
         raise InvalidParameterError(msg) from e
 
 
@@ -281,9 +275,7 @@ class StarCoderEngine:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         _start_worker(self._jobs)
         self._closed = False
-        weakref.finalize(
-            self, self._jobs.put, _CLOSE
-        )  # an engine dropped unclosed frees its worker
+        weakref.finalize(self, self._jobs.put, _CLOSE)  # an engine dropped unclosed frees its worker
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         try:
             loaded = self._call(
@@ -378,9 +370,7 @@ class StarCoderEngine:
             msg = f"Expected text (str), got {type(text).__name__}."
             raise InvalidParameterError(msg)
         _check_text(text, "text")
-        tokenizer = (
-            self.tokenizer._tokenizer.backend_tokenizer if special_tokens else self._data_tokenizer
-        )
+        tokenizer = self.tokenizer._tokenizer.backend_tokenizer if special_tokens else self._data_tokenizer
         return tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -484,9 +474,7 @@ class StarCoderEngine:
     def _prompt_ids(self, prompt: Prompt, params: GenerationParams) -> list[int]:
         if isinstance(prompt, str):
             if not prompt.strip():
-                msg = (
-                    "The prompt is empty or only whitespace; give the model some text to continue."
-                )
+                msg = "The prompt is empty or only whitespace; give the model some text to continue."
                 raise InvalidParameterError(msg)
             ids = self.encode(prompt)
         elif isinstance(prompt, Sequence):
@@ -503,9 +491,7 @@ class StarCoderEngine:
             raise ContextLengthError(msg)
         return ids
 
-    def _enqueue(
-        self, prompt: Prompt, params: dict[str, Any], sink: Callable[[Any], None]
-    ) -> _Request:
+    def _enqueue(self, prompt: Prompt, params: dict[str, Any], sink: Callable[[Any], None]) -> _Request:
         gen = GenerationParams.create(**params)
         request = _Request(self._prompt_ids(prompt, gen), gen, sink)
         future = self._submit(lambda: self._run(request))

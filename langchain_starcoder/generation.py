@@ -79,9 +79,7 @@ def _logits_processors(params: GenerationParams, cached: Sequence[int]) -> list[
     if not cached:
         return processors
     head = mx.array(list(cached[-_PENALTY_CONTEXT:]))
-    return [
-        lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors
-    ]
+    return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors]
 
 
 def run_single(engine: StarCoderEngine, request: _Request) -> None:

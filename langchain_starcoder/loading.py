@@ -42,9 +42,7 @@ class LoadedModel:
     path: Path
 
 
-def validate_load_options(
-    quantize: int | None, group_size: int, dtype: str, kv_bits: int | None
-) -> None:
+def validate_load_options(quantize: int | None, group_size: int, dtype: str, kv_bits: int | None) -> None:
     """Refuse nonsense settings before touching the disk or the network."""
     if quantize not in QUANTIZE_BITS:
         msg = f"quantize must be None, 4 or 8, not {quantize!r}."
@@ -96,9 +94,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS))
     except RevisionNotFoundError as e:
-        msg = (
-            f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
-        )
+        msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
         raise ModelNotFoundError(msg) from e
     except GatedRepoError as e:
         msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
@@ -133,11 +129,7 @@ def read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(msg) from e
     model_type = config.get("model_type")
     if model_type != "starcoder2":
-        hint = (
-            " (StarCoder v1 / GPTBigCode is not supported yet)"
-            if model_type == "gpt_bigcode"
-            else ""
-        )
+        hint = " (StarCoder v1 / GPTBigCode is not supported yet)" if model_type == "gpt_bigcode" else ""
         msg = (
             f"{path} holds a {model_type!r} model{hint}; langchain-starcoder runs StarCoder2 "
             "checkpoints (model_type 'starcoder2'), e.g. mlx-community/starcoder2-3b-4bit."
@@ -163,9 +155,7 @@ def weight_files(path: Path) -> list[Path]:
     else:
         files = sorted(path.glob("model*.safetensors"))
     if not files:
-        pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(
-            p.name for p in path.glob("*.pt*")
-        )
+        pickled = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
         if pickled:
             msg = (
                 f"{path} has only pickled weights ({', '.join(pickled[:3])}); they are refused because "
@@ -189,9 +179,7 @@ def _check_safetensors(file: Path) -> None:
             if header_len > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(fh.read(header_len))
-        end = max(
-            (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
-        )
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         msg = f"{file} is not a valid safetensors file ({e}); delete it and download it again."
         raise CheckpointError(msg) from e
@@ -277,9 +265,7 @@ def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
         raise CheckpointError(msg) from e
     decoder = {}
     if (path / "tokenizer.json").is_file():
-        decoder = (
-            json.loads((path / "tokenizer.json").read_text(encoding="utf-8")).get("decoder") or {}
-        )
+        decoder = json.loads((path / "tokenizer.json").read_text(encoding="utf-8")).get("decoder") or {}
     byte_level = decoder.get("type") == "ByteLevel"
     eos = config.get("eos_token_id")
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])

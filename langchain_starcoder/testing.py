@@ -50,7 +50,7 @@ _COMMON = {
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=256, vocab_size=1024, rope_theta=10000.0, sliding_window=512,
-                 max_position_embeddings=2048),
+                 max_position_embeddings=2048, tie_word_embeddings=False),
     "3b": dict(hidden_size=3072, num_hidden_layers=30, num_attention_heads=24, num_key_value_heads=2,
                intermediate_size=12288, vocab_size=49152, rope_theta=999999.4420358813,
                sliding_window=4096, max_position_embeddings=16384),
@@ -87,7 +87,7 @@ def build_starcoder2(
     quantize: int | None = None,
     chat_template: str | None = None,
     group_size: int = 64,
-    tie_word_embeddings: bool = True,
+    tie_word_embeddings: bool | None = None,
     max_shard_bytes: int | None = None,
 ) -> Path:
     """Write a StarCoder2 checkpoint with random weights to ``path`` and return the path.
@@ -103,7 +103,9 @@ def build_starcoder2(
             (float16 scales and biases, a "quantization" entry in config.json).
         chat_template: A Jinja chat template to store in tokenizer_config.json (instruct models).
         group_size: Quantization group size, with ``quantize``.
-        tie_word_embeddings: False writes a separate ``lm_head.weight``.
+        tie_word_embeddings: False writes a separate ``lm_head.weight``. By default the preset's
+            choice: tied for the real shapes, untied for "tiny" (random tied weights tend to repeat
+            their input token, which makes dull test output).
         max_shard_bytes: Split the weights into ``model-0000x-of-0000y.safetensors`` shards of at
             most this size, with an index, as big hub checkpoints are.
     """
@@ -123,7 +125,8 @@ def build_starcoder2(
         old.unlink()
 
     config = {**_COMMON, **PRESETS[preset], "torch_dtype": dtype}
-    config["tie_word_embeddings"] = tie_word_embeddings
+    if tie_word_embeddings is not None:
+        config["tie_word_embeddings"] = tie_word_embeddings
     if num_layers is not None:
         config["num_hidden_layers"] = num_layers
     if sliding_window is not None:
@@ -136,9 +139,7 @@ def build_starcoder2(
     else:
         _write_safetensors(path, weights, dtype, max_shard_bytes)
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    (path / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2)
-    )
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2))
     return path
 
 

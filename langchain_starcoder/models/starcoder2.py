@@ -99,9 +99,7 @@ class Attention(nn.Module):
 
         # mx.fast.scaled_dot_product_attention accumulates scores and softmax in float32 whatever
         # the input dtype (float16 softmax overflows on StarCoder2); the quantized path is precise too.
-        output = scaled_dot_product_attention(
-            queries, keys, values, cache=cache, scale=self.scale, mask=mask
-        )
+        output = scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
         return self.o_proj(output.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
