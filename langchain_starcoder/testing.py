@@ -51,6 +51,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=256, vocab_size=1024, rope_theta=10000.0, sliding_window=512,
                  max_position_embeddings=2048, tie_word_embeddings=False),
+    "small": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=1024, vocab_size=1024, rope_theta=10000.0, sliding_window=512,
+                  max_position_embeddings=2048, tie_word_embeddings=False),
     "3b": dict(hidden_size=3072, num_hidden_layers=30, num_attention_heads=24, num_key_value_heads=2,
                intermediate_size=12288, vocab_size=49152, rope_theta=999999.4420358813,
                sliding_window=4096, max_position_embeddings=16384),
@@ -94,7 +97,8 @@ def build_starcoder2(
 
     Args:
         path: Folder to create (it may exist; the files are replaced).
-        preset: "tiny" (a few MB, for tests) or the real shapes "3b", "7b", "15b".
+        preset: "tiny" (a few MB, for tests), "small" (wide enough for every quantization group
+            size), or the real shapes "3b", "7b", "15b".
         num_layers: Override the number of layers, to keep a big preset small.
         sliding_window: Override the attention window (``0`` for none, i.e. full attention).
         seed: Seed of the weights; the same seed gives the same checkpoint.
