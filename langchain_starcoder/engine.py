@@ -286,6 +286,7 @@ class StarCoderEngine:
             raise
         self.model = loaded.model
         self.config: ModelArgs = loaded.args
+        self.kv_group_size = _kv_group_size(self.config, kv_bits)
         self.raw_config: dict[str, Any] = loaded.config
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
 
@@ -504,6 +505,15 @@ class StarCoderEngine:
         if request.cancelled.is_set():
             return
         run_single(self, request)
+
+
+def _kv_group_size(config: ModelArgs, kv_bits: int | None) -> int:
+    """MLX quantizes in groups of 32, 64 or 128 along the head dimension."""
+    group = next((g for g in (64, 32) if config.head_dim % g == 0), None)
+    if kv_bits is not None and group is None:
+        msg = f"kv_bits needs a head dimension divisible by 32; this model's is {config.head_dim}."
+        raise InvalidParameterError(msg)
+    return group or 64
 
 
 def _data_tokenizer(tokenizer: Any) -> Any:

@@ -100,6 +100,7 @@ def run_single(engine: StarCoderEngine, request: _Request) -> None:
         logits_processors=_logits_processors(params, ids[:cached]),
         prompt_cache=cache,
         kv_bits=engine.kv_bits,
+        kv_group_size=engine.kv_group_size,
         quantized_kv_start=0,
     )
     first = None

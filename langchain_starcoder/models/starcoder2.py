@@ -104,7 +104,7 @@ class Attention(nn.Module):
 
 
 def _length(kv: Any) -> int:
-    return (kv[0] if isinstance(kv, tuple) else kv).shape[-2]
+    return (kv[0] if isinstance(kv, tuple | list) else kv).shape[-2]
 
 
 def _last(kv: Any, n: int) -> Any:
