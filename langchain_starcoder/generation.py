@@ -188,5 +188,5 @@ def run_batch(
             stop_sequence=streams[uid].stop_sequence,
             generation_seconds=seconds,
         )
-        for uid, ids in zip(uids, prompts)
+        for uid, ids in zip(uids, prompts, strict=True)
     ]

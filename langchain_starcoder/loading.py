@@ -1,4 +1,4 @@
-"""From a folder or hub id to a ready MLX model and tokenizer, with clear errors and a CPU-aware dtype policy."""
+"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes."""
 
 from __future__ import annotations
 
@@ -196,12 +196,19 @@ def check_tokenizer_files(path: Path) -> None:
         (path / "vocab.json").is_file() and (path / "merges.txt").is_file()
     ):
         return
-    msg = f"{path} has no tokenizer (tokenizer.json, or vocab.json + merges.txt); copy it from the original checkpoint."
+    msg = (
+        f"{path} has no tokenizer (tokenizer.json, or vocab.json + merges.txt); "
+        "copy it from the original checkpoint."
+    )
     raise CheckpointError(msg)
 
 
 def default_compute_dtype() -> mx.Dtype | None:
-    """float32 on the CPU (MLX's float16 CPU kernels are up to 35x slower); None keeps the checkpoint's dtype."""
+    """float32 on the CPU, None (the checkpoint's dtype) on a GPU.
+
+    On the CPU, MLX's half-precision mat-vecs are far slower than float32's: a 3072x12288 mat-vec took
+    0.044 s in float32, 0.24 s in bfloat16 and 0.55 s in float16 on the 2-core x86 CI machine.
+    """
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 

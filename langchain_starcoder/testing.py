@@ -302,7 +302,8 @@ _TEMPLATES = (
     '    def {a}(self) -> str:\n        return f"{{self.{c}}} {b}"\n\n',
     "for {c} in range({n}):\n    {d} += {c} * {m}  # {a} {b}\nprint({d}, {c})\n",
     "import {a}\nfrom {b} import {A}, {B}\n\n{c} = {A}({d}={n}, {b}='{a}')\n",
-    "function {a}{B}({c}, {d}) {{\n  const {b} = {c}.map((x) => x + {n});\n  return {b}.filter(Boolean);\n}}\n",
+    "function {a}{B}({c}, {d}) {{\n  const {b} = {c}.map((x) => x + {n});\n"
+    "  return {b}.filter(Boolean);\n}}\n",
     '// {a}: {b} 的 {c} 数据 🚀\nlet {d} = "{a}-{b}"; // café naïve façade ✓\n',
     "if ({c} >= {n} && {d} != {m}) {{\n    {a}[{c}] = {b}({d});\n}} else {{\n    return -1;\n}}\n",
 )
@@ -373,8 +374,10 @@ def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> 
     if chat_template is not None:
         tokenizer_config["chat_template"] = chat_template
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    special_map = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-                   "unk_token": "<|endoftext|>", "additional_special_tokens": list(SPECIAL_TOKENS)}  # fmt: skip
+    special_map = {
+        **{name: "<|endoftext|>" for name in ("bos_token", "eos_token", "unk_token")},
+        "additional_special_tokens": list(SPECIAL_TOKENS),
+    }
     (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
 
 

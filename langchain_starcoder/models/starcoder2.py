@@ -149,7 +149,7 @@ class Starcoder2Model(nn.Module):
         if cache is None:
             cache = [None] * len(self.layers)
         mask = create_attention_mask(h, cache[0], window_size=self.args.sliding_window)
-        for layer, c in zip(self.layers, cache):
+        for layer, c in zip(self.layers, cache, strict=True):
             h = layer(h, mask, c)
         return self.norm(h)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_stop_string_across_tokens(tiny_engine: StarCoderEngine) -> None:
     ends = [len(tiny_engine.decode(full.token_ids[:k])) for k in range(1, 40)]
     start, stop = next(
         (a - 1, full.text[a - 1 : b + 1])
-        for a, b in zip(ends, ends[1:])
+        for a, b in itertools.pairwise(ends)
         if 1 < a < b and full.text.find(full.text[a - 1 : b + 1]) == a - 1
     )
     got = tiny_engine.generate(PROMPTS[1], max_tokens=40, stop=["never-there", stop])
@@ -238,7 +239,7 @@ def test_quantized_kv_cache(small_path: Path, bits: int) -> None:
         # bytes per token: float32 keys and values against packed ones plus scales and biases
         ratio = quantized.prompt_cache_bytes / plain.prompt_cache_bytes
         assert ratio < {8: 0.35, 4: 0.2}[bits]
-        assert sum(a == b for a, b in zip(got.token_ids, reference.token_ids)) >= 4
+        assert sum(a == b for a, b in zip(got.token_ids, reference.token_ids, strict=True)) >= 4
         again = quantized.generate(prompt, max_tokens=16)  # reuse of a quantized cache
         assert again.cached_tokens == again.prompt_tokens - 1
         assert again.token_ids == got.token_ids
@@ -340,7 +341,7 @@ async def test_cancelled_task_stops_generating(tiny_engine: StarCoderEngine) -> 
 
 def test_context_limit(tiny_engine: StarCoderEngine) -> None:
     prompt = [100 + i % 900 for i in range(2000)]
-    with pytest.raises(ContextLengthError, match="2000.*100.*2048"):
+    with pytest.raises(ContextLengthError, match=r"2000.*100.*2048"):
         tiny_engine.generate(prompt, max_tokens=100)
     assert tiny_engine.generate(prompt, max_tokens=48).finish_reason in ("length", "stop")
 

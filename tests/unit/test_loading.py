@@ -147,7 +147,7 @@ def test_truncated_weights(tmp_path: Path, tiny_path: Path) -> None:
 def test_garbage_weights(tmp_path: Path, tiny_path: Path) -> None:
     path = copy_checkpoint(tiny_path, tmp_path / "garbage")
     (path / "model.safetensors").write_bytes(b"\x00garbage" * 100)
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         StarCoderEngine.load(path)
 
 
