@@ -7,8 +7,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.nn as nn
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx.utils import tree_map
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_lm.utils import common_prefix_len
+
+_COPYABLE = (KVCache, QuantizedKVCache)
+
+
+def _prefix(cache: Any, n: int) -> Any:
+    """A new layer cache holding the first ``n`` positions of ``cache``, which stays as it is.
+
+    Slicing makes new array objects: the caches' in-place updates then never reach each other.
+    """
+    copy = type(cache).__new__(type(cache))
+    copy.__dict__.update(cache.__dict__)
+    copy.keys, copy.values = tree_map(lambda a: a[..., :n, :], (cache.keys, cache.values))
+    copy.offset = n
+    return copy
 
 
 @dataclass
@@ -24,8 +39,10 @@ class _Entry:
 class PromptCacheStore:
     """A bounded LRU of per-layer KV caches, each with the token ids it holds.
 
-    ``take`` hands out the cache sharing the longest prefix with a prompt, trimmed to that prefix (a
-    cache is owned by one request at a time); ``put`` gives it back with the tokens it now holds.
+    ``take`` hands out the cache sharing the longest prefix with a prompt; ``put`` stores a request's
+    cache with the tokens it now holds. A cache the prompt extends is handed over whole; of one that
+    runs past the shared prefix, a copy of the prefix is handed out and the original stays, so a
+    short unrelated request never destroys a long repository context.
     The caches keep every position, also past the sliding window, so what they hold is always exact.
     Only the engine's worker thread calls these methods.
     """
@@ -47,11 +64,13 @@ class PromptCacheStore:
             if n > best_len:
                 best, best_len = entry, n
         reuse = min(best_len, len(tokens) - 1)
-        if best is None or reuse <= 0 or not can_trim_prompt_cache(best.cache):
+        if best is None or reuse <= 0 or not all(isinstance(c, _COPYABLE) for c in best.cache):
             return make_prompt_cache(model), 0
         self._entries.remove(best)
-        trim_prompt_cache(best.cache, len(best.tokens) - reuse)
-        return best.cache, reuse
+        if reuse == len(best.tokens):
+            return best.cache, reuse
+        self._entries.append(best)  # still useful to others: keep it, most recently used
+        return [_prefix(c, reuse) for c in best.cache], reuse
 
     def put(self, tokens: Sequence[int], cache: list[Any]) -> None:
         if self.max_entries <= 0 or not tokens:

@@ -78,6 +78,20 @@ def test_shared_prefix_is_not_prefilled_again(
     assert again.token_ids == second.token_ids
 
 
+def test_a_short_request_never_destroys_a_long_context(
+    tiny_engine: StarCoderEngine, uncached: StarCoderEngine
+) -> None:
+    tiny_engine.clear_cache()
+    repo = "".join(PROMPTS) * 4
+    first = tiny_engine.generate(repo + "def a():", max_tokens=6)
+    other = tiny_engine.generate(repo[:40] + "unrelated", max_tokens=6)  # shares a short prefix
+    again = tiny_engine.generate(repo + "def b():", max_tokens=6)
+    assert first.cached_tokens == 0 and 0 < other.cached_tokens <= len(tiny_engine.encode(repo[:40]))
+    assert again.cached_tokens >= len(tiny_engine.encode(repo)) - 2
+    assert other.token_ids == uncached.generate(repo[:40] + "unrelated", max_tokens=6).token_ids
+    assert again.token_ids == uncached.generate(repo + "def b():", max_tokens=6).token_ids
+
+
 def test_reuse_past_the_sliding_window_is_exact(window_path: Path) -> None:
     reusing = StarCoderEngine.load(window_path)
     fresh = StarCoderEngine.load(window_path, max_prompt_caches=0)
