@@ -26,7 +26,7 @@ from langchain_core.runnables.config import get_config_list
 
 from .engine import Completion, CompletionChunk, StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
-from .llms import StarCoderBase, generation_info
+from .llms import MODEL_CONFIG, StarCoderBase, generation_info
 
 DEFAULT_CHAT_MODEL = "mlx-community/starcoder2-15b-instruct-v0.1-4bit"
 
@@ -204,6 +204,9 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
             chat.invoke(messages).response_metadata
             # {'model_name': ..., 'finish_reason': 'stop', 'prompt_tokens': 25, ...}
     """
+
+    # Set here too: LangChain's base classes would otherwise turn extra="forbid" back to "ignore".
+    model_config = MODEL_CONFIG
 
     model: str = DEFAULT_CHAT_MODEL
     """Hugging Face hub id or local folder of an instruct checkpoint."""

@@ -46,7 +46,9 @@ def merge_stops(*stops: Sequence[str] | str | None) -> list[str]:
 class StarCoderBase(BaseModel):
     """Fields and engine plumbing shared by :class:`StarCoderLLM` and ``ChatStarCoder``."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
+    model_config = ConfigDict(
+        extra="forbid", arbitrary_types_allowed=True, protected_namespaces=(), use_attribute_docstrings=True
+    )
 
     model: str = DEFAULT_MODEL
     """Hugging Face hub id (``mlx-community/starcoder2-3b-4bit``) or a local checkpoint folder."""
@@ -161,7 +163,8 @@ class StarCoderBase(BaseModel):
             "dtype": self.dtype,
             "kv_bits": self.kv_bits,
             **self._default_generation(),
-            "stop": self.stop,
+            # Not "stop": LangChain puts a call's stop under that key, next to these.
+            "default_stop": self.stop,
         }
 
     def _ls_params(self, model_type: str, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> dict:
@@ -221,6 +224,11 @@ def _token_usage(completions: Sequence[Completion]) -> dict[str, int]:
         "total_tokens": prompt + completion,
         "cached_tokens": sum(c.cached_tokens for c in completions),
     }
+
+
+MODEL_CONFIG = ConfigDict(
+    extra="forbid", arbitrary_types_allowed=True, protected_namespaces=(), use_attribute_docstrings=True
+)
 
 
 class StarCoderLLM(StarCoderBase, BaseLLM):
@@ -306,6 +314,9 @@ class StarCoderLLM(StarCoderBase, BaseLLM):
     ``prompt_tokens``, ``cached_tokens`` (reused from the KV prompt cache), ``completion_tokens``
     and ``stop_sequence``.
     """
+
+    # Set here too: LangChain's base classes would otherwise turn extra="forbid" back to "ignore".
+    model_config = MODEL_CONFIG
 
     @classmethod
     def is_lc_serializable(cls) -> bool:
