@@ -1,0 +1,113 @@
+"""``python -m benchmarks``: run the benchmarks and write results.json and results.md.
+
+Examples::
+
+    python -m benchmarks                      # the default set (~15 minutes on 2 cores)
+    python -m benchmarks --quick              # fewer tokens and runs (a few minutes)
+    python -m benchmarks --only cache,dtype   # some benchmarks
+    python -m benchmarks --baselines          # add transformers (torch) and the roofline
+    python -m benchmarks --preset tiny        # every checkpoint tiny: checks the harness in seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .harness import Checkpoints, Section, conditions, markdown_table, write_results
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_WORKDIR = Path.home() / ".cache" / "langchain-starcoder" / "benchmarks"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .cases import BENCHMARKS, OPTIONAL
+
+    names = ", ".join(BENCHMARKS)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Benchmark langchain-starcoder on StarCoder2 checkpoints built offline.",
+    )
+    parser.add_argument("--only", help=f"comma-separated benchmarks to run, of: {names}")
+    parser.add_argument("--skip", help="comma-separated benchmarks to leave out")
+    parser.add_argument("--baselines", action="store_true", help=f"also run {', '.join(OPTIONAL)}")
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and runs")
+    parser.add_argument(
+        "--preset", choices=("real", "tiny"), default="real",
+        help="'tiny' builds every checkpoint with the tiny preset (harness check, seconds)",
+    )  # fmt: skip
+    parser.add_argument("--reps", type=int, help="interleaved rounds per comparison (default 3, quick 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant first")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where checkpoints are kept")
+    parser.add_argument("--json", type=Path, default=HERE / "results.json", help="JSON output")
+    parser.add_argument("--markdown", type=Path, default=HERE / "results.md", help="markdown output")
+    parser.add_argument("--no-openblas", action="store_true", help="leave out the OpenBLAS variants")
+    parser.add_argument("--keep-going", action="store_true", help="report a failing benchmark and go on")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks the arguments select; 0 on success (missed goals are results, not errors)."""
+    from .cases import BENCHMARKS, OPTIONAL, Context
+
+    args = build_parser().parse_args(argv)
+    selected = [n for n in BENCHMARKS if n not in OPTIONAL or args.baselines]
+    if args.only:
+        selected = _names(args.only, BENCHMARKS)
+    if args.skip:
+        skip = _names(args.skip, BENCHMARKS)
+        selected = [n for n in selected if n not in skip]
+    tiny = args.preset == "tiny"
+    reps = args.reps or (1 if tiny else 2 if args.quick else 3)
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    ctx = Context(Checkpoints(args.workdir, tiny=tiny, log=log), quick=args.quick, reps=reps,
+                  warmup=args.warmup, log=log, openblas=not args.no_openblas)  # fmt: skip
+    meta = {
+        "command": "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "selected": selected,
+        "quick": args.quick,
+        "preset": args.preset,
+        "reps": reps,
+        "warmup": args.warmup,
+        "conditions": conditions(),
+    }
+    sections: list[Section] = []
+    failed = False
+    for name in selected:
+        log(f"[{name}] ...")
+        start = time.perf_counter()
+        try:
+            section = BENCHMARKS[name](ctx)
+        except Exception:
+            if not args.keep_going:
+                raise
+            failed = True
+            section = Section(name, 0, name, skipped="failed: " + traceback.format_exc(limit=1).strip()[-300:])
+            log(traceback.format_exc())
+        section.seconds = time.perf_counter() - start
+        sections.append(section)
+        log(f"[{name}] {section.seconds:.0f} s")
+        write_results(sections, meta, args.json, args.markdown)  # partial results survive a crash
+    print(markdown_table(sections))
+    return 1 if failed else 0
+
+
+def _names(value: str, known: dict) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {unknown}; choose from {', '.join(known)}")
+    return names
+
+
+if __name__ == "__main__":
+    sys.exit(main())
