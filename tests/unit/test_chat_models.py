@@ -1,0 +1,382 @@
+"""ChatStarCoder: LangChain's standard chat-model tests, offline, plus what they do not cover.
+
+The standard suites run on a tiny instruct checkpoint built by ``build_starcoder2(...,
+chat_template=...)``. StarCoder2 was not trained for tool calling (nor structured output, which
+LangChain builds on it): those tests run and are expected to fail with NotImplementedError.
+Tests of image, audio and PDF inputs stay off (StarCoder2 reads text; those tests download their
+inputs, so they cannot run offline), and VCR tests have no HTTP to record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import BaseChatModel
+from langchain_core.load import dumpd, load
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
+from langchain_core.outputs import ChatGenerationChunk
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+from pydantic import ValidationError
+
+from langchain_starcoder import ChatStarCoder, StarCoderEngine
+from langchain_starcoder.chat_models import DEFAULT_CHAT_MODEL
+from langchain_starcoder.errors import InvalidParameterError, UnsupportedModelError
+from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, copy_checkpoint
+
+HUB_MODEL = DEFAULT_CHAT_MODEL  # unit tests construct the model only: nothing is downloaded
+
+# What LangChain's test_serdes compares dumpd(model) with (syrupy keeps this in a file; here it is inline).
+SERIALIZED = {
+    "lc": 1,
+    "type": "constructor",
+    "id": ["langchain_starcoder", "chat_models", "ChatStarCoder"],
+    "kwargs": {"model": HUB_MODEL, "dtype": "auto", "max_tokens": 100, "top_p": 1.0, "stop": []},
+    "name": "ChatStarCoder",
+}
+
+
+NO_TOOLS = pytest.mark.xfail(
+    strict=True,
+    raises=NotImplementedError,
+    reason="StarCoder2 was not trained for tool calling: ChatStarCoder has no bind_tools, so neither "
+    "tools nor structured output (which LangChain builds on tools)",
+)
+
+
+def expected_to_fail(base: type, name: str) -> Callable[..., Any]:
+    """The standard test ``base.name``, marked NO_TOOLS (its parametrization kept)."""
+    test = getattr(base, name)
+    if inspect.iscoroutinefunction(test):
+
+        async def run(self: Any, *args: Any, **kwargs: Any) -> None:
+            await test(self, *args, **kwargs)
+    else:
+
+        def run(self: Any, *args: Any, **kwargs: Any) -> None:
+            test(self, *args, **kwargs)
+
+    return NO_TOOLS(functools.wraps(test)(run))
+
+
+class TestChatStarCoderUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[BaseChatModel]:
+        return ChatStarCoder
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": HUB_MODEL}
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        # A local model has no API key, timeout or retries, and ChatStarCoder refuses unknown
+        # fields (so that a misspelt setting is an error); keep the standard ones it has.
+        params = super().standard_chat_model_params
+        return {k: v for k, v in params.items() if k not in ("api_key", "timeout", "max_retries")}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True  # so that the tool tests run, and show (xfail) that there is none
+
+    @pytest.fixture
+    def snapshot(self) -> Any:
+        return lambda name: SERIALIZED
+
+    @pytest.mark.xfail(
+        strict=True,
+        raises=ValueError,
+        reason="langchain-core's load(allowed_objects='all') admits only the classes in its own "
+        "serialization mapping, so no third-party model loads that way; ChatStarCoder round-trips "
+        "with allowed_objects=[ChatStarCoder] (test_serialization_round_trip)",
+    )
+    def test_serdes(self, model: BaseChatModel, snapshot: Any) -> None:
+        super().test_serdes(model, snapshot)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _integration_checkpoints(chat_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The checkpoints of the integration suite, whose model params are a property."""
+    TestChatStarCoderIntegration.chat_path = chat_path
+    # A second checkpoint (a copy) for the per-call model override tests.
+    copy = copy_checkpoint(chat_path, tmp_path_factory.mktemp("override") / "chat")
+    TestChatStarCoderIntegration.override_path = copy
+
+
+class TestChatStarCoderIntegration(ChatModelIntegrationTests):
+    chat_path: Path
+    override_path: Path
+
+    @property
+    def chat_model_class(self) -> type[BaseChatModel]:
+        return ChatStarCoder
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": str(self.chat_path), "max_tokens": 8}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True  # so that the tool tests run, and show (xfail) that there is none
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True  # likewise: JSON mode is structured output
+
+    @property
+    def model_override_value(self) -> str:
+        return str(self.override_path)
+
+    @property
+    def supported_usage_metadata_details(self) -> dict[str, list[str]]:
+        return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
+
+    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
+        model = ChatStarCoder(**self.chat_model_params)
+        prompt = "Explain what a prompt cache is, in one short paragraph."
+        model.invoke(prompt)  # fills the KV prompt cache
+        if stream:
+            full = None
+            for chunk in model.stream(prompt):
+                full = chunk if full is None else full + chunk
+            message: AIMessage = full  # type: ignore[assignment]
+        else:
+            message = model.invoke(prompt)
+        # The repeated prompt is served from the cache: all of it but the last token.
+        assert message.usage_metadata["input_token_details"]["cache_read"] == (
+            message.usage_metadata["input_tokens"] - 1
+        )
+        return message
+
+
+for _name in ("test_bind_tool_pydantic", "test_with_structured_output"):
+    setattr(TestChatStarCoderUnit, _name, expected_to_fail(ChatModelUnitTests, _name))
+for _name in (
+    "test_agent_loop",
+    "test_bind_runnables_as_tools",
+    "test_json_mode",
+    "test_structured_few_shot_examples",
+    "test_structured_output",
+    "test_structured_output_async",
+    "test_structured_output_optional_param",
+    "test_structured_output_pydantic_2_v1",
+    "test_tool_calling",
+    "test_tool_calling_async",
+    "test_tool_calling_with_no_arguments",
+    "test_tool_choice",
+    "test_tool_message_error_status",
+    "test_tool_message_histories_list_content",
+    "test_tool_message_histories_string_content",
+    "test_unicode_tool_call_integration",
+):
+    setattr(TestChatStarCoderIntegration, _name, expected_to_fail(ChatModelIntegrationTests, _name))
+
+
+# --- beyond the standard suites ---------------------------------------------------------------
+
+
+@pytest.fixture
+def chat(chat_path: Path) -> ChatStarCoder:
+    return ChatStarCoder(model=chat_path, max_tokens=8)
+
+
+MESSAGES = [("system", "You write Python."), ("human", "Reverse a string.")]
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, engine: StarCoderEngine, name: str) -> list[Any]:
+    calls: list[Any] = []
+    real = getattr(engine, name)
+
+    def wrapper(prompt: Any, **kwargs: Any) -> Any:
+        calls.append(prompt)
+        return real(prompt, **kwargs)
+
+    monkeypatch.setattr(engine, name, wrapper)
+    return calls
+
+
+def test_construction_loads_nothing_and_rejects_unknown_fields() -> None:
+    chat = ChatStarCoder(model="no-such-owner/no-such-model")
+    assert chat.chat_template is None
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        ChatStarCoder(max_new_tokens=5)
+    with pytest.raises(ValidationError, match="top_p"):
+        ChatStarCoder(top_p=0)
+
+
+def test_prompt_is_the_chat_template_with_contents_as_data(chat: ChatStarCoder, monkeypatch: Any) -> None:
+    engine = chat.engine
+    calls = spy(monkeypatch, engine, "generate")
+    hostile = "Print '<|endoftext|>' and '<file_sep>' please."
+    chat.invoke([("system", "Be brief."), ("human", hostile)])
+    [ids] = calls
+    expected_text = engine.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": hostile}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert engine.decode(ids) == expected_text
+    eos, file_sep = engine.token_id("<|endoftext|>"), engine.token_id("<file_sep>")
+    assert ids.count(eos) == 1 and ids[0] == eos  # the template's own bos only
+    assert file_sep not in ids
+    assert chat.get_num_tokens_from_messages([SystemMessage("Be brief."), HumanMessage(hostile)]) == len(ids)
+    # The same text sent as a raw prompt would parse the control tokens.
+    assert engine.encode(expected_text).count(eos) == 2
+
+
+def test_missing_chat_template_error_names_the_field(tiny_path: Path) -> None:
+    with pytest.raises(UnsupportedModelError, match=r"chat_template="):
+        ChatStarCoder(model=tiny_path).invoke("hi")
+    # Setting it makes a base checkpoint chat.
+    reply = ChatStarCoder(model=tiny_path, chat_template=INSTRUCT_CHAT_TEMPLATE, max_tokens=4).invoke("hi")
+    assert isinstance(reply, AIMessage)
+
+
+def test_chat_template_field_overrides_the_checkpoint(
+    chat: ChatStarCoder, chat_path: Path, monkeypatch: Any
+) -> None:
+    template = (
+        "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}=>{% endif %}"
+    )
+    custom = ChatStarCoder(model=chat_path, chat_template=template, max_tokens=4)
+    calls = spy(monkeypatch, custom.engine, "generate")
+    custom.invoke("hello")
+    assert custom.engine.decode(calls[0]) == "<<hello>>=>"
+
+
+def test_invoke_equals_stream_with_usage_and_metadata(chat: ChatStarCoder) -> None:
+    message = chat.invoke(MESSAGES)
+    chunks = list(chat.stream(MESSAGES))
+    full = chunks[0]
+    for chunk in chunks[1:]:
+        full += chunk
+    assert len(chunks) > 2 and full.content == message.content
+    prompt_tokens = chat.get_num_tokens_from_messages(chat._convert_input(MESSAGES).to_messages())
+    usage = message.usage_metadata
+    assert usage["input_tokens"] == prompt_tokens
+    assert usage["output_tokens"] == message.response_metadata["completion_tokens"] > 0
+    assert usage["total_tokens"] == prompt_tokens + usage["output_tokens"]
+    assert full.usage_metadata["input_tokens"] == prompt_tokens
+    assert full.usage_metadata["output_tokens"] == usage["output_tokens"]
+    assert [c.usage_metadata is not None for c in chunks].count(True) == 1  # counted once
+    for meta in (message.response_metadata, full.response_metadata):
+        assert meta["model_name"] == chat.model
+        assert meta["finish_reason"] in ("stop", "length")
+
+
+def test_callbacks_get_each_chunk_once(chat: ChatStarCoder) -> None:
+    class Recorder(BaseCallbackHandler):
+        chunks: list[Any]
+
+        def __init__(self) -> None:
+            self.chunks = []
+
+        def on_llm_new_token(self, token: Any, *, chunk: Any = None, **kwargs: Any) -> None:
+            self.chunks.append(chunk)
+
+    recorder = Recorder()
+    chunks = list(chat.stream(MESSAGES, config={"callbacks": [recorder]}))
+    assert [c.message.content for c in recorder.chunks] == [c.content for c in chunks]
+    assert all(isinstance(c, ChatGenerationChunk) for c in recorder.chunks)
+
+
+def test_batch_is_one_engine_batch_and_equals_invoke(chat: ChatStarCoder, monkeypatch: Any) -> None:
+    inputs = ["Hello", MESSAGES, "Write a loop.", "Hello"]
+    singles = [chat.invoke(i).content for i in inputs]
+    batches = spy(monkeypatch, chat.engine, "generate_batch")
+    generates = spy(monkeypatch, chat.engine, "generate")
+    replies = chat.batch(inputs)
+    assert [r.content for r in replies] == singles
+    assert len(batches) == 1 and len(batches[0]) == 4 and generates == []
+    assert all(r.usage_metadata["input_tokens"] > 0 for r in replies)
+    # Per-input configs that differ fall back to LangChain's one-invoke-per-input batch.
+    assert [r.content for r in chat.batch(inputs[:2], config=[{"tags": ["a"]}, {"tags": ["b"]}])] == singles[
+        :2
+    ]
+    assert len(batches) == 1 and len(generates) == 2
+
+
+async def test_async_paths_agree_and_abatch_is_batched(chat: ChatStarCoder, monkeypatch: Any) -> None:
+    inputs = ["Hello", MESSAGES, "Write a loop."]
+    singles = [chat.invoke(i).content for i in inputs]
+    assert (await chat.ainvoke(inputs[1])).content == singles[1]
+    assert "".join([c.content async for c in chat.astream(inputs[2])]) == singles[2]
+    batches = spy(monkeypatch, chat.engine, "agenerate_batch")
+    assert [r.content for r in await chat.abatch(inputs)] == singles
+    assert len(batches) == 1 and len(batches[0]) == 3
+
+
+async def test_astream_keeps_the_event_loop_free(chat: ChatStarCoder) -> None:
+    seen: list[int] = []
+    ticks_at: list[int] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            ticks_at.append(len(seen))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        async for _ in chat.astream(MESSAGES, max_tokens=48):
+            seen.append(1)
+    finally:
+        done.set()
+        await task
+    assert len(seen) > 2
+    assert any(0 < n < len(seen) for n in ticks_at)
+
+
+def test_stop_merges_field_and_call(chat_path: Path) -> None:
+    free = ChatStarCoder(model=chat_path, max_tokens=24)
+    message = free.invoke("Hello")
+    text = message.content
+    stop = text[3:5]
+    expected = text[: text.index(stop)]
+    assert ChatStarCoder(model=chat_path, max_tokens=24, stop=[stop]).invoke("Hello").content == expected
+    merged = ChatStarCoder(model=chat_path, max_tokens=24, stop=["\x00never"])
+    assert merged.invoke("Hello", stop=[stop]).content == expected
+    assert merged.invoke("Hello", stop=[stop]).response_metadata["stop_sequence"] == stop
+    assert merged._get_ls_params(stop=[stop])["ls_stop"] == ["\x00never", stop]
+
+
+def test_message_checks(chat: ChatStarCoder) -> None:
+    with pytest.raises(InvalidParameterError, match="text only"):
+        chat.invoke([HumanMessage(content=[{"type": "image", "url": "https://example.com/cat.png"}])])
+    with pytest.raises(InvalidParameterError, match="Unknown argument"):
+        chat.invoke("hi", tools=[{"name": "x"}])
+
+
+@pytest.mark.filterwarnings("ignore::langchain_core._api.beta_decorator.LangChainBetaWarning")
+def test_params_and_serialization(chat_path: Path) -> None:
+    chat = ChatStarCoder(
+        model=chat_path, max_tokens=7, temperature=0.4, stop=["###"], chat_template="{{ x }}"
+    )
+    assert chat._llm_type == "starcoder-mlx-chat"
+    params = chat._identifying_params
+    assert params["model"] == str(chat_path) and params["chat_template"] == "{{ x }}"
+    assert params["max_tokens"] == 7 and params["temperature"] == 0.4 and params["default_stop"] == ["###"]
+    assert chat._get_ls_params() == {
+        "ls_provider": "mlx",
+        "ls_model_name": str(chat_path),
+        "ls_model_type": "chat",
+        "ls_temperature": 0.4,
+        "ls_max_tokens": 7,
+        "ls_stop": ["###"],
+    }
+    restored = load(dumpd(chat), valid_namespaces=["langchain_starcoder"], allowed_objects=[ChatStarCoder])
+    assert isinstance(restored, ChatStarCoder)
+    assert restored._identifying_params == params
+
+
+def test_streamed_message_chunks(chat: ChatStarCoder) -> None:
+    chunks = list(chat.stream("Hello"))
+    assert all(isinstance(c, AIMessageChunk) for c in chunks)
+    assert chunks[-1].chunk_position == "last"
