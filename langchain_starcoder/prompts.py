@@ -271,11 +271,8 @@ class FIMPromptTemplate(StringPromptTemplate):
         return "starcoder-fim"
 
     def _request(self, **kwargs: Any) -> FIMRequest:
+        # Other keys are ignored, as LangChain's templates do (chains pass whole dicts along).
         values = self._merge_partial_and_user_variables(**kwargs)
-        unknown = sorted(set(values) - {*self.input_variables, *self.optional_variables})
-        if unknown:
-            msg = f"FIMPromptTemplate got unknown variable(s) {unknown}."
-            raise InvalidParameterError(msg)
         return FIMRequest(
             prefix=values["prefix"],
             suffix=values.get("suffix", ""),

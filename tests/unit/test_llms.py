@@ -8,6 +8,9 @@ params, the LLM cache and serialization.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from langchain_core.outputs import GenerationChunk
 from langchain_core.prompts import PromptTemplate
 from pydantic import ValidationError
 
-from langchain_starcoder import ChatStarCoder, StarCoderEngine, StarCoderLLM
+from langchain_starcoder import ChatStarCoder, FIMPromptTemplate, StarCoderEngine, StarCoderLLM
 from langchain_starcoder.errors import ContextLengthError, InvalidParameterError
 from langchain_starcoder.llms import DEFAULT_MODEL, GENERATION_KEYS
 from langchain_starcoder.testing import copy_checkpoint
@@ -419,3 +422,28 @@ def test_chat_model_shares_the_registry(chat_path: Path) -> None:
     llm = StarCoderLLM(model=chat_path)
     chat = ChatStarCoder(model=chat_path)
     assert llm.engine is chat.engine
+
+
+def test_lcel_example_runs(tiny_path: Path) -> None:
+    """examples/lcel_chain.py on a built checkpoint: its chains print what the same chains return here."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "lcel_chain.py"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), "--model", str(tiny_path), "--max-tokens", "8"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spec = importlib.util.spec_from_file_location("lcel_chain", script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # type: ignore[union-attr]
+    llm = StarCoderLLM(model=tiny_path, max_tokens=8, stop=["\ndef ", "\nclass "])
+    streamed = (example.PROMPT | llm).invoke(example.TASKS[0])
+    bodies = (example.PROMPT | llm).batch(example.TASKS)
+    middle = (FIMPromptTemplate() | llm).invoke(example.HOLE)
+    out = done.stdout
+    assert f"== stream ==\n{streamed}\n== batch ==" in out
+    for task, body in zip(example.TASKS, bodies, strict=True):
+        assert f"-- {task['name']} --\n{body}\n" in out
+    assert out.endswith(f"== fill in the middle ==\n{middle}\n")
