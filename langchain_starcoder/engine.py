@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import mlx.core as mx
 import numpy as np
 
+from . import fim
 from .errors import ContextLengthError, EngineClosedError, InvalidParameterError, StarCoderError
 from .generation import run_batch, run_single
 from .loading import (
@@ -455,6 +456,103 @@ class StarCoderEngine:
     @property
     def prompt_cache_bytes(self) -> int:
         return self._call(lambda: self._prompt_caches.nbytes)
+
+    # --- fill-in-the-middle (the work is in fim.py) ----------------------------------------------
+
+    def infill(
+        self,
+        prefix: str,
+        suffix: str = "",
+        *,
+        context_files: Sequence[fim.ContextFile] = (),
+        repo_name: str | None = None,
+        file_path: str | None = None,
+        mode: str = "psm",
+        max_prompt_tokens: int | None = None,
+        trim_suffix_overlap: bool = True,
+        **generation: Any,
+    ) -> Completion:
+        """Generate the code between ``prefix`` and ``suffix``; ``text`` is the middle only.
+
+        The prompt is built by :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; with
+        ``context_files``, ``repo_name`` or ``file_path``, StarCoder2's repository layout), within
+        ``max_prompt_tokens`` (default: the context window minus ``max_tokens``). Generation stops
+        at ``<|endoftext|>``, ``<file_sep>``, ``<repo_name>`` and the ``<fim_*>`` tokens, and at any
+        ``stop`` string. With ``trim_suffix_overlap`` (default) an end of the middle that repeats the
+        start of the suffix is dropped (rule: :class:`langchain_starcoder.fim.SuffixOverlap`).
+        ``generation``: the keywords of :meth:`generate`.
+
+        Prompt cache: the layout puts the repo name and context files first, then the hole's file,
+        so repeated infills with the same files reuse their KV cache and prefill only from the first
+        changed token. In PSM an edit at the hole re-prefills the end of the prefix and the suffix;
+        in SPM (suffix before prefix) it re-prefills only the end of the prefix.
+        """
+        return fim.infill(
+            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
+            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
+            trim_suffix_overlap=trim_suffix_overlap, **generation,
+        )  # fmt: skip
+
+    def stream_infill(
+        self,
+        prefix: str,
+        suffix: str = "",
+        *,
+        context_files: Sequence[fim.ContextFile] = (),
+        repo_name: str | None = None,
+        file_path: str | None = None,
+        mode: str = "psm",
+        max_prompt_tokens: int | None = None,
+        trim_suffix_overlap: bool = True,
+        **generation: Any,
+    ) -> Iterator[CompletionChunk]:
+        """:meth:`infill`, streamed. Text that may turn out to repeat the suffix is held back until
+        the next chunk settles it (or the end trims it)."""
+        return fim.stream_infill(
+            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
+            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
+            trim_suffix_overlap=trim_suffix_overlap, **generation,
+        )  # fmt: skip
+
+    async def ainfill(
+        self,
+        prefix: str,
+        suffix: str = "",
+        *,
+        context_files: Sequence[fim.ContextFile] = (),
+        repo_name: str | None = None,
+        file_path: str | None = None,
+        mode: str = "psm",
+        max_prompt_tokens: int | None = None,
+        trim_suffix_overlap: bool = True,
+        **generation: Any,
+    ) -> Completion:
+        """Async :meth:`infill`."""
+        return await fim.ainfill(
+            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
+            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
+            trim_suffix_overlap=trim_suffix_overlap, **generation,
+        )  # fmt: skip
+
+    def astream_infill(
+        self,
+        prefix: str,
+        suffix: str = "",
+        *,
+        context_files: Sequence[fim.ContextFile] = (),
+        repo_name: str | None = None,
+        file_path: str | None = None,
+        mode: str = "psm",
+        max_prompt_tokens: int | None = None,
+        trim_suffix_overlap: bool = True,
+        **generation: Any,
+    ) -> AsyncIterator[CompletionChunk]:
+        """Async :meth:`stream_infill` (the event loop is never blocked)."""
+        return fim.astream_infill(
+            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
+            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
+            trim_suffix_overlap=trim_suffix_overlap, **generation,
+        )  # fmt: skip
 
     # --- internals -------------------------------------------------------------------------------
 
