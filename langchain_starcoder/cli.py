@@ -276,7 +276,7 @@ def _write_in_place(path: Path, text: str) -> Path:
 
 
 def _cmd_infill(args: argparse.Namespace) -> int:
-    from . import fim
+    from .fim import ContextFile
 
     if args.file is not None and (args.prefix is not None or args.suffix is not None):
         msg = "give either --file (with a marker) or --prefix/--suffix, not both."
@@ -291,7 +291,7 @@ def _cmd_infill(args: argparse.Namespace) -> int:
         prefix, suffix = split_marker(_read_text(args.file, "file"), args.marker, str(args.file))
     else:
         prefix, suffix = _unescape(args.prefix), _unescape(args.suffix or "")
-    context = [fim.ContextFile(p.as_posix(), _read_text(p, "context file")) for p in args.context]
+    context = [ContextFile(p.as_posix(), _read_text(p, "context file")) for p in args.context]
     # The hole's own path is metadata of the repository layout; plain PSM needs none.
     file_path = args.file_path
     if file_path is None and args.file is not None and (context or args.repo_name):
@@ -301,8 +301,8 @@ def _cmd_infill(args: argparse.Namespace) -> int:
     try:
         pieces: list[str] = []
         last = None
-        chunks = fim.stream_infill(
-            engine, prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
+        chunks = engine.stream_infill(
+            prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
             mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, **settings,
         )  # fmt: skip
         for chunk in chunks:

@@ -16,7 +16,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from langchain_starcoder import StarCoderEngine, cli, fim
+from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.fim import ContextFile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +187,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_infill_prints_only_the_middle(capsys, tiny_path, tiny_engine, project):
     prefix, suffix = SOURCE.split("<FILL>")
-    expected = fim.infill(tiny_engine, prefix, suffix, max_tokens=10)
+    expected = tiny_engine.infill(prefix, suffix, max_tokens=10)
     code, out, err = run(capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--max-tokens", 10)
     assert code == 0
     assert out == expected.text
@@ -197,11 +197,11 @@ def test_infill_prints_only_the_middle(capsys, tiny_path, tiny_engine, project):
 
 def test_infill_with_repository_context(capsys, tiny_path, tiny_engine, project):
     prefix, suffix = SOURCE.split("<FILL>")
-    expected = fim.infill(
-        tiny_engine, prefix, suffix, context_files=[ContextFile("helpers.py", HELPER)],
+    expected = tiny_engine.infill(
+        prefix, suffix, context_files=[ContextFile("helpers.py", HELPER)],
         repo_name="me/geometry", file_path="geometry.py", max_tokens=10,
     )  # fmt: skip
-    plain = fim.infill(tiny_engine, prefix, suffix, max_tokens=10)
+    plain = tiny_engine.infill(prefix, suffix, max_tokens=10)
     assert expected.prompt_tokens > plain.prompt_tokens
     code, out, err = run(
         capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--context", "helpers.py",
@@ -213,7 +213,7 @@ def test_infill_with_repository_context(capsys, tiny_path, tiny_engine, project)
 
 
 def test_infill_prefix_and_suffix_options(capsys, tiny_path, tiny_engine):
-    expected = fim.infill(tiny_engine, "def f(x):\n    return ", "\n\nprint(f(1))\n", max_tokens=8)
+    expected = tiny_engine.infill("def f(x):\n    return ", "\n\nprint(f(1))\n", max_tokens=8)
     code, out, _ = run(
         capsys, "infill", "--model", tiny_path, "--prefix", r"def f(x):\n    return ",
         "--suffix", r"\n\nprint(f(1))\n", "--max-tokens", 8,
@@ -223,7 +223,7 @@ def test_infill_prefix_and_suffix_options(capsys, tiny_path, tiny_engine):
 
 def test_infill_write_fills_the_file_and_keeps_a_backup(capsys, tiny_path, tiny_engine, project):
     prefix, suffix = SOURCE.split("<FILL>")
-    middle = fim.infill(tiny_engine, prefix, suffix, max_tokens=10).text
+    middle = tiny_engine.infill(prefix, suffix, max_tokens=10).text
     code, out, err = run(
         capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--write", "--max-tokens", 10
     )
@@ -260,7 +260,7 @@ def test_infill_argument_conflicts(capsys, tiny_path, project):
 
 def test_infill_custom_marker(capsys, tiny_path, tiny_engine, project):
     Path("m.py").write_text("x = [1, 2, ???]\n", encoding="utf-8")
-    expected = fim.infill(tiny_engine, "x = [1, 2, ", "]\n", max_tokens=5).text
+    expected = tiny_engine.infill("x = [1, 2, ", "]\n", max_tokens=5).text
     code, out, _ = run(
         capsys, "infill", "--model", tiny_path, "--file", "m.py", "--marker", "???", "--max-tokens", 5
     )
