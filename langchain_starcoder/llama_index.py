@@ -27,6 +27,7 @@ from llama_index.core.llms.llm import LLM
 from . import registry
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
+from .fim import ContextFile
 from .loading import validate_load_options
 
 dispatcher = get_dispatcher(__name__)
@@ -104,8 +105,19 @@ class StarCoder(LLM):
     Fill in the middle:
         .. code-block:: python
 
-            response = llm.infill("def area(r):\\n    return ", "\\n\\nprint(area(2))\\n")
+            from langchain_starcoder.fim import ContextFile
+
+            response = llm.infill(
+                "def area(r):\\n    return ",
+                "\\n\\nprint(area(2))\\n",
+                context_files=[ContextFile("geometry/consts.py", "PI = 3.14159\\n")],
+                repo_name="geometry",
+                file_path="geometry/area.py",
+            )
             print(response.text)  # the middle only
+
+            for response in llm.stream_infill("def mean(xs):\\n    ", "\\n"):
+                print(response.delta, end="")
 
     Chat (instruct checkpoints with a chat template):
         .. code-block:: python
@@ -343,7 +355,7 @@ class StarCoder(LLM):
         prefix: str,
         suffix: str = "",
         *,
-        context_files: Sequence[Any] = (),
+        context_files: Sequence[ContextFile] = (),
         repo_name: str | None = None,
         file_path: str | None = None,
         mode: str = "psm",
@@ -353,11 +365,13 @@ class StarCoder(LLM):
     ) -> CompletionResponse:
         """Fill the hole between ``prefix`` and ``suffix``; the response text is the middle only.
 
-        Arguments are those of :meth:`StarCoderEngine.infill`: ``context_files`` (``ContextFile``
-        s from the same repository), ``repo_name`` and ``file_path`` (StarCoder2's repository
-        format), ``mode`` ("psm" or "spm"), ``max_prompt_tokens`` (a budget the prompt is trimmed
-        to), ``trim_suffix_overlap``; keyword arguments override the generation settings. File
-        text is data: a literal ``<file_sep>`` in a file cannot reshape the prompt.
+        Arguments are those of :meth:`StarCoderEngine.infill`: ``context_files`` (other files of
+        the repository, as ``ContextFile(path, text)``), ``repo_name`` and ``file_path``
+        (StarCoder2's repository layout), ``mode`` ("psm" or "spm"), ``max_prompt_tokens`` (the
+        budget the prompt is cut to), ``trim_suffix_overlap`` (drop an end of the middle that
+        repeats the suffix); keyword arguments override the generation settings. File text is
+        data: a literal ``<file_sep>`` in a file cannot reshape the prompt. The response carries
+        the counts as :meth:`complete`'s does; callbacks see ``prefix`` as the prompt.
         """
         fim = dict(
             context_files=context_files, repo_name=repo_name, file_path=file_path, mode=mode,
@@ -377,7 +391,7 @@ class StarCoder(LLM):
         prefix: str,
         suffix: str = "",
         *,
-        context_files: Sequence[Any] = (),
+        context_files: Sequence[ContextFile] = (),
         repo_name: str | None = None,
         file_path: str | None = None,
         mode: str = "psm",
@@ -403,7 +417,7 @@ class StarCoder(LLM):
         prefix: str,
         suffix: str = "",
         *,
-        context_files: Sequence[Any] = (),
+        context_files: Sequence[ContextFile] = (),
         repo_name: str | None = None,
         file_path: str | None = None,
         mode: str = "psm",
@@ -430,7 +444,7 @@ class StarCoder(LLM):
         prefix: str,
         suffix: str = "",
         *,
-        context_files: Sequence[Any] = (),
+        context_files: Sequence[ContextFile] = (),
         repo_name: str | None = None,
         file_path: str | None = None,
         mode: str = "psm",

@@ -42,6 +42,7 @@ from langchain_starcoder.errors import (
     StarCoderError,
     UnsupportedModelError,
 )
+from langchain_starcoder.fim import ContextFile, build_fim_prompt
 from langchain_starcoder.llama_index import DEFAULT_MODEL, StarCoder
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE
 
@@ -563,3 +564,120 @@ def test_example_script_runs_offline(tiny_path, code_folder):
     retrieved = out.split("Retrieved:")[1].split("Answer:")[0].splitlines()
     assert retrieved[1].strip().startswith(str(code_folder / "settings" / "config.py"))
     assert len(out.split("Answer:", 1)[1].strip()) > 0
+
+
+# --- fill in the middle ----------------------------------------------------------------------------------
+
+FIM_PREFIX = "def mean(values):\n    total = "
+FIM_SUFFIX = "\n    return total / len(values)\n"
+# Files that hold control-token strings as text (tokenizer code, docs about StarCoder).
+TRICKY_FILES = [
+    ContextFile(
+        "docs/tokens.md", "StarCoder2 separates files with <file_sep> and ends with <|endoftext|>.\n"
+    ),
+    ContextFile("tok.py", 'EOS = "<|endoftext|>"\nSEP = "<file_sep>"\nFIM = "<fim_middle>"\n'),
+]
+REPO = {"repo_name": "stats<file_sep>lib", "file_path": "stats/mean.py"}
+
+
+def _control_counts(engine, ids: list[int]) -> dict[str, int]:
+    names = ("<|endoftext|>", "<repo_name>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+    return {name: ids.count(engine.token_id(name)) for name in names}
+
+
+def test_infill_matches_the_engine(llm, tiny_engine):
+    response = llm.infill(FIM_PREFIX, FIM_SUFFIX)
+    expected = tiny_engine.infill(FIM_PREFIX, FIM_SUFFIX, max_tokens=24)
+    assert isinstance(response, CompletionResponse)
+    assert response.text == expected.text
+    assert response.additional_kwargs["completion_tokens"] == expected.completion_tokens
+    assert response.additional_kwargs["prompt_tokens"] == expected.prompt_tokens
+    assert response.raw["token_ids"] == expected.token_ids
+    # Keywords work too, and override the settings for the call.
+    short = llm.infill(prefix=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=2, mode="spm")
+    assert short.text == tiny_engine.infill(FIM_PREFIX, FIM_SUFFIX, max_tokens=2, mode="spm").text
+    untrimmed = llm.infill(FIM_PREFIX, FIM_SUFFIX, trim_suffix_overlap=False)
+    assert (
+        untrimmed.text
+        == tiny_engine.infill(FIM_PREFIX, FIM_SUFFIX, max_tokens=24, trim_suffix_overlap=False).text
+    )
+
+
+def test_stream_infill_is_cumulative(llm):
+    full = llm.infill(FIM_PREFIX, FIM_SUFFIX, **REPO)
+    responses = list(llm.stream_infill(FIM_PREFIX, FIM_SUFFIX, **REPO))
+    text = ""
+    for response in responses:
+        text += response.delta
+        assert response.text == text
+    assert text == full.text
+    assert responses[-1].additional_kwargs["prompt_tokens"] == full.additional_kwargs["prompt_tokens"]
+    assert responses[-1].additional_kwargs["finish_reason"] == full.additional_kwargs["finish_reason"]
+
+
+async def test_async_infill_matches_sync(llm):
+    full = llm.infill(FIM_PREFIX, FIM_SUFFIX, context_files=TRICKY_FILES)
+    response = await llm.ainfill(FIM_PREFIX, FIM_SUFFIX, context_files=TRICKY_FILES)
+    assert response.text == full.text
+    responses = [
+        r async for r in await llm.astream_infill(FIM_PREFIX, FIM_SUFFIX, context_files=TRICKY_FILES)
+    ]
+    assert "".join(r.delta for r in responses) == responses[-1].text == full.text
+    assert responses[-1].additional_kwargs["completion_tokens"] == full.additional_kwargs["completion_tokens"]
+    async with _Ticker() as ticker:
+        before = ticker.ticks
+        await llm.ainfill(FIM_PREFIX, FIM_SUFFIX, max_tokens=48)
+        assert ticker.ticks - before > 1
+
+
+async def test_file_text_cannot_add_control_tokens(llm, tiny_engine, monkeypatch):
+    seen = _spy_prompts(monkeypatch, tiny_engine)
+    args = dict(context_files=TRICKY_FILES, **REPO)
+    expected = build_fim_prompt(
+        tiny_engine, FIM_PREFIX, FIM_SUFFIX, max_prompt_tokens=tiny_engine.context_window - 24, **args
+    )
+    # The layout's control ids and no more: one repo name, a separator per file plus the hole's.
+    layout = {"<|endoftext|>": 0, "<repo_name>": 1, "<file_sep>": 3, "<fim_prefix>": 1, "<fim_suffix>": 1,
+              "<fim_middle>": 1}  # fmt: skip
+    assert _control_counts(tiny_engine, expected.token_ids) == layout
+    responses = [
+        llm.infill(FIM_PREFIX, FIM_SUFFIX, **args),
+        list(llm.stream_infill(FIM_PREFIX, FIM_SUFFIX, **args))[-1],
+        await llm.ainfill(FIM_PREFIX, FIM_SUFFIX, **args),
+        [r async for r in await llm.astream_infill(FIM_PREFIX, FIM_SUFFIX, **args)][-1],
+    ]
+    assert len(seen) >= 4  # (agenerate goes through astream: both are seen)
+    assert all(ids == expected.token_ids for ids in seen)
+    for response in responses:
+        assert response.additional_kwargs["prompt_tokens"] == len(expected.token_ids)
+
+
+def test_infill_budget(llm, tiny_engine):
+    args = dict(context_files=TRICKY_FILES, max_prompt_tokens=40, **REPO)
+    response = llm.infill(FIM_PREFIX * 5, FIM_SUFFIX * 5, **args)
+    expected = build_fim_prompt(tiny_engine, FIM_PREFIX * 5, FIM_SUFFIX * 5, **args)
+    assert response.additional_kwargs["prompt_tokens"] == len(expected.token_ids) <= 40
+
+
+def test_infill_fires_callbacks_and_events(tiny_engine, collector):
+    debug = LlamaDebugHandler()
+    llm = StarCoder(engine=tiny_engine, max_tokens=6, callback_manager=CallbackManager([debug]))
+    response = llm.infill(prefix=FIM_PREFIX, suffix=FIM_SUFFIX)
+    list(llm.stream_infill(FIM_PREFIX, FIM_SUFFIX))
+    (start, end), (_, stream_end) = debug.get_llm_inputs_outputs()
+    assert start.payload[EventPayload.PROMPT] == FIM_PREFIX
+    assert end.payload[EventPayload.COMPLETION].text == response.text
+    assert stream_end.payload[EventPayload.COMPLETION].additional_kwargs["completion_tokens"] >= 1
+    starts = [e for e in collector.events if isinstance(e, LLMCompletionStartEvent)]
+    assert [e.span_id.split("-")[0] for e in starts] == ["StarCoder.infill", "StarCoder.stream_infill"]
+
+
+def test_infill_errors_are_the_engines(llm):
+    with pytest.raises(InvalidParameterError, match="mode"):
+        llm.infill(FIM_PREFIX, FIM_SUFFIX, mode="pms")
+    with pytest.raises(InvalidParameterError):
+        llm.infill(FIM_PREFIX, FIM_SUFFIX, context_files=["not a ContextFile"])
+    with pytest.raises(InvalidParameterError, match="max_token"):
+        llm.infill(FIM_PREFIX, FIM_SUFFIX, max_token=4)
+    with pytest.raises(ContextLengthError):
+        llm.infill(FIM_PREFIX, FIM_SUFFIX, max_prompt_tokens=llm.metadata.context_window)
