@@ -4,7 +4,7 @@ Retrieval uses LlamaIndex's BM25 retriever (``llama-index-retrievers-bm25``): ke
 the code, so no embedding model is downloaded. The answer streams from ``StarCoder`` through a
 LlamaIndex ``RetrieverQueryEngine``.
 
-    python examples/llama_index_query.py --question "How is the cache trimmed?"
+    python examples/llama_index_query.py --question "Where is the bulk discount applied?"
     python examples/llama_index_query.py --model path/to/checkpoint --folder my_repo
 
 ``--model`` takes a hub id (default ``mlx-community/starcoder2-3b-4bit``, downloaded once) or a
@@ -38,7 +38,10 @@ def build_query_engine(folder: Path, llm: StarCoder, top_k: int = 2) -> Retrieve
     """A streaming query engine over the code files in ``folder``, retrieving with BM25."""
     documents = SimpleDirectoryReader(str(folder), recursive=True, required_exts=CODE_EXTENSIONS).load_data()
     nodes = SentenceSplitter(chunk_size=256, chunk_overlap=32).get_nodes_from_documents(documents)
-    retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=min(top_k, len(nodes)))
+    # Split identifiers at underscores too, so "discounts" finds apply_discounts.
+    retriever = BM25Retriever.from_defaults(
+        nodes=nodes, similarity_top_k=min(top_k, len(nodes)), token_pattern=r"(?u)[^\W_]{2,}"
+    )
     return RetrieverQueryEngine.from_args(
         retriever, llm=llm, streaming=True, text_qa_template=CODE_QA_TEMPLATE
     )
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         default=Path(__file__).parent / "sample_repo",
         help="folder of code to search (default: examples/sample_repo)",
     )
-    parser.add_argument("--question", default="Which function reads the configuration file?")
+    parser.add_argument("--question", default="How is the member discount computed?")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--top-k", type=int, default=2, help="code chunks to retrieve")
     args = parser.parse_args(argv)

@@ -549,21 +549,34 @@ def test_query_engine_with_a_chat_checkpoint(chat_engine, code_folder, collector
     assert ends[0].response.additional_kwargs["completion_tokens"] >= 1
 
 
-def test_example_script_runs_offline(tiny_path, code_folder):
+def _run_example(*args: str) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    script = ROOT / "examples" / "llama_index_query.py"
     result = subprocess.run(
-        [
-            sys.executable, str(ROOT / "examples" / "llama_index_query.py"), "--model", str(tiny_path),
-            "--folder", str(code_folder), "--question", "Which function reads the configuration file?",
-            "--max-tokens", "12",
-        ],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
-    )  # fmt: skip
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
     assert result.returncode == 0, result.stderr
-    out = result.stdout
-    retrieved = out.split("Retrieved:")[1].split("Answer:")[0].splitlines()
-    assert retrieved[1].strip().startswith(str(code_folder / "settings" / "config.py"))
-    assert len(out.split("Answer:", 1)[1].strip()) > 0
+    return result.stdout
+
+
+def _retrieved(out: str) -> list[str]:
+    return [line.split()[0] for line in out.split("Retrieved:")[1].split("Answer:")[0].strip().splitlines()]
+
+
+def test_example_script_runs_offline(tiny_path, code_folder):
+    out = _run_example(
+        "--model", str(tiny_path), "--folder", str(code_folder), "--max-tokens", "12",
+        "--question", "Which function reads the configuration file?",
+    )  # fmt: skip
+    assert _retrieved(out)[0] == str(code_folder / "settings" / "config.py")
+    assert out.split("Answer:", 1)[1].strip()
+
+
+def test_example_script_defaults_to_the_sample_repo(tiny_path):
+    out = _run_example("--model", str(tiny_path), "--max-tokens", "8")
+    retrieved = _retrieved(out)
+    assert len(retrieved) == 2
+    assert Path(retrieved[0]) == ROOT / "examples" / "sample_repo" / "shop" / "pricing.py"
 
 
 # --- fill in the middle ----------------------------------------------------------------------------------
