@@ -105,14 +105,16 @@ def run_single(engine: StarCoderEngine, request: _Request) -> None:
     )
     first = None
     completed = False
+    piece = ""
     try:
         for token, _ in steps:
             first = first or time.perf_counter()
             piece = text.add(token)
             if text.finish_reason is not None or request.cancelled.is_set():
-                break
+                break  # ``piece`` (text before a stop string) goes out with the last chunk
             if piece:
                 request.sink(CompletionChunk(piece, text.take_ids()))
+                piece = ""
         completed = True
     finally:
         steps.close()
@@ -122,7 +124,7 @@ def run_single(engine: StarCoderEngine, request: _Request) -> None:
         return
     end = time.perf_counter()
     first = first or end
-    last = text.finish("length")
+    last = piece + text.finish("length")
     request.sink(
         CompletionChunk(
             last,

@@ -148,6 +148,24 @@ def test_stop_string_across_tokens(tiny_engine: StarCoderEngine) -> None:
     assert all(c.text for c in chunks[:-1]) and chunks[-1].finish_reason == "stop"
 
 
+def test_stop_string_inside_one_token(tiny_engine: StarCoderEngine) -> None:
+    full = tiny_engine.generate(PROMPTS[1], max_tokens=40)
+    # A stop in the middle of a long token: the text before it, in the same token, must be kept.
+    start = 0
+    for t in full.token_ids:
+        piece = tiny_engine.decode([t])
+        if len(piece) >= 4 and full.text.find(piece[1:-1]) == start + 1:
+            stop = piece[1:-1]
+            break
+        start += len(piece)
+    else:
+        pytest.fail("no suitable token in the output")
+    got = tiny_engine.generate(PROMPTS[1], max_tokens=40, stop=[stop])
+    assert got.text == full.text[: start + 1]
+    streamed = "".join(c.text for c in tiny_engine.stream(PROMPTS[1], max_tokens=40, stop=[stop]))
+    assert streamed == got.text
+
+
 def test_stop_token_ids_and_eos(tiny_engine: StarCoderEngine) -> None:
     assert 0 in tiny_engine.eos_token_ids  # <|endoftext|> from tokenizer and config
     full = tiny_engine.generate(PROMPTS[2], max_tokens=20)
