@@ -1,5 +1,6 @@
 """StarCoder2 code models on MLX, for LangChain and LlamaIndex."""
 
+from .chat_models import ChatStarCoder
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import (
     CheckpointError,
@@ -10,17 +11,22 @@ from .errors import (
     StarCoderError,
     UnsupportedModelError,
 )
+from .llms import StarCoderLLM
+from .prompts import FIMPromptTemplate
 
 __all__ = [
+    "ChatStarCoder",
     "CheckpointError",
     "Completion",
     "CompletionChunk",
     "ContextLengthError",
     "EngineClosedError",
+    "FIMPromptTemplate",
     "GenerationParams",
     "InvalidParameterError",
     "ModelNotFoundError",
     "StarCoderEngine",
     "StarCoderError",
+    "StarCoderLLM",
     "UnsupportedModelError",
 ]

@@ -257,11 +257,6 @@ def test_stop_from_call_and_field_are_merged(tiny_path: Path) -> None:
     assert with_field._get_ls_params(stop=[early])["ls_stop"] == [late, early]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: generation.run_single drops the text that comes before a stop string inside "
-    "the token that completes it (run_batch keeps it)",
-)
 def test_stop_inside_a_token_keeps_the_text_before_it(tiny_path: Path) -> None:
     llm = StarCoderLLM(model=tiny_path, max_tokens=24)
     completion = llm.engine.generate(PROMPTS[0], max_tokens=24)
