@@ -336,26 +336,29 @@ def _build(
         )
         raise ContextLengthError(msg)
 
-    prefix_ids, prefix_offsets = encode(header + prefix)
-    suffix_ids, suffix_offsets = encode(suffix)
-    prefix_kept, suffix_kept = len(prefix), len(suffix)
     room = None if limit is None else limit - n_controls - len(repo_ids)  # for hole and files
+    # Only the side of the prefix and suffix nearest the hole is encoded when that alone overflows.
+    near_prefix, prefix_ids, prefix_offsets = _encode_window(encode, prefix, room, keep_end=True, pre=header)
+    near_suffix, suffix_ids, suffix_offsets = _encode_window(encode, suffix, room, keep_end=False)
+    prefix_kept, suffix_kept = len(prefix), len(suffix)
     if room is not None and len(prefix_ids) + len(suffix_ids) > room:
         hole = room - len(header_ids)
         p_tokens = len(prefix_ids) - len(header_ids)
-        if len(suffix_ids) > max(hole - p_tokens, hole // 4):
+        s_limit = max(hole - p_tokens, hole // 4)
+        if len(suffix_ids) > s_limit:
             suffix_kept = _largest(
-                len(suffix),
-                lambda n: len(encode(suffix[:n])[0]) <= max(hole - p_tokens, hole // 4),
-                _guess_start(suffix_offsets, len(suffix), len(suffix_ids), max(hole - p_tokens, hole // 4)),
+                len(near_suffix),
+                lambda n: len(encode(near_suffix[:n])[0]) <= s_limit,
+                _guess_start(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
             )
             suffix_ids = encode(suffix[:suffix_kept])[0]
         p_limit = room - len(suffix_ids)  # what the suffix leaves, header included
         if len(prefix_ids) > p_limit:
+            n_near = len(near_prefix)
             prefix_kept = _largest(
-                len(prefix),
-                lambda n: len(encode(header + prefix[len(prefix) - n :])[0]) <= p_limit,
-                _guess_end(prefix_offsets, len(header + prefix), len(prefix_ids), p_limit - len(header_ids)),
+                n_near,
+                lambda n: len(encode(header + near_prefix[n_near - n :])[0]) <= p_limit,
+                _guess_end(prefix_offsets, len(header) + n_near, len(prefix_ids), p_limit - len(header_ids)),
             )
             prefix_ids = encode(header + prefix[len(prefix) - prefix_kept :])[0]
 
@@ -414,18 +417,18 @@ def _fit_file(
     """The file whole, or cut after its last line that fits in ``left`` tokens (with its
     ``<file_sep>``), with its ids; None if not even one line fits."""
     head = f"{file.path}\n" if file.path else ""
-    ids, offsets = encode(head + file.text)
-    if left is None or 1 + len(ids) <= left:
-        return file, ids
-    if left < 2:
+    if left is not None and left < 1:
         return None
-    text = file.text
+    limit = None if left is None else left - 1  # its <file_sep> takes one
+    text, ids, offsets = _encode_window(encode, file.text, limit, keep_end=False, pre=head)
+    if limit is None or len(ids) <= limit:
+        return file, ids
     ends = [i + 1 for i, ch in enumerate(text) if ch == "\n"]  # ends of whole lines
     if not text.endswith("\n"):
-        ends.append(len(text))  # the unterminated last line: the whole file, known not to fit
+        ends.append(len(text))  # the unterminated last line (or the window's end): known not to fit
     if len(ends) < 2:
         return None
-    guess_chars = _guess_start(offsets, len(head + text), len(ids), left - 1) - len(head)
+    guess_chars = _guess_start(offsets, len(head + text), len(ids), limit) - len(head)
     lines = _largest(
         len(ends),
         lambda k: k == 0 or 1 + len(encode(head + text[: ends[k - 1]])[0]) <= left,
@@ -435,6 +438,28 @@ def _fit_file(
         return None
     cut = ContextFile(file.path, text[: ends[lines - 1]])
     return cut, encode(head + cut.text)[0]
+
+
+#: Code averages 3 to 4 characters a token; a window of this many per token surely holds enough.
+_WINDOW_CHARS_PER_TOKEN = 16
+
+
+def _encode_window(
+    encode: Callable[[str], Encoded], text: str, limit: int | None, *, keep_end: bool, pre: str = ""
+) -> tuple[str, list[int], list[tuple[int, int]] | None]:
+    """Encode ``pre + text``, or only ``pre`` and the end (``keep_end``) or start of ``text`` when
+    that part alone has more than ``limit`` tokens: a long file costs no more than its budget.
+
+    Returns the part of ``text`` encoded, its ids and offsets.
+    """
+    width = _WINDOW_CHARS_PER_TOKEN * ((limit or 0) + 4)
+    if limit is not None and len(text) > width:
+        part = text[len(text) - width :] if keep_end else text[:width]
+        ids, offsets = encode(pre + part)
+        if len(ids) > limit:
+            return part, ids, offsets
+    ids, offsets = encode(pre + text)
+    return text, ids, offsets
 
 
 def _guess_start(offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int) -> int:

@@ -345,6 +345,38 @@ def test_context_files_fill_what_is_left_in_order(tiny_engine: StarCoderEngine) 
     assert [f.path for f in prompt.files_kept][:2] == ["a.py", "b.py"]
 
 
+def test_long_texts_are_encoded_only_near_the_hole(tiny_engine: StarCoderEngine, monkeypatch) -> None:
+    from langchain_starcoder import fim
+
+    hf = tiny_engine.tokenizer._tokenizer
+    longest = [0]
+
+    class MeasuringTokenizer:  # a Python tokenizer that records the longest text it encodes
+        def encode(self, text, **kwargs):
+            longest[0] = max(longest[0], len(text))
+            return hf.encode(text, **kwargs)
+
+        def get_vocab(self):
+            return hf.get_vocab()
+
+    prefix = "".join(f"before_{i} = {i}\n" for i in range(10000))
+    suffix = "".join(f"after_{i} = {i}\n" for i in range(10000))
+    files = [ContextFile("big.py", suffix), ContextFile("small.py", "x = 1\n")]
+    cases = [(prefix, suffix), ("x = ", "\n")]  # a long hole; a short hole and a long context file
+    kwargs = dict(context_files=files, file_path="x.py", max_prompt_tokens=300)
+    windowed = []
+    for hole in cases:
+        longest[0] = 0
+        windowed.append(build_fim_prompt(MeasuringTokenizer(), *hole, **kwargs))
+        assert longest[0] < 20 * 300 < len(prefix) // 10
+    big = windowed[1].files_kept[0]
+    assert big.path == "big.py" and suffix.startswith(big.text) and big.text.count("\n") > 20
+    monkeypatch.setattr(fim, "_WINDOW_CHARS_PER_TOKEN", 10**9)  # encode everything whole
+    for hole, expected in zip(cases, windowed, strict=True):
+        assert build_fim_prompt(MeasuringTokenizer(), *hole, **kwargs) == expected
+    assert longest[0] >= len(prefix)
+
+
 def test_default_budget_of_infill_is_the_window_minus_max_tokens(tiny_engine: StarCoderEngine) -> None:
     prefix = "".join(f"value_{i} = {i}\n" for i in range(1500))
     completion = tiny_engine.infill(prefix, SUFFIX, context_files=FILES, max_tokens=40)
@@ -545,10 +577,6 @@ def test_user_stops_and_stop_token_ids(tiny_engine: StarCoderEngine) -> None:
     assert by_id.token_ids == full.token_ids[: full.token_ids.index(third) + 1]
 
 
-@pytest.mark.xfail(
-    reason="engine bug, reported: generation.run_single drops the text that precedes a stop string "
-    "inside the token that completes it (the piece returned by TextStream.add is discarded)"
-)
 def test_stop_string_inside_a_token(tiny_engine: StarCoderEngine) -> None:
     full = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, trim_suffix_overlap=False)
     word = tiny_engine.decode(full.token_ids[2:3])  # " selfGraph" with the tiny model
