@@ -256,7 +256,7 @@ class FIMPromptTemplate(StringPromptTemplate):
     mode: Literal["psm", "spm"] = "psm"
     """FIM layout: "psm" (prefix, suffix, middle) or "spm" (suffix, prefix, middle)."""
 
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
     """Token budget of the prompt (None: the model's context minus ``max_tokens``)."""
 
     trim_suffix_overlap: bool = True

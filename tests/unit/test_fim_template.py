@@ -322,6 +322,10 @@ def test_bad_fim_arguments_raise(llm: StarCoderLLM) -> None:
         llm.infill(3, "b")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mode"):
         FIMPromptTemplate(mode="msp")
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        FIMPromptTemplate(max_prompt_tokens=0)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        llm.infill("a", "b", max_prompt_tokens=0)
 
 
 def test_template_with_other_models_is_text() -> None:
