@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -19,7 +20,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, field_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
@@ -177,6 +178,8 @@ class StarCoder(LLM):
     engine: StarCoderEngine | None = Field(default=None, exclude=True, description="Engine to use.")
     """An engine loaded by you; None loads the shared one for these settings on first use."""
 
+    _shared: tuple[tuple[Any, ...], StarCoderEngine] | None = PrivateAttr(default=None)
+
     def __init__(self, **kwargs: Any) -> None:
         engine = kwargs.get("engine")
         if engine is not None and "model" not in kwargs:
@@ -199,9 +202,58 @@ class StarCoder(LLM):
 
     def get_engine(self) -> StarCoderEngine:
         """The engine this LLM runs on: the one given, or the shared one (loaded on first use)."""
+        engine = self._loaded_engine()
+        if engine is None:
+            engine = registry.get_engine(
+                self.model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits
+            )
+            self._shared = (self._load_key(), engine)
+        return engine
+
+    def _load_key(self) -> tuple[Any, ...]:
+        return (self.model, self.quantize, self.dtype, self.kv_bits)
+
+    def _loaded_engine(self) -> StarCoderEngine | None:
+        """The engine if it is at hand without loading anything, else None."""
         if self.engine is not None:
             return self.engine
-        return registry.get_engine(self.model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits)
+        if self._shared is not None and self._shared[0] == self._load_key():
+            return self._shared[1]
+        return None
+
+    async def aget_engine(self) -> StarCoderEngine:
+        """:meth:`get_engine` for async code: a first load runs in a thread, off the event loop.
+
+        LlamaIndex's own async paths (``apredict``, query engines) read :attr:`metadata` first,
+        which loads on the loop; ``await llm.aget_engine()`` once beforehand avoids that.
+        """
+        engine = self._loaded_engine()
+        return engine if engine is not None else await asyncio.to_thread(self.get_engine)
+
+    def to_payload(self) -> dict[str, Any]:
+        """What callbacks and instrumentation events record: the metadata and the settings.
+
+        Unlike the default it never loads the model (an async call's events must not block the
+        event loop), so before the first load the checkpoint's own fields are left out.
+        """
+        engine = self._loaded_engine()
+        if engine is not None:
+            meta = self.metadata.model_dump()
+        else:
+            meta = {
+                "model_name": self.model,
+                "num_output": self.max_tokens,
+                "is_function_calling_model": False,
+            }
+        settings = {key: getattr(self, key) for key in _GENERATION_KEYS}
+        return {
+            "class_name": self.class_name(),
+            **meta,
+            **settings,
+            "quantize": self.quantize,
+            "dtype": self.dtype,
+            "kv_bits": self.kv_bits,
+        }
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -251,7 +303,8 @@ class StarCoder(LLM):
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`; the event loop stays free while the model runs."""
         params = self._generation_params(kwargs)
-        completion = await self.get_engine().agenerate(self._prompt(prompt, formatted), **params)
+        engine = await self.aget_engine()
+        completion = await engine.agenerate(self._prompt(prompt, formatted), **params)
         return _completion_response(completion)
 
     @llm_completion_callback()
@@ -260,7 +313,8 @@ class StarCoder(LLM):
     ) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`; the event loop stays free while the model runs."""
         params = self._generation_params(kwargs)
-        chunks = self.get_engine().astream(self._prompt(prompt, formatted), **params)
+        engine = await self.aget_engine()
+        chunks = engine.astream(self._prompt(prompt, formatted), **params)
         return _astream_completion(chunks)
 
     # --- chat ----------------------------------------------------------------------------------------
@@ -334,7 +388,7 @@ class StarCoder(LLM):
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`; the event loop stays free while the model runs."""
         params = self._generation_params(kwargs)
-        engine = self.get_engine()
+        engine = await self.aget_engine()
         completion = await engine.agenerate(self._chat_prompt(engine, messages), **params)
         return _chat_response(_completion_response(completion))
 
@@ -342,7 +396,7 @@ class StarCoder(LLM):
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; the event loop stays free while the model runs."""
         params = self._generation_params(kwargs)
-        engine = self.get_engine()
+        engine = await self.aget_engine()
         chunks = engine.astream(self._chat_prompt(engine, messages), **params)
         return _astream_completion(chunks, as_chat=True)
 
@@ -435,7 +489,8 @@ class StarCoder(LLM):
     @llm_completion_callback()
     async def _ainfill(self, prefix: str, suffix: str, **kwargs: Any) -> CompletionResponse:
         fim, params = self._split_infill_args(kwargs)
-        completion = await self.get_engine().ainfill(prefix, suffix, **fim, **params)
+        engine = await self.aget_engine()
+        completion = await engine.ainfill(prefix, suffix, **fim, **params)
         return _completion_response(completion)
 
     @dispatcher.span
@@ -462,7 +517,8 @@ class StarCoder(LLM):
     @llm_completion_callback()
     async def _astream_infill(self, prefix: str, suffix: str, **kwargs: Any) -> CompletionResponseAsyncGen:
         fim, params = self._split_infill_args(kwargs)
-        chunks = self.get_engine().astream_infill(prefix, suffix, **fim, **params)
+        engine = await self.aget_engine()
+        chunks = engine.astream_infill(prefix, suffix, **fim, **params)
         return _astream_completion(chunks)
 
     def _split_infill_args(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from langchain_starcoder.errors import (
 )
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
 from langchain_starcoder.llama_index import DEFAULT_MODEL, StarCoder
-from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE
+from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, copy_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "def read_config(path):\n    "
@@ -103,6 +104,10 @@ def test_construction_loads_nothing(monkeypatch):
     dumped = settings.to_dict()
     assert dumped["max_tokens"] == 7 and dumped["stop"] == ["\n\n"] and dumped["kv_bits"] == 8
     assert "engine" not in dumped
+    # What callbacks record does not load the model either.
+    payload = settings.to_payload()
+    assert payload["class_name"] == "StarCoder" and payload["model_name"] == "missing/model"
+    assert payload["num_output"] == 7 and payload["temperature"] == 0.5 and payload["quantize"] == 4
 
 
 @pytest.mark.parametrize(
@@ -187,6 +192,29 @@ def test_stream_complete_is_cumulative_with_deltas(llm):
     assert last["prompt_tokens"] == full.additional_kwargs["prompt_tokens"]
     assert last["finish_reason"] == "length"
     assert all(not r.additional_kwargs for r in responses[:-1])
+
+
+def test_leaving_a_stream_early_cancels_the_generation(llm, tiny_engine, monkeypatch):
+    closed: list[bool] = []
+    original = tiny_engine.stream
+
+    def stream(*args: Any, **kwargs: Any) -> Any:
+        chunks = original(*args, **kwargs)
+
+        def watched() -> Any:
+            try:
+                yield from chunks
+            finally:
+                closed.append(True)
+                chunks.close()  # the engine's iterator: closing it cancels the request
+
+        return watched()
+
+    monkeypatch.setattr(tiny_engine, "stream", stream)
+    for response in llm.stream_complete(PROMPT, max_tokens=200):
+        assert response.delta
+        break
+    assert closed == [True]
 
 
 def _stop_in(full: str, start: int) -> tuple[str, str]:
@@ -279,6 +307,26 @@ async def test_async_methods_leave_the_event_loop_free(llm, chat_engine):
         async for _ in await chat.astream_chat(messages):
             ticks_at.append(ticker.ticks)
         assert len(ticks_at) > 2 and ticks_at[-1] > ticks_at[0]
+
+
+async def test_async_first_use_loads_off_the_event_loop(tiny_path, tmp_path, monkeypatch):
+    fresh = copy_checkpoint(tiny_path, tmp_path / "fresh")  # a checkpoint no one has loaded yet
+    loads: list[threading.Thread] = []
+    original = registry.get_engine
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        loads.append(threading.current_thread())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "get_engine", recording)
+    llm = StarCoder(model=fresh, max_tokens=4)
+    response = await llm.acomplete(PROMPT)
+    assert loads and threading.current_thread() not in loads
+    assert response.additional_kwargs["completion_tokens"] == 4
+    # Once loaded, events carry the checkpoint's metadata too.
+    payload = llm.to_payload()
+    assert payload["context_window"] == 2048 and payload["model_name"] == str(fresh)
+    assert llm.get_engine() is original(fresh)
 
 
 # --- chat ---------------------------------------------------------------------------------------------
