@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import ContextLengthError, InvalidParameterError
-from .fim import build_fim_prompt, trim_suffix_overlap
+from .fim import FIMPrompt, build_fim_prompt, trim_suffix_overlap
 from .prompts import FIMPromptValue, FIMRequest, FIMText, to_context_files
 from .registry import get_engine
 
@@ -188,7 +188,7 @@ class StarCoderBase(BaseModel):
         if getattr(self, "custom_get_token_ids", None) is not None:
             return self.custom_get_token_ids(text)  # type: ignore[attr-defined]
         if isinstance(text, FIMText):
-            return list(build_fim_prompt(self.engine, **text.fim.prompt_kwargs()).token_ids)
+            return list(_fim_prompt(self.engine, text.fim, self.max_tokens).token_ids)
         return self.engine.encode(text)
 
 
@@ -356,11 +356,9 @@ class StarCoderLLM(StarCoderBase, BaseLLM):
         plain, fim = _split(prompts)
         done: dict[int, Completion] = {}
         if fim:
-            done.update(zip(fim, _infill_many(engine, [prompts[i].fim for i in fim], params), strict=True))  # type: ignore[attr-defined]
+            done.update(zip(fim, _infill_many(engine, list(fim.values()), params), strict=True))
         if plain:
-            done.update(
-                zip(plain, _generate_many(engine, [str(prompts[i]) for i in plain], params), strict=True)
-            )
+            done.update(zip(plain, _generate_many(engine, list(plain.values()), params), strict=True))
         return self._result([done[i] for i in range(len(prompts))], model)
 
     async def _agenerate(
@@ -380,11 +378,11 @@ class StarCoderLLM(StarCoderBase, BaseLLM):
         plain, fim = _split(prompts)
         jobs = []
         if fim:
-            jobs.append(_ainfill_many(engine, [prompts[i].fim for i in fim], params))  # type: ignore[attr-defined]
+            jobs.append(_ainfill_many(engine, list(fim.values()), params))
         if plain:
-            jobs.append(_agenerate_many(engine, [str(prompts[i]) for i in plain], params))
+            jobs.append(_agenerate_many(engine, list(plain.values()), params))
         results = await asyncio.gather(*jobs)
-        done = dict(zip(fim + plain, [c for group in results for c in group], strict=True))
+        done = dict(zip([*fim, *plain], [c for group in results for c in group], strict=True))
         return self._result([done[i] for i in range(len(prompts))], model)
 
     def _stream(
@@ -546,10 +544,11 @@ def _fim_value(
     return FIMPromptValue.from_request(request)
 
 
-def _split(prompts: Sequence[str]) -> tuple[list[int], list[int]]:
-    """Indices of the raw prompts and of the FIM prompts."""
-    fim = [i for i, p in enumerate(prompts) if isinstance(p, FIMText)]
-    return [i for i in range(len(prompts)) if i not in set(fim)], fim
+def _split(prompts: Sequence[str]) -> tuple[dict[int, str], dict[int, FIMRequest]]:
+    """The raw prompts and the FIM requests, by their index in ``prompts``."""
+    plain = {i: str(p) for i, p in enumerate(prompts) if not isinstance(p, FIMText)}
+    fim = {i: p.fim for i, p in enumerate(prompts) if isinstance(p, FIMText)}
+    return plain, fim
 
 
 def _generate_many(engine: StarCoderEngine, prompts: list[str], params: dict) -> list[Completion]:
@@ -564,26 +563,26 @@ async def _agenerate_many(engine: StarCoderEngine, prompts: list[str], params: d
     return await engine.agenerate_batch(prompts, **params)
 
 
+def _fim_prompt(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> FIMPrompt:
+    """The FIM prompt ``engine.infill`` builds for ``request`` (same budget rule)."""
+    budget = request.max_prompt_tokens
+    if budget is not None and budget + max_tokens > engine.context_window:
+        msg = (
+            f"max_prompt_tokens={budget} plus max_tokens={max_tokens} exceeds the model's "
+            f"context window of {engine.context_window}. Lower one of them."
+        )
+        raise ContextLengthError(msg)
+    kwargs = {**request.prompt_kwargs(), "max_prompt_tokens": budget or engine.context_window - max_tokens}
+    return build_fim_prompt(engine, **kwargs)
+
+
 def _fim_batch(
     engine: StarCoderEngine, requests: Sequence[FIMRequest], params: dict
 ) -> tuple[list[list[int]], dict[str, Any]]:
     """The prompt ids and settings that run several infills as one batch, as ``engine.infill``
     builds them one at a time (same budget, FIM stop tokens)."""
     max_tokens = GenerationParams.create(**params).max_tokens
-    prompts = []
-    for request in requests:
-        budget = request.max_prompt_tokens
-        if budget is not None and budget + max_tokens > engine.context_window:
-            msg = (
-                f"max_prompt_tokens={budget} plus max_tokens={max_tokens} exceeds the model's "
-                f"context window of {engine.context_window}. Lower one of them."
-            )
-            raise ContextLengthError(msg)
-        kwargs = {
-            **request.prompt_kwargs(),
-            "max_prompt_tokens": budget or engine.context_window - max_tokens,
-        }
-        prompts.append(build_fim_prompt(engine, **kwargs))
+    prompts = [_fim_prompt(engine, request, max_tokens) for request in requests]
     stop_ids = {i for p in prompts for i in p.stop_token_ids}
     return [p.token_ids for p in prompts], {**params, "stop_token_ids": sorted(stop_ids)}
 
