@@ -414,7 +414,9 @@ def test_info_reads_the_model_from_the_environment(capsys, tiny_path, monkeypatc
 
 def test_bench_without_the_benchmarks_package_says_how_to_run_it(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not a checkout
-    monkeypatch.setitem(sys.modules, "benchmarks", None)  # as in an installed wheel: not importable
+    # As in an installed wheel: not importable (also when an earlier test imported it).
+    monkeypatch.setitem(sys.modules, "benchmarks", None)
+    monkeypatch.setitem(sys.modules, "benchmarks.__main__", None)
     code, _, err = run(capsys, "bench", "--help")
     assert code == 1
     assert "checkout" in one_line(err)
