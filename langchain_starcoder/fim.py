@@ -18,6 +18,12 @@ special-token parsing off, so a file that contains the literal text ``<file_sep>
 prompt. Control tokens are inserted as ids. Each run of text between two control tokens is encoded as
 one piece, which is how the model's own tokenizer splits a hand-written prompt, and the budget is
 counted on exactly the ids that are emitted.
+
+Prompt cache: the engine reuses the KV cache of the longest common token prefix with a recent
+request. The stable parts come first (repo name, context files, the hole's file path), so repeated
+infills in one file with the same context files prefill only from the first changed token: in PSM
+an edit near the hole re-prefills the end of the prefix and the suffix, in SPM (suffix first) only
+the end of the prefix. A budget that cuts the prefix's start or a context file moves that point up.
 """
 
 from __future__ import annotations
