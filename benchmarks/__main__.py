@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.keep_going:
                 raise
             failed = True
-            section = Section(name, 0, name, skipped="failed: " + traceback.format_exc(limit=1).strip()[-300:])
+            section = Section(
+                name, 0, name, skipped="failed: " + traceback.format_exc(limit=1).strip()[-300:]
+            )
             log(traceback.format_exc())
         section.seconds = time.perf_counter() - start
         sections.append(section)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -40,7 +41,7 @@ class Shape:
     def describe(self) -> str:
         c = self.config()
         base = f"{self.preset} ({c['num_hidden_layers']} layers"
-        if self.overrides:
+        if self.overrides and "hidden_size" in dict(self.overrides):
             base = f"{self.preset}-derived ({c['num_hidden_layers']} layers"
             base += f", hidden {c['hidden_size']}, {c['num_attention_heads']} heads, "
             base += f"{c['num_key_value_heads']} KV heads, MLP {c['intermediate_size']}"
@@ -57,6 +58,9 @@ NARROW = Shape(
     layers=2,
     overrides=(("hidden_size", 512), ("num_attention_heads", 4), ("intermediate_size", 2048)),
 )
+#: 3b layers without 3b's 49152-row output matrix: per token, attention over the window weighs
+#: against the layer weights as in the 30-layer model (the head is 1/20 of that model's weights).
+WIDE_LAYERS = Shape("3b", layers=2, overrides=(("vocab_size", 1024),))
 TINY = Shape("tiny")
 
 
@@ -72,7 +76,9 @@ class Checkpoints:
         """The shape a benchmark gets: the tiny preset replaces every shape in test runs."""
         return TINY if self.tiny else shape
 
-    def get(self, shape: Shape, *, quantize: int | None = None, dtype: str = "float32", seed: int = 0) -> Path:
+    def get(
+        self, shape: Shape, *, quantize: int | None = None, dtype: str = "float32", seed: int = 0
+    ) -> Path:
         from langchain_starcoder import testing
 
         shape = self.shape(shape)
@@ -244,14 +250,12 @@ def conditions() -> dict[str, Any]:
         except PackageNotFoundError:
             versions[name] = None
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         cpu = next(
             line.split(":", 1)[1].strip()
             for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("model name")
         )
-    except (OSError, StopIteration):
-        pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -3,8 +3,8 @@
 The ``mlx[cpu]`` wheel for Linux links the netlib *reference* BLAS, which multiplies float32
 matrices at about 2 GFLOP/s on one core. MLX calls BLAS through the standard ``cblas_sgemm``
 symbol, so an optimized OpenBLAS loaded into the process with ``RTLD_GLOBAL`` *before MLX is
-imported* takes those calls over: on a 2-core Xeon a 256x3072x12288 matmul went from 2.3 to
-250 GFLOP/s, and float32 prefill of a StarCoder2-3b-shaped model about 30x faster (see
+imported* takes those calls over: on a 2-core Xeon a 256x3072x12288 matmul went from ~2 to
+~100 GFLOP/s, and float32 prefill of a StarCoder2-3b-shaped model about 40x faster (see
 ``benchmarks/RESULTS.md``). Quantized and float16/bfloat16 kernels never call BLAS, so they do
 not change. Results stay within float32 rounding of the reference BLAS (logits within 1e-4).
 
@@ -30,6 +30,10 @@ In code, before anything imports ``mlx``:
         import langchain_starcoder  # loads OpenBLAS, then MLX
 
 If MLX was imported first, nothing changes and a warning says so.
+
+OpenBLAS runs on one thread unless ``OPENBLAS_NUM_THREADS`` (or ``OMP_NUM_THREADS``) says
+otherwise: MLX has its own CPU thread, and extra BLAS threads that spin while they wait slowed a
+busy 2-core machine down several times (see ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ ENV_VAR = "LANGCHAIN_STARCODER_BLAS"
 WHEEL = "ngsolve-openblas"
 _WHEEL_MODULE = "ngsolve_openblas"
 _OFF = ("", "0", "off", "false", "no", "none", "reference")
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
 _loaded: ctypes.CDLL | None = None
 _loaded_path: str | None = None
@@ -91,6 +96,10 @@ def use_optimized_blas(library: str | os.PathLike[str] | None = None) -> bool:
     except OSError as e:
         _warn(f"Could not load the BLAS library {path}: {e}")
         return False
+    if not any(os.environ.get(v) for v in _THREAD_VARS) and hasattr(lib, "openblas_set_num_threads"):
+        # One thread unless asked: MLX already runs its own CPU thread, and on a busy 2-core machine
+        # OpenBLAS's spinning worker threads made prefill 6x and decode 2.5x slower than one thread.
+        lib.openblas_set_num_threads(1)
     _loaded, _loaded_path = lib, str(path)
     return True
 
