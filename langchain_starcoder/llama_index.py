@@ -20,7 +20,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
@@ -76,6 +76,12 @@ class StarCoder(LLM):
             Strings that end the generation (not included in the text).
         top_p, top_k, min_p, repetition_penalty, seed:
             Sampling settings, as in :meth:`StarCoderEngine.generate`.
+
+    Key init args — chat:
+        chat_template: str | None
+            A Jinja chat template instead of the checkpoint's. Without one (a base model), chat
+            raises an error naming it; ``messages_to_prompt=`` (LlamaIndex's own hook) is used
+            when given.
 
     Instantiate:
         .. code-block:: python
@@ -147,6 +153,9 @@ class StarCoder(LLM):
     worker thread.
     """
 
+    # A misspelt setting (``max_token=``) is an error rather than silently ignored.
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
     model: str = Field(default=DEFAULT_MODEL, description="Hub id or local checkpoint folder.")
     """Hub id or local checkpoint folder."""
     quantize: int | None = Field(default=None, description="4 or 8: quantize on load.")
@@ -178,6 +187,7 @@ class StarCoder(LLM):
     engine: StarCoderEngine | None = Field(default=None, exclude=True, description="Engine to use.")
     """An engine loaded by you; None loads the shared one for these settings on first use."""
 
+    # The registry's engine and the load settings it was got for: later calls skip the lookup.
     _shared: tuple[tuple[Any, ...], StarCoderEngine] | None = PrivateAttr(default=None)
 
     def __init__(self, **kwargs: Any) -> None:

@@ -120,6 +120,11 @@ def test_bad_settings_raise_engine_errors_on_construction(bad):
         StarCoder(model="missing/model", **bad)
 
 
+def test_misspelt_settings_are_refused():
+    with pytest.raises(ValueError, match="max_token"):
+        StarCoder(model="missing/model", max_token=3)
+
+
 def test_shares_the_registry_engine(tiny_path):
     a = StarCoder(model=tiny_path, max_tokens=4)
     b = StarCoder(model=str(tiny_path), max_tokens=9, temperature=0.7)
