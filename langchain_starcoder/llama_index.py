@@ -187,7 +187,8 @@ class StarCoder(LLM):
     engine: StarCoderEngine | None = Field(default=None, exclude=True, description="Engine to use.")
     """An engine loaded by you; None loads the shared one for these settings on first use."""
 
-    # The registry's engine and the load settings it was got for: later calls skip the lookup.
+    # The registry's engine last used and the load settings it was got for: it tells callbacks
+    # and async calls whether the model is loaded, without loading it.
     _shared: tuple[tuple[Any, ...], StarCoderEngine] | None = PrivateAttr(default=None)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -211,20 +212,24 @@ class StarCoder(LLM):
     # --- the engine ------------------------------------------------------------------------------
 
     def get_engine(self) -> StarCoderEngine:
-        """The engine this LLM runs on: the one given, or the shared one (loaded on first use)."""
-        engine = self._loaded_engine()
-        if engine is None:
-            engine = registry.get_engine(
-                self.model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits
-            )
-            self._shared = (self._load_key(), engine)
+        """The engine this LLM runs on: the one given, or the shared one (loaded on first use).
+
+        The shared one comes from the registry on every call, so after
+        ``registry.release_engines()`` the next call loads the checkpoint again.
+        """
+        if self.engine is not None:
+            return self.engine
+        engine = registry.get_engine(
+            self.model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits
+        )
+        self._shared = (self._load_key(), engine)
         return engine
 
     def _load_key(self) -> tuple[Any, ...]:
         return (self.model, self.quantize, self.dtype, self.kv_bits)
 
     def _loaded_engine(self) -> StarCoderEngine | None:
-        """The engine if it is at hand without loading anything, else None."""
+        """The engine last used for these settings, if any (its config and tokenizer), else None."""
         if self.engine is not None:
             return self.engine
         if self._shared is not None and self._shared[0] == self._load_key():
@@ -237,8 +242,9 @@ class StarCoder(LLM):
         LlamaIndex's own async paths (``apredict``, query engines) read :attr:`metadata` first,
         which loads on the loop; ``await llm.aget_engine()`` once beforehand avoids that.
         """
-        engine = self._loaded_engine()
-        return engine if engine is not None else await asyncio.to_thread(self.get_engine)
+        if self._loaded_engine() is not None:
+            return self.get_engine()  # the registry has it: a dictionary lookup
+        return await asyncio.to_thread(self.get_engine)
 
     def to_payload(self) -> dict[str, Any]:
         """What callbacks and instrumentation events record: the metadata and the settings.

@@ -334,6 +334,17 @@ async def test_async_first_use_loads_off_the_event_loop(tiny_path, tmp_path, mon
     assert llm.get_engine() is original(fresh)
 
 
+def test_a_released_engine_is_loaded_again(tiny_path, tmp_path):
+    fresh = copy_checkpoint(tiny_path, tmp_path / "fresh")
+    llm = StarCoder(model=fresh, max_tokens=3)
+    first = llm.get_engine()
+    assert llm.complete(PROMPT).additional_kwargs["completion_tokens"] == 3
+    first.close()  # as registry.release_engines() does, for this engine only
+    registry._engines.pop(registry._key(fresh, None, "auto", None))
+    assert llm.complete(PROMPT).additional_kwargs["completion_tokens"] == 3
+    assert llm.get_engine() is not first
+
+
 # --- chat ---------------------------------------------------------------------------------------------
 
 
