@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -629,11 +630,18 @@ def _retrieved(out: str) -> list[str]:
     return [line.split()[0] for line in out.split("Retrieved:")[1].split("Answer:")[0].strip().splitlines()]
 
 
-def test_example_script_runs_offline(tiny_path, code_folder):
-    out = _run_example(
-        "--model", str(tiny_path), "--folder", str(code_folder), "--max-tokens", "12",
-        "--question", "Which function reads the configuration file?",
+def test_example_main_with_a_folder(tiny_path, code_folder, capsys):
+    # In-process (the subprocess run below covers the script as a program).
+    spec = importlib.util.spec_from_file_location(
+        "llama_index_query", ROOT / "examples" / "llama_index_query.py"
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(
+        ["--model", str(tiny_path), "--folder", str(code_folder), "--max-tokens", "12",
+         "--question", "Which function reads the configuration file?"]
     )  # fmt: skip
+    out = capsys.readouterr().out
     assert _retrieved(out)[0] == str(code_folder / "settings" / "config.py")
     assert out.split("Answer:", 1)[1].strip()
 
