@@ -311,7 +311,7 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         model, params = self._call_settings(stop, kwargs)
-        engine = self._engine_for(model)
+        engine = await self._aengine_for(model)
         ids = self._prompt_ids(engine, messages)
         batch = _BATCH.get()
         completion = await batch.atake(engine, ids, params) if batch and batch.owner is self else None
@@ -342,7 +342,7 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         model, params = self._call_settings(stop, kwargs)
-        engine = self._engine_for(model)
+        engine = await self._aengine_for(model)
         chunks = engine.astream(self._prompt_ids(engine, messages), **params)
         async with contextlib.aclosing(chunks):
             async for piece in chunks:

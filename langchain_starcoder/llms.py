@@ -15,7 +15,7 @@ from langchain_core.language_models import BaseLLM, LangSmithParams, LanguageMod
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import RunnableConfig
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import ContextLengthError, InvalidParameterError
@@ -94,6 +94,8 @@ class StarCoderBase(BaseModel):
     """An already loaded :class:`StarCoderEngine` to use instead of loading ``model``
     (pass it as ``engine=``)."""
 
+    _loaded: set[str] = PrivateAttr(default_factory=set)  # models this wrapper has had loaded
+
     @field_validator("model", mode="before")
     @classmethod
     def _model_path_to_str(cls, value: Any) -> Any:
@@ -133,7 +135,18 @@ class StarCoderBase(BaseModel):
     def _engine_for(self, model: str | None) -> StarCoderEngine:
         if self.given_engine is not None and (model is None or model == self.model):
             return self.given_engine
-        return get_engine(model or self.model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits)
+        model = model or self.model
+        engine = get_engine(model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits)
+        self._loaded.add(model)
+        return engine
+
+    async def _aengine_for(self, model: str | None) -> StarCoderEngine:
+        """:meth:`_engine_for` for async code: a first load runs in a thread, off the event loop."""
+        if (self.given_engine is not None and model in (None, self.model)) or (
+            model or self.model
+        ) in self._loaded:
+            return self._engine_for(model)  # a dictionary lookup
+        return await asyncio.to_thread(self._engine_for, model)
 
     # --- settings ------------------------------------------------------------------------------
 
@@ -369,7 +382,7 @@ class StarCoderLLM(StarCoderBase, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         model, params = self._call_settings(stop, kwargs)
-        engine = self._engine_for(model)
+        engine = await self._aengine_for(model)
         if self.streaming and len(prompts) == 1:
             chunks = [
                 c async for c in self._astream(prompts[0], stop=stop, run_manager=run_manager, **kwargs)
@@ -414,7 +427,7 @@ class StarCoderLLM(StarCoderBase, BaseLLM):
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
         model, params = self._call_settings(stop, kwargs)
-        engine = self._engine_for(model)
+        engine = await self._aengine_for(model)
         if isinstance(prompt, FIMText):
             chunks = engine.astream_infill(**prompt.fim.infill_kwargs(), **params)
         else:

@@ -321,6 +321,7 @@ async def test_astream_keeps_the_event_loop_free(llm: StarCoderLLM) -> None:
             ticks_at.append(len(tokens_seen))
             await asyncio.sleep(0)
 
+    llm.engine  # noqa: B018  (loaded: a first async call would load it in a thread, once)
     task = asyncio.create_task(ticker())
     loop.run_in_executor = counting  # type: ignore[method-assign]
     try:
@@ -334,6 +335,39 @@ async def test_astream_keeps_the_event_loop_free(llm: StarCoderLLM) -> None:
     assert hops == []
     # The ticker ran while the generation was under way, after some tokens and before the last.
     assert any(0 < seen < len(tokens_seen) for seen in ticks_at)
+
+
+async def test_first_async_call_loads_off_the_event_loop(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks = 0
+    during_load: list[int] = []
+    real = StarCoderEngine.load.__func__  # type: ignore[attr-defined]
+
+    def load(cls: type, model: Any, **kwargs: Any) -> StarCoderEngine:
+        during_load.append(ticks)
+        engine = real(cls, model, **kwargs)
+        during_load.append(ticks)
+        return engine
+
+    monkeypatch.setattr(StarCoderEngine, "load", classmethod(load))
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        llm = StarCoderLLM(model=copy_checkpoint(tiny_path, tmp_path / "fresh"), max_tokens=4)
+        text = await llm.ainvoke(PROMPTS[0])
+    finally:
+        done.set()
+        await task
+    assert len(during_load) == 2 and during_load[1] > during_load[0]  # the loop ran while it loaded
+    assert text == llm.invoke(PROMPTS[0])
 
 
 async def test_async_callbacks_and_generate(llm: StarCoderLLM) -> None:
