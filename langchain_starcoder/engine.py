@@ -166,35 +166,35 @@ class _Request:
         self.cancelled = threading.Event()
 
 
-_CLOSE = object()
-
-# A thread that ran MLX work and then ended can make MLX abort the process at exit, so worker
-# threads never end: when its engine closes, a worker waits to serve the next engine.
+# MLX aborts the process at exit if a thread that ran MLX work has ended, or is woken while Python
+# shuts down. So worker threads never end and are never woken at exit: a closed engine's worker
+# waits on its retired queue until a new engine hands it a queue of its own.
 _pool_lock = threading.Lock()
-_idle_workers = 0
-_handoff: queue.SimpleQueue = queue.SimpleQueue()
+_idle_queues: list[queue.SimpleQueue] = []
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
-    global _idle_workers
     while True:
-        while (job := jobs.get()) is not _CLOSE:
+        job = jobs.get()
+        if isinstance(job, queue.SimpleQueue):  # handed over to a new engine
+            jobs = job
+        else:
             job()
-            del job  # hold no reference to the engine between jobs, so it can be collected
-        with _pool_lock:
-            _idle_workers += 1
-        jobs = _handoff.get()
+        del job  # hold no reference to the engine between jobs, so it can be collected
 
 
 def _start_worker(jobs: queue.SimpleQueue) -> None:
     """Serve ``jobs`` on an idle worker thread, or on a new one."""
-    global _idle_workers
     with _pool_lock:
-        if _idle_workers:
-            _idle_workers -= 1
-            _handoff.put(jobs)
+        if _idle_queues:
+            _idle_queues.pop().put(jobs)
             return
     threading.Thread(target=_serve, args=(jobs,), name="starcoder-engine", daemon=True).start()
+
+
+def _retire(jobs: queue.SimpleQueue) -> None:
+    with _pool_lock:
+        _idle_queues.append(jobs)
 
 
 class StarCoderEngine:
@@ -276,7 +276,9 @@ class StarCoderEngine:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         _start_worker(self._jobs)
         self._closed = False
-        weakref.finalize(self, self._jobs.put, _CLOSE)  # an engine dropped unclosed frees its worker
+        # An engine dropped unclosed frees its worker; at exit nothing is done (see _serve).
+        self._retire_worker = weakref.finalize(self, _retire, self._jobs)
+        self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         try:
             loaded = self._call(
@@ -348,11 +350,14 @@ class StarCoderEngine:
         return self._submit(fn).result()
 
     def close(self) -> None:
-        """Stop the worker thread and free the prompt caches. The engine cannot be used after."""
-        if not self._closed:
+        """Free the prompt caches and retire the worker thread. The engine cannot be used after."""
+        if self._closed:
+            return
+        try:
+            self._call(self._prompt_caches.clear)  # waits, so the worker is idle when we return
+        finally:
             self._closed = True
-            self._jobs.put(self._prompt_caches.clear)
-            self._jobs.put(_CLOSE)
+            self._retire_worker()
 
     # --- tokens ------------------------------------------------------------------------------
 
