@@ -11,6 +11,7 @@ from .errors import (
     StarCoderError,
     UnsupportedModelError,
 )
+from .fim import ContextFile, FIMPrompt, build_fim_prompt
 from .llms import StarCoderLLM
 from .prompts import FIMPromptTemplate
 
@@ -19,8 +20,10 @@ __all__ = [
     "CheckpointError",
     "Completion",
     "CompletionChunk",
+    "ContextFile",
     "ContextLengthError",
     "EngineClosedError",
+    "FIMPrompt",
     "FIMPromptTemplate",
     "GenerationParams",
     "InvalidParameterError",
@@ -29,4 +32,5 @@ __all__ = [
     "StarCoderError",
     "StarCoderLLM",
     "UnsupportedModelError",
+    "build_fim_prompt",
 ]

@@ -1,0 +1,63 @@
+"""Every code block of the README runs, offline, on a built checkpoint instead of the hub model."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, flags=re.S)
+HUB_MODEL = "mlx-community/starcoder2-3b-4bit"
+INSTALL = "python3 -m venv .venv && . .venv/bin/activate && "
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+    return subprocess.run(args, cwd=cwd, env=environment, capture_output=True, text=True, timeout=300)
+
+
+def python_blocks() -> list[str]:
+    return [code for lang, code in BLOCKS if lang == "python"]
+
+
+def test_the_readme_has_the_blocks_we_expect() -> None:
+    langs = [lang for lang, _ in BLOCKS]
+    assert langs.count("python") >= 4 and langs.count("bash") >= 3
+    assert all(HUB_MODEL in code for code in python_blocks())
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_python_block(index: int, tiny_path: Path, tmp_path: Path) -> None:
+    code = python_blocks()[index].replace(HUB_MODEL, str(tiny_path))
+    result = run([sys.executable, "-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip()
+
+
+def test_the_two_commands(tmp_path: Path) -> None:
+    """The first command's run step works offline; the second is exactly what CI runs."""
+    first, second = (code.strip() for lang, code in BLOCKS if lang == "bash" and INSTALL in code)
+    run_step = first.split("pip install -e . && ", 1)[1]
+    assert run_step == "python examples/quickstart.py"
+    result = run([sys.executable, str(ROOT / "examples/quickstart.py")], ROOT, HOME=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "offline checkpoint" in result.stdout
+    ci = (ROOT / ".ci/run").read_text()
+    install, test = second.split(INSTALL, 1)[1].split(" && ")
+    assert install == 'pip install -e ".[test]"' and f"\n{install}\n" in ci
+    assert test == "python -m pytest" and ci.rstrip().endswith(test)
+
+
+def test_command_line_block(tmp_path: Path) -> None:
+    (block,) = (code for lang, code in BLOCKS if lang == "bash" and "langchain-starcoder " in code)
+    script = block.replace("langchain-starcoder ", f"{sys.executable} -m langchain_starcoder ")
+    result = run(["bash", "-euo", "pipefail", "-c", script], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "tiny-q8" / "config.json").is_file()
+    assert "starcoder2" in result.stdout
