@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import threading
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
+from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import Completion, CompletionChunk, StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
 from .llms import MODEL_CONFIG, StarCoderBase, generation_info
@@ -31,7 +31,6 @@ from .llms import MODEL_CONFIG, StarCoderBase, generation_info
 DEFAULT_CHAT_MODEL = "mlx-community/starcoder2-15b-instruct-v0.1-4bit"
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
-_MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
 def _role(message: BaseMessage) -> str:
@@ -235,40 +234,17 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
 
     # --- prompts -----------------------------------------------------------------------------------
 
-    def _template(self, engine: StarCoderEngine) -> str:
-        if self.chat_template is not None:
-            return self.chat_template
-        if engine.tokenizer.has_chat_template:
-            return engine.tokenizer.chat_template
-        msg = (
-            f"The checkpoint {engine.name} has no chat template, so ChatStarCoder cannot format "
-            "messages. Set chat_template=... (a Jinja chat template) on ChatStarCoder, use an "
-            "instruct checkpoint, or use StarCoderLLM for a base model."
-        )
-        raise UnsupportedModelError(msg)
-
     def _prompt_ids(self, engine: StarCoderEngine, messages: Sequence[BaseMessage]) -> list[int]:
         """The prompt for ``messages``: the template's text with control tokens, contents as data."""
-        if not messages:
-            msg = "ChatStarCoder needs at least one message."
-            raise InvalidParameterError(msg)
-        template = self._template(engine)
-        roles = [_role(m) for m in messages]
-        contents = [_content(m) for m in messages]
-        # Render with markers in place of the contents, then encode the contents separately.
-        marked = [{"role": r, "content": f"\ue000{i}\ue001"} for i, r in enumerate(roles)]
-        pieces = _MARK.split(_render(engine, template, marked))
-        if sorted(int(i) for i in pieces[1::2]) != list(range(len(messages))):
-            # The template altered the contents (escaped or sliced them): use its own rendering.
-            real = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)]
-            return engine.encode(_render(engine, template, real))
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if i % 2:
-                ids += engine.encode(contents[int(piece)], special_tokens=False)
-            elif piece:
-                ids += engine.encode(piece)
-        return ids
+        template = resolve_chat_template(engine, self.chat_template)
+        if template is None:
+            msg = (
+                f"The checkpoint {engine.name} has no chat template, so ChatStarCoder cannot format "
+                "messages. Set chat_template=... (a Jinja chat template) on ChatStarCoder, use an "
+                "instruct checkpoint, or use StarCoderLLM for a base model."
+            )
+            raise UnsupportedModelError(msg)
+        return chat_prompt_ids(engine, [(_role(m), _content(m)) for m in messages], template)
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` from the model's own tokenizer."""
@@ -456,16 +432,6 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
             [self._convert_input(i).to_messages() for i in group], **self._generate_args(config, kwargs)
         )
         return [g[0].message for g in result.generations]  # type: ignore[attr-defined]
-
-
-def _render(engine: StarCoderEngine, template: str, messages: list[dict[str, str]]) -> str:
-    try:
-        return engine.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as e:  # Jinja errors, e.g. a template that refuses system messages
-        msg = f"The chat template could not format these messages: {e}"
-        raise InvalidParameterError(msg) from e
 
 
 def _chat_result(completion: Completion, model: str) -> ChatResult:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import LLM
 
 from . import registry
+from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
 from .fim import ContextFile
@@ -42,7 +42,6 @@ _GENERATION_KEYS = (
 
 # Chat contents are swapped for these marks while the template renders, so the contents can be
 # encoded as data (a literal "<|endoftext|>" in a message stays text) and the template as control.
-_MARK = re.compile("\ue000(\\d+)\ue001")
 
 
 class StarCoder(LLM):
@@ -278,7 +277,7 @@ class StarCoder(LLM):
         return LLMMetadata(
             context_window=engine.context_window,
             num_output=self.max_tokens,
-            is_chat_model=self._template(engine) is not None,
+            is_chat_model=resolve_chat_template(engine, self.chat_template) is not None,
             is_function_calling_model=False,
             model_name=engine.name,
         )
@@ -335,20 +334,11 @@ class StarCoder(LLM):
 
     # --- chat ----------------------------------------------------------------------------------------
 
-    def _template(self, engine: StarCoderEngine) -> str | None:
-        if self.chat_template is not None:
-            return self.chat_template
-        return engine.tokenizer.chat_template if engine.tokenizer.has_chat_template else None
-
     def _chat_prompt(self, engine: StarCoderEngine, messages: Sequence[ChatMessage]) -> str | list[int]:
         """The prompt for ``messages``: the chat template's control text as tokens, contents as data."""
-        if not messages:
-            msg = "chat() needs at least one message."
-            raise InvalidParameterError(msg)
-        custom = self.messages_to_prompt is not generic_messages_to_prompt
-        if self.chat_template is None and custom:
+        if self.chat_template is None and self.messages_to_prompt is not generic_messages_to_prompt:
             return self.messages_to_prompt(messages)
-        template = self._template(engine)
+        template = resolve_chat_template(engine, self.chat_template)
         if template is None:
             msg = (
                 f"The checkpoint {engine.name} has no chat template, so chat messages cannot be "
@@ -356,33 +346,10 @@ class StarCoder(LLM):
                 "on StarCoder, or use an instruct checkpoint; for a base model use complete()."
             )
             raise UnsupportedModelError(msg)
-        contents = [m.content or "" for m in messages]
         roles = [m.role.value if isinstance(m.role, MessageRole) else str(m.role) for m in messages]
-        marked = [{"role": r, "content": f"\ue000{i}\ue001"} for i, r in enumerate(roles)]
-        rendered = self._render(engine, template, marked)
-        pieces = _MARK.split(rendered)
-        order = [int(i) for i in pieces[1::2]]
-        if sorted(order) != list(range(len(messages))):
-            # The template changed the contents (escaped them, say): render them as they are.
-            real = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)]
-            return engine.encode(self._render(engine, template, real))
-        ids: list[int] = []
-        for i, piece in enumerate(pieces):
-            if i % 2:
-                ids += engine.encode(contents[int(piece)], special_tokens=False)
-            elif piece:
-                ids += engine.encode(piece)
-        return ids
-
-    @staticmethod
-    def _render(engine: StarCoderEngine, template: str, messages: list[dict[str, str]]) -> str:
-        try:
-            return engine.tokenizer.apply_chat_template(
-                messages, chat_template=template, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:  # Jinja errors, e.g. a template that insists roles alternate
-            msg = f"The chat template could not format these messages: {e}"
-            raise InvalidParameterError(msg) from e
+        return chat_prompt_ids(
+            engine, list(zip(roles, [m.content or "" for m in messages], strict=True)), template
+        )
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
