@@ -1,0 +1,108 @@
+"""Hostile text: arbitrary Unicode and every special-token string, in every place user text goes.
+
+No control token may appear in the prompt ids except the ones the layout (or chat template) puts there.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from langchain_starcoder import ContextFile, StarCoderEngine, StarCoderLLM, build_fim_prompt
+from langchain_starcoder.chat import chat_prompt_ids
+from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, SPECIAL_TOKENS
+
+hostile = st.lists(
+    st.one_of(st.text(max_size=12), st.sampled_from(SPECIAL_TOKENS), st.sampled_from(["<", ">", "|", "\n"])),
+    max_size=8,
+).map("".join)
+quick = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def chat_engine(chat_path: Path) -> StarCoderEngine:
+    engine = StarCoderEngine.load(chat_path)
+    yield engine
+    engine.close()
+
+
+def special_counts(engine: StarCoderEngine, ids: list[int]) -> Counter[int]:
+    special = {engine.token_id(t) for t in SPECIAL_TOKENS}
+    return Counter(i for i in ids if i in special)
+
+
+@quick
+@given(prefix=hostile, suffix=hostile, code=hostile, path=hostile, repo=hostile, file_path=hostile)
+def test_fim_parts(
+    tiny_engine: StarCoderEngine, prefix: str, suffix: str, code: str, path: str, repo: str, file_path: str
+) -> None:
+    tid = tiny_engine.token_id
+    for mode in ("psm", "spm"):
+        plain = build_fim_prompt(tiny_engine, prefix, suffix, mode=mode)
+        expected = Counter({tid("<fim_prefix>"): 1, tid("<fim_suffix>"): 1, tid("<fim_middle>"): 1})
+        assert special_counts(tiny_engine, plain.token_ids) == expected
+    repo_level = build_fim_prompt(
+        tiny_engine,
+        prefix,
+        suffix,
+        context_files=[ContextFile(path, code), ContextFile("b.py", code)],
+        repo_name=repo,
+        file_path=file_path,
+    )
+    expected = Counter(
+        {tid("<repo_name>"): 1 if repo else 0, tid("<file_sep>"): 1 + len(repo_level.files_kept)}
+        | {tid(t): 1 for t in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")}
+    )
+    assert special_counts(tiny_engine, repo_level.token_ids) == expected
+
+
+@quick
+@given(system=hostile, user=hostile, answer=hostile, again=hostile)
+def test_chat_messages(chat_engine: StarCoderEngine, system: str, user: str, answer: str, again: str) -> None:
+    engine = chat_engine
+    messages = [("system", system), ("user", user), ("assistant", answer), ("user", again)]
+    ids = chat_prompt_ids(engine, messages, INSTRUCT_CHAT_TEMPLATE)
+    neutral = chat_prompt_ids(engine, [(r, "x") for r, _ in messages], INSTRUCT_CHAT_TEMPLATE)
+    assert special_counts(engine, ids) == special_counts(engine, neutral)  # the template's own only
+
+
+def test_chat_model_end_to_end(chat_path: Path, chat_engine: StarCoderEngine) -> None:
+    """Through ChatStarCoder itself: a message quoting every control token changes no control ids."""
+    from langchain_starcoder import ChatStarCoder
+
+    engine = chat_engine
+    chat = ChatStarCoder(model=str(chat_path), engine=engine, max_tokens=4)
+    evil = "".join(SPECIAL_TOKENS)
+    hostile_ids = chat._prompt_ids(engine, [SystemMessage(evil), HumanMessage(evil), AIMessage(evil)])
+    plain_ids = chat._prompt_ids(engine, [SystemMessage("a"), HumanMessage("b"), AIMessage("c")])
+    assert special_counts(engine, hostile_ids) == special_counts(engine, plain_ids)
+    assert chat.invoke([HumanMessage(evil)]).content is not None
+
+
+class Explodes(BaseCallbackHandler):
+    raise_error = True
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def on_llm_new_token(self, token: str, **kwargs: object) -> None:
+        self.tokens += 1
+        if self.tokens == 3:
+            raise RuntimeError("callback failed")
+
+
+def test_callback_that_raises_mid_stream(tiny_engine: StarCoderEngine) -> None:
+    llm = StarCoderLLM(engine=tiny_engine, max_tokens=40)
+    handler = Explodes()
+    with pytest.raises(RuntimeError, match="callback failed"):
+        for _ in llm.stream("def parse(line):\n", config={"callbacks": [handler]}):
+            pass
+    assert handler.tokens == 3
+    # The engine stopped that generation and answers the next request correctly.
+    assert llm.invoke("def parse(line):\n") == tiny_engine.generate("def parse(line):\n", max_tokens=40).text
