@@ -270,12 +270,14 @@ class StarCoderEngine:
         self.name = name or str(path)
         self.kv_bits = kv_bits
         config = read_config(self.path)
+        _kv_group_size(ModelArgs.from_dict(config), kv_bits)  # refuse a bad kv_bits before loading
         self.tokenizer = load_tokenizer(self.path, config)
         self._data_tokenizer = _data_tokenizer(self.tokenizer)
         self._vocab: dict[str, int] = self.tokenizer.get_vocab()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         _start_worker(self._jobs)
         self._closed = False
+        self._lock = threading.Lock()
         # An engine dropped unclosed frees its worker; at exit nothing is done (see _serve).
         self._retire_worker = weakref.finalize(self, _retire, self._jobs)
         self._retire_worker.atexit = False
@@ -330,9 +332,6 @@ class StarCoderEngine:
     # --- the worker thread -----------------------------------------------------------------
 
     def _submit(self, fn: Callable[[], T]) -> Future[T]:
-        if self._closed:
-            msg = f"The engine for {self.name} is closed; load a new one."
-            raise EngineClosedError(msg)
         future: Future[T] = Future()
 
         def job() -> None:
@@ -343,7 +342,11 @@ class StarCoderEngine:
             except BaseException as e:
                 future.set_exception(e)
 
-        self._jobs.put(job)
+        with self._lock:  # close() takes it too: no job lands on a retired queue
+            if self._closed:
+                msg = f"The engine for {self.name} is closed; load a new one."
+                raise EngineClosedError(msg)
+            self._jobs.put(job)
         return future
 
     def _call(self, fn: Callable[[], T]) -> T:
@@ -356,7 +359,8 @@ class StarCoderEngine:
         try:
             self._call(self._prompt_caches.clear)  # waits, so the worker is idle when we return
         finally:
-            self._closed = True
+            with self._lock:
+                self._closed = True
             self._retire_worker()
 
     # --- tokens ------------------------------------------------------------------------------
@@ -442,17 +446,18 @@ class StarCoderEngine:
 
     def generate_batch(self, prompts: Sequence[Prompt], **params: Any) -> list[Completion]:
         """Generate for several prompts at once (truly batched), each as it would alone (greedy)."""
+        return self._submit_batch(prompts, params).result()
+
+    async def agenerate_batch(self, prompts: Sequence[Prompt], **params: Any) -> list[Completion]:
+        return await asyncio.wrap_future(self._submit_batch(prompts, params))
+
+    def _submit_batch(self, prompts: Sequence[Prompt], params: dict[str, Any]) -> Future[list[Completion]]:
         if isinstance(prompts, str) or not prompts:
-            msg = "generate_batch takes a non-empty list of prompts."
+            msg = "A batch is a non-empty list of prompts."
             raise InvalidParameterError(msg)
         gen = GenerationParams.create(**params)
         ids = [self._prompt_ids(p, gen) for p in prompts]
-        return self._call(lambda: run_batch(self, ids, gen))
-
-    async def agenerate_batch(self, prompts: Sequence[Prompt], **params: Any) -> list[Completion]:
-        gen = GenerationParams.create(**params)
-        ids = [self._prompt_ids(p, gen) for p in prompts]
-        return await asyncio.wrap_future(self._submit(lambda: run_batch(self, ids, gen)))
+        return self._submit(lambda: run_batch(self, ids, gen))
 
     def clear_cache(self) -> None:
         """Drop every kept prompt cache and return MLX's cached buffers to the system."""

@@ -19,7 +19,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import ConfigDict, Field, field_validator
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
@@ -186,10 +186,6 @@ class StarCoder(LLM):
     engine: StarCoderEngine | None = Field(default=None, exclude=True, description="Engine to use.")
     """An engine loaded by you; None loads the shared one for these settings on first use."""
 
-    # The registry's engine last used and the load settings it was got for: it tells callbacks
-    # and async calls whether the model is loaded, without loading it.
-    _shared: tuple[tuple[Any, ...], StarCoderEngine] | None = PrivateAttr(default=None)
-
     def __init__(self, **kwargs: Any) -> None:
         engine = kwargs.get("engine")
         if engine is not None and "model" not in kwargs:
@@ -218,22 +214,14 @@ class StarCoder(LLM):
         """
         if self.engine is not None:
             return self.engine
-        engine = registry.get_engine(
-            self.model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits
-        )
-        self._shared = (self._load_key(), engine)
-        return engine
+        return registry.get_engine(self.model, **self._load_settings())
 
-    def _load_key(self) -> tuple[Any, ...]:
-        return (self.model, self.quantize, self.dtype, self.kv_bits)
+    def _load_settings(self) -> dict[str, Any]:
+        return {"quantize": self.quantize, "dtype": self.dtype, "kv_bits": self.kv_bits}
 
     def _loaded_engine(self) -> StarCoderEngine | None:
-        """The engine last used for these settings, if any (its config and tokenizer), else None."""
-        if self.engine is not None:
-            return self.engine
-        if self._shared is not None and self._shared[0] == self._load_key():
-            return self._shared[1]
-        return None
+        """The engine for these settings if it is loaded (its config and tokenizer), else None."""
+        return self.engine or registry.peek_engine(self.model, **self._load_settings())
 
     async def aget_engine(self) -> StarCoderEngine:
         """:meth:`get_engine` for async code: a first load runs in a thread, off the event loop.

@@ -15,13 +15,13 @@ from langchain_core.language_models import BaseLLM, LangSmithParams, LanguageMod
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import RunnableConfig
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import ContextLengthError, InvalidParameterError
 from .fim import FIMPrompt, build_fim_prompt, trim_suffix_overlap
 from .prompts import FIMPromptValue, FIMRequest, FIMText, to_context_files
-from .registry import get_engine
+from .registry import get_engine, peek_engine
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -94,8 +94,6 @@ class StarCoderBase(BaseModel):
     """An already loaded :class:`StarCoderEngine` to use instead of loading ``model``
     (pass it as ``engine=``)."""
 
-    _loaded: set[str] = PrivateAttr(default_factory=set)  # models this wrapper has had loaded
-
     @field_validator("model", mode="before")
     @classmethod
     def _model_path_to_str(cls, value: Any) -> Any:
@@ -135,18 +133,17 @@ class StarCoderBase(BaseModel):
     def _engine_for(self, model: str | None) -> StarCoderEngine:
         if self.given_engine is not None and (model is None or model == self.model):
             return self.given_engine
-        model = model or self.model
-        engine = get_engine(model, quantize=self.quantize, dtype=self.dtype, kv_bits=self.kv_bits)
-        self._loaded.add(model)
-        return engine
+        return get_engine(model or self.model, **self._load_settings())
 
     async def _aengine_for(self, model: str | None) -> StarCoderEngine:
         """:meth:`_engine_for` for async code: a first load runs in a thread, off the event loop."""
-        if (self.given_engine is not None and model in (None, self.model)) or (
-            model or self.model
-        ) in self._loaded:
-            return self._engine_for(model)  # a dictionary lookup
-        return await asyncio.to_thread(self._engine_for, model)
+        if self.given_engine is not None and model in (None, self.model):
+            return self.given_engine
+        loaded = peek_engine(model or self.model, **self._load_settings())
+        return loaded or await asyncio.to_thread(self._engine_for, model)
+
+    def _load_settings(self) -> dict[str, Any]:
+        return {"quantize": self.quantize, "dtype": self.dtype, "kv_bits": self.kv_bits}
 
     # --- settings ------------------------------------------------------------------------------
 

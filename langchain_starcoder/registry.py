@@ -7,19 +7,41 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from .engine import StarCoderEngine
 
+#: The model the wrappers and the command line use when none is named.
+DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
+
 _lock = threading.Lock()
-_engines: dict[tuple[Any, ...], StarCoderEngine] = {}
+_engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 
 
-def _key(model: str | os.PathLike[str], quantize: Any, dtype: Any, kv_bits: Any) -> tuple[Any, ...]:
+def _key(
+    model: str | os.PathLike[str], quantize: Any, dtype: Any, kv_bits: Any, revision: Any = None
+) -> tuple[Any, ...]:
     path = Path(model).expanduser()
     name = str(path.resolve()) if path.exists() else str(model)
-    return (name, quantize, dtype, kv_bits)
+    return (name, quantize, dtype, kv_bits, revision)
+
+
+def peek_engine(
+    model: str | os.PathLike[str],
+    *,
+    quantize: int | None = None,
+    dtype: str = "auto",
+    kv_bits: int | None = None,
+    revision: str | None = None,
+) -> StarCoderEngine | None:
+    """The shared engine for these settings if it is loaded already; never loads."""
+    with _lock:
+        future = _engines.get(_key(model, quantize, dtype, kv_bits, revision))
+    if future is None or not future.done() or future.exception() is not None:
+        return None
+    return future.result()
 
 
 def get_engine(
@@ -30,21 +52,36 @@ def get_engine(
     kv_bits: int | None = None,
     revision: str | None = None,
 ) -> StarCoderEngine:
-    """The shared engine for these settings, loading it on first use."""
-    key = _key(model, quantize, dtype, kv_bits)
-    with _lock:  # loads are rare; one at a time keeps two callers from loading the same weights
-        engine = _engines.get(key)
-        if engine is None:
+    """The shared engine for these settings, loading it on first use.
+
+    Callers asking for an engine that is being loaded wait for that load; other engines stay
+    available meanwhile.
+    """
+    key = _key(model, quantize, dtype, kv_bits, revision)
+    with _lock:
+        future = _engines.get(key)
+        loading = future is None
+        if loading:
+            future = _engines[key] = Future()
+    if loading:
+        try:
             engine = StarCoderEngine.load(
                 model, quantize=quantize, dtype=dtype, kv_bits=kv_bits, revision=revision
             )
-            _engines[key] = engine
-        return engine
+        except BaseException as e:
+            with _lock:
+                del _engines[key]  # a failed load is not remembered: the next call tries again
+            future.set_exception(e)
+            raise
+        future.set_result(engine)
+    return future.result()
 
 
 def release_engines() -> None:
     """Close and forget every shared engine (frees their weights once no wrapper holds them)."""
     with _lock:
-        for engine in _engines.values():
-            engine.close()
+        futures = list(_engines.values())
         _engines.clear()
+    for future in futures:
+        if future.done() and future.exception() is None:
+            future.result().close()
