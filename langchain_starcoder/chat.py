@@ -27,7 +27,11 @@ def resolve_chat_template(engine: StarCoderEngine, override: str | None) -> str 
 
 
 def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]], template: str) -> list[int]:
-    """Token ids of ``(role, content)`` messages rendered by ``template``, ready for generation."""
+    """Token ids of ``(role, content)`` messages rendered by ``template``, ready for generation.
+
+    The ids are those of the rendered text, except that control-token strings inside contents
+    stay plain text.
+    """
     if not messages:
         msg = "A chat needs at least one message."
         raise InvalidParameterError(msg)
@@ -39,13 +43,21 @@ def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]]
             "apart from its control tokens; use a template that inserts each message's content once."
         )
         raise InvalidParameterError(msg)
+    # Control tokens come only from the template's text. Each run of text between them, template
+    # text and contents alike, is encoded in one piece, as the model saw such text in training.
+    controls = "|".join(re.escape(t) for t in sorted(engine.tokenizer.all_special_tokens, key=len)[::-1])
     ids: list[int] = []
+    run: list[str] = []
     for i, piece in enumerate(pieces):
-        if i % 2:
-            ids += engine.encode(messages[int(piece)][1], special_tokens=False)
-        elif piece:
-            ids += engine.encode(piece)
-    return ids
+        parts = [messages[int(piece)][1]] if i % 2 else re.split(f"({controls})", piece)
+        for j, part in enumerate(parts):
+            if i % 2 == 0 and j % 2:
+                ids += engine.encode("".join(run), special_tokens=False) if run else []
+                ids.append(engine.token_id(part))
+                run = []
+            elif part:
+                run.append(part)
+    return ids + (engine.encode("".join(run), special_tokens=False) if run else [])
 
 
 def _render(engine: StarCoderEngine, template: str, messages: list[dict[str, str]]) -> str:

@@ -106,3 +106,21 @@ def test_callback_that_raises_mid_stream(tiny_engine: StarCoderEngine) -> None:
     assert handler.tokens == 3
     # The engine stopped that generation and answers the next request correctly.
     assert llm.invoke("def parse(line):\n") == tiny_engine.generate("def parse(line):\n", max_tokens=40).text
+
+
+@quick
+@given(user=st.text(max_size=30), answer=st.text(max_size=30))
+def test_benign_chat_tokenizes_as_the_rendered_text(
+    chat_engine: StarCoderEngine, user: str, answer: str
+) -> None:
+    """Keeping contents as data must not change how ordinary text is tokenized at the seams."""
+    if any(t in user + answer for t in SPECIAL_TOKENS):
+        return
+    messages = [("user", user), ("assistant", answer), ("user", "x = self.value")]
+    rendered = chat_engine.tokenizer.apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages],
+        chat_template=INSTRUCT_CHAT_TEMPLATE,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert chat_prompt_ids(chat_engine, messages, INSTRUCT_CHAT_TEMPLATE) == chat_engine.encode(rendered)
