@@ -28,6 +28,7 @@ the end of the prefix. A budget that cuts the prefix's start or a context file m
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import dataclasses
@@ -687,10 +688,10 @@ async def ainfill(
     trim_suffix_overlap: bool = True,
     **generation: Any,
 ) -> Completion:
-    """Async :func:`infill`."""
-    prompt, settings = _prepare(
-        engine, prefix, suffix, context_files, repo_name, file_path, mode, max_prompt_tokens,
-        trim_suffix_overlap, generation,
+    """Async :func:`infill`. The prompt is built in a thread: long files take a while to encode."""
+    prompt, settings = await asyncio.to_thread(
+        _prepare, engine, prefix, suffix, context_files, repo_name, file_path, mode,
+        max_prompt_tokens, trim_suffix_overlap, generation,
     )  # fmt: skip
     completion = await engine.agenerate(prompt.token_ids, **settings)
     return _trimmed(completion, suffix, trim_suffix_overlap)
