@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import InvalidParameterError, StarCoderError
+from .registry import DEFAULT_MODEL
 
 PROG = "langchain-starcoder"
-DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 #: Read by the CLI, the examples and the notebooks: the model to use when none is given.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"

@@ -272,7 +272,7 @@ class StarCoderEngine:
         config = read_config(self.path)
         _kv_group_size(ModelArgs.from_dict(config), kv_bits)  # refuse a bad kv_bits before loading
         self.tokenizer = load_tokenizer(self.path, config)
-        self._data_tokenizer = _data_tokenizer(self.tokenizer)
+        self._data_tokenizer = data_tokenizer(self.tokenizer._tokenizer.backend_tokenizer)
         self._vocab: dict[str, int] = self.tokenizer.get_vocab()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         _start_worker(self._jobs)
@@ -624,11 +624,11 @@ def _kv_group_size(config: ModelArgs, kv_bits: int | None) -> int:
     return group or 64
 
 
-def _data_tokenizer(tokenizer: Any) -> Any:
-    """A copy of the fast tokenizer that reads control-token strings as plain text."""
+def data_tokenizer(backend: Any) -> Any:
+    """A copy of a ``tokenizers.Tokenizer`` that reads control-token strings as plain text."""
     from tokenizers import Tokenizer
 
-    data = Tokenizer.from_str(tokenizer._tokenizer.backend_tokenizer.to_str())
+    data = Tokenizer.from_str(backend.to_str())
     data.encode_special_tokens = True
     return data
 

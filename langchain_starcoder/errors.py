@@ -27,9 +27,5 @@ class ContextLengthError(InvalidParameterError):
     """The prompt plus the tokens to generate do not fit in the model's context window."""
 
 
-class GenerationCancelled(StarCoderError):
-    """The request was cancelled before it finished."""
-
-
 class EngineClosedError(StarCoderError):
     """The engine was closed; load a new one."""

@@ -137,7 +137,7 @@ def _codec_for(engine_or_tokenizer: Any) -> _Codec:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Tokenizer
 
-    from .engine import StarCoderEngine
+    from .engine import StarCoderEngine, data_tokenizer
 
     if isinstance(engine_or_tokenizer, StarCoderEngine):
         engine = engine_or_tokenizer
@@ -150,10 +150,7 @@ def _codec_for(engine_or_tokenizer: Any) -> _Codec:
             return _codecs[inner]
     backend = inner if isinstance(inner, Tokenizer) else getattr(inner, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
-        # A copy whose special tokens are plain text, as the engine keeps (engine._data_tokenizer).
-        data = Tokenizer.from_str(backend.to_str())
-        data.encode_special_tokens = True
-        codec = _Codec(_fast_encoder(data), backend.token_to_id, None)
+        codec = _Codec(_fast_encoder(data_tokenizer(backend)), backend.token_to_id, None)
     elif callable(getattr(inner, "encode", None)) and callable(getattr(inner, "get_vocab", None)):
         vocab = inner.get_vocab()  # a Python (slow) transformers tokenizer
 

@@ -30,18 +30,15 @@ from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngi
 from .errors import InvalidParameterError, UnsupportedModelError
 from .fim import ContextFile
 from .loading import validate_load_options
+from .registry import DEFAULT_MODEL
 
 dispatcher = get_dispatcher(__name__)
 
-DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
 # Generation settings a call may override with keyword arguments.
 _GENERATION_KEYS = (
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop", "seed",
 )  # fmt: skip
-
-# Chat contents are swapped for these marks while the template renders, so the contents can be
-# encoded as data (a literal "<|endoftext|>" in a message stays text) and the template as control.
 
 
 class StarCoder(LLM):

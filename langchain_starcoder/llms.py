@@ -21,12 +21,11 @@ from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngi
 from .errors import ContextLengthError, InvalidParameterError
 from .fim import FIMPrompt, build_fim_prompt, trim_suffix_overlap
 from .prompts import FIMPromptValue, FIMRequest, FIMText, to_context_files
-from .registry import get_engine, peek_engine
+from .registry import DEFAULT_MODEL, get_engine, peek_engine
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
 #: Generation settings a call may override, e.g. ``llm.invoke(prompt, max_tokens=32)``.
 GENERATION_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")

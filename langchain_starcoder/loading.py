@@ -39,7 +39,6 @@ class LoadedModel:
     model: nn.Module
     args: starcoder2.ModelArgs
     config: dict[str, Any]
-    path: Path
 
 
 def validate_load_options(quantize: int | None, group_size: int, dtype: str, kv_bits: int | None) -> None:
@@ -247,7 +246,7 @@ def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str)
     if quantize is not None:
         model, config = quantize_model(model, config, group_size=group_size, bits=quantize)
     mx.eval(model.parameters())
-    return LoadedModel(model, starcoder2.ModelArgs.from_dict(config), config, path)
+    return LoadedModel(model, starcoder2.ModelArgs.from_dict(config), config)
 
 
 class CodeDetokenizer(BPEStreamingDetokenizer):
