@@ -1,5 +1,10 @@
 """StarCoder2 code models on MLX, for LangChain and LlamaIndex."""
 
+# First, before anything imports MLX: the opt-in optimized BLAS (LANGCHAIN_STARCODER_BLAS).
+from .blas import configure_from_env as _configure_blas
+
+_configure_blas()
+
 from .chat_models import ChatStarCoder
 from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
 from .errors import (
