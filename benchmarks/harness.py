@@ -341,11 +341,22 @@ def markdown_report(sections: Sequence[Section], meta: dict[str, Any]) -> str:
 
 
 def write_results(sections: Sequence[Section], meta: dict[str, Any], json_path: Path, md_path: Path) -> None:
-    data = {**meta, "sections": [s.to_json() for s in sections]}
+    data = _finite({**meta, "sections": [s.to_json() for s in sections]})
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=2, default=_json_default, allow_nan=False))
     md_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.write_text(markdown_report(sections, meta))
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities (a rate from a stream too short to time) become null: strict JSON."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _json_default(value: Any) -> Any:

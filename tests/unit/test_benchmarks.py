@@ -107,3 +107,14 @@ def _section(row: Row):
     from benchmarks.harness import Section
 
     return Section("x", row.item, "x", rows=[row])
+
+
+def test_baselines_against_transformers_on_tiny(tmp_path: Path) -> None:
+    code = main(["--preset", "tiny", "--only", "baselines", "--no-openblas", "--quiet", "--warmup", "0",
+                 "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json"),
+                 "--markdown", str(tmp_path / "r.md")])  # fmt: skip
+    assert code == 0
+    (section,) = json.loads((tmp_path / "r.json").read_text())["sections"]
+    assert [r["metric"] for r in section["rows"]] == ["float32 prefill tokens/s", "float32 decode tokens/s"]
+    assert all(r["ratio"] > 0 for r in section["rows"])
+    assert section["data"]["bandwidth_gbs"] > 0 and section["data"]["roofline_tps"] > 0
