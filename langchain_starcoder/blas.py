@@ -3,9 +3,9 @@
 The ``mlx[cpu]`` wheel for Linux links the netlib *reference* BLAS, which multiplies float32
 matrices at about 2 GFLOP/s on one core. MLX calls BLAS through the standard ``cblas_sgemm``
 symbol, so an optimized OpenBLAS loaded into the process with ``RTLD_GLOBAL`` *before MLX is
-imported* takes those calls over: on a 2-core Xeon a 256x3072x12288 matmul went from ~2 to
-~100 GFLOP/s, and float32 prefill of a StarCoder2-3b-shaped model about 40x faster (see
-``benchmarks/RESULTS.md``). Quantized and float16/bfloat16 kernels never call BLAS, so they do
+imported* takes those calls over: on a 2-core Xeon a 64x3072x12288 matmul went from 2 to
+69 GFLOP/s on one thread, float32 prefill of a StarCoder2-3b-shaped model 43x faster and decode
+1.9x (see ``benchmarks/RESULTS.md``). Quantized and float16/bfloat16 kernels never call BLAS, so they do
 not change. Results stay within float32 rounding of the reference BLAS (logits within 1e-4).
 
 It is off by default: it swaps a process-wide library, and it only matters on Linux. It is never
@@ -32,8 +32,9 @@ In code, before anything imports ``mlx``:
 If MLX was imported first, nothing changes and a warning says so.
 
 OpenBLAS runs on one thread unless ``OPENBLAS_NUM_THREADS`` (or ``OMP_NUM_THREADS``) says
-otherwise: MLX has its own CPU thread, and extra BLAS threads that spin while they wait slowed a
-busy 2-core machine down several times (see ``benchmarks/RESULTS.md``).
+otherwise. On an idle 2-core machine two threads were up to 2x faster than one; on a busy one they
+were 6x slower than one, and slower than the reference BLAS (OpenBLAS's worker threads spin while
+they wait). One thread never lost, so it is the default; on an idle machine set the variable.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def use_optimized_blas(library: str | os.PathLike[str] | None = None) -> bool:
         _warn(f"Could not load the BLAS library {path}: {e}")
         return False
     if not any(os.environ.get(v) for v in _THREAD_VARS) and hasattr(lib, "openblas_set_num_threads"):
-        # One thread unless asked: MLX already runs its own CPU thread, and on a busy 2-core machine
-        # OpenBLAS's spinning worker threads made prefill 6x and decode 2.5x slower than one thread.
+        # One thread unless asked: on a busy 2-core machine OpenBLAS's spinning worker threads made
+        # prefill 6x and decode 2.5x slower than one thread (on an idle one, 2x faster).
         lib.openblas_set_num_threads(1)
     _loaded, _loaded_path = lib, str(path)
     return True
