@@ -603,16 +603,10 @@ class StarCoderEngine:
     def _enqueue(self, prompt: Prompt, params: dict[str, Any], sink: Callable[[Any], None]) -> _Request:
         gen = GenerationParams.create(**params)
         request = _Request(self._prompt_ids(prompt, gen), gen, sink)
-        future = self._submit(lambda: self._run(request))
+        future = self._submit(lambda: run_single(self, request))
         # Errors raised on the worker reach the caller through the same channel as chunks.
         future.add_done_callback(lambda f: f.exception() is not None and sink(f.exception()))
         return request
-
-    def _run(self, request: _Request) -> None:
-        """Generate for one request on the worker thread, sending chunks to its sink."""
-        if request.cancelled.is_set():
-            return
-        run_single(self, request)
 
 
 def _kv_group_size(config: ModelArgs, kv_bits: int | None) -> int:

@@ -86,6 +86,8 @@ def run_single(engine: StarCoderEngine, request: _Request) -> None:
     """Prefill what the prompt cache lacks, then decode, sending chunks to the request's sink."""
     from .engine import CompletionChunk
 
+    if request.cancelled.is_set():  # its caller left while it waited in the queue
+        return
     params, ids = request.params, request.ids
     start = time.perf_counter()
     cache, cached = engine._prompt_caches.take(engine.model, ids)
