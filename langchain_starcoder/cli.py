@@ -23,7 +23,6 @@ import importlib
 import json
 import os
 import shutil
-import struct
 import sys
 import time
 import traceback
@@ -489,19 +488,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
 # --- info ------------------------------------------------------------------------------------------------
 
 
-def _safetensors_header(file: Path) -> dict[str, Any]:
-    with open(file, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    header.pop("__metadata__", None)
-    return header
-
-
 def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) -> dict[str, Any]:
     """What a checkpoint is, read from its config and safetensors headers (the weights stay on disk)."""
     import mlx.core as mx
 
-    from .loading import read_config, resolve_model_path, weight_files
+    from .loading import read_config, resolve_model_path, safetensors_header, weight_files
     from .models.starcoder2 import ModelArgs
 
     path = resolve_model_path(model, revision)
@@ -511,7 +502,7 @@ def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) 
     tensors: dict[str, dict[str, Any]] = {}
     files = weight_files(path)
     for file in files:
-        tensors.update(_safetensors_header(file))
+        tensors.update(safetensors_header(file))
 
     def numel(shape: Sequence[int]) -> int:
         n = 1

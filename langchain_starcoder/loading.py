@@ -165,12 +165,12 @@ def weight_files(path: Path) -> list[Path]:
         msg = f"{path} has no model*.safetensors weights."
         raise CheckpointError(msg)
     for f in files:
-        _check_safetensors(f)
+        safetensors_header(f)
     return files
 
 
-def _check_safetensors(file: Path) -> None:
-    """Read the header and compare the data it describes with the file's size (truncation, garbage)."""
+def safetensors_header(file: Path) -> dict[str, Any]:
+    """The tensors a safetensors file describes, checked against the file's size (truncation, garbage)."""
     size = file.stat().st_size
     try:
         with open(file, "rb") as fh:
@@ -178,7 +178,8 @@ def _check_safetensors(file: Path) -> None:
             if header_len > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(fh.read(header_len))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        header.pop("__metadata__", None)
+        end = max((v["data_offsets"][1] for v in header.values()), default=0)
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         msg = f"{file} is not a valid safetensors file ({e}); delete it and download it again."
         raise CheckpointError(msg) from e
@@ -188,6 +189,7 @@ def _check_safetensors(file: Path) -> None:
             f"{8 + header_len + end}); delete it and download it again."
         )
         raise CheckpointError(msg)
+    return header
 
 
 def check_tokenizer_files(path: Path) -> None:
