@@ -6,7 +6,7 @@ from .blas import configure_from_env as _configure_blas
 _configure_blas()
 
 from .chat_models import ChatStarCoder
-from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
+from .engine import StarCoderEngine
 from .errors import (
     CheckpointError,
     ContextLengthError,
@@ -16,9 +16,10 @@ from .errors import (
     StarCoderError,
     UnsupportedModelError,
 )
-from .fim import ContextFile, FIMPrompt, build_fim_prompt
+from .fim import FIMPrompt, build_fim_prompt
 from .llms import StarCoderLLM
-from .prompts import FIMPromptTemplate
+from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
+from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
 
 __all__ = [
     "ChatStarCoder",
@@ -30,12 +31,14 @@ __all__ = [
     "EngineClosedError",
     "FIMPrompt",
     "FIMPromptTemplate",
+    "FIMRequest",
     "GenerationParams",
     "InvalidParameterError",
     "ModelNotFoundError",
     "StarCoderEngine",
     "StarCoderError",
     "StarCoderLLM",
+    "StarCoderPromptTemplate",
     "UnsupportedModelError",
     "build_fim_prompt",
 ]

@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    ChatMessage,
-    UsageMetadata,
-)
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
+from .base import MODEL_CONFIG, StarCoderSettings
 from .chat import chat_prompt_ids, resolve_chat_template
-from .engine import Completion, CompletionChunk, StarCoderEngine
+from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
-from .llms import MODEL_CONFIG, StarCoderBase, generation_info
+from .llms import ls_params
+from .types import Completion, CompletionChunk, counts
 
 DEFAULT_CHAT_MODEL = "mlx-community/starcoder2-15b-instruct-v0.1-4bit"
 
@@ -60,69 +55,57 @@ def _usage(completion: Completion | CompletionChunk) -> UsageMetadata:
     )
 
 
-class _Batch:
-    """The message lists of one ``generate`` call, generated together on the first ``_generate``.
+# --- one engine batch for a LangChain batch ----------------------------------------------------------
+# LangChain's chat ``batch`` runs one ``invoke`` per input, and ``generate`` one ``_generate`` per
+# message list. So ``batch`` goes through ``generate`` when the inputs share one config, and
+# ``generate`` first runs all its prompts as one engine batch; each ``_generate`` then takes its
+# answer from ``_BATCHED`` (LangChain still does the callbacks, tracing and output per list).
 
-    ``BaseChatModel.generate`` calls ``_generate`` once per message list; this lets those calls
-    share one batched engine call while LangChain keeps doing callbacks, tracing and output.
-    """
-
-    def __init__(self, owner: ChatStarCoder, messages: Sequence[Sequence[BaseMessage]]):
-        self.owner = owner
-        self.messages = [list(m) for m in messages]
-        self.results: dict[tuple[int, ...], deque[Completion]] | None = None
-        self.lock = threading.Lock()
-        self.task: asyncio.Future | None = None
-
-    def _prompts(self, engine: StarCoderEngine) -> list[list[int]]:
-        prompts = []
-        for messages in self.messages:
-            # A list that cannot be formatted raises on its own turn, with its own run.
-            with contextlib.suppress(Exception):
-                prompts.append(self.owner._prompt_ids(engine, messages))
-        return prompts
-
-    def _store(self, prompts: list[list[int]], completions: Sequence[Completion]) -> None:
-        results: dict[tuple[int, ...], deque[Completion]] = defaultdict(deque)
-        for ids, completion in zip(prompts, completions, strict=True):
-            results[tuple(ids)].append(completion)
-        self.results = results
-
-    def _pop(self, ids: list[int]) -> Completion | None:
-        queue = (self.results or {}).get(tuple(ids))
-        return queue.popleft() if queue else None
-
-    def take(self, engine: StarCoderEngine, ids: list[int], params: dict[str, Any]) -> Completion | None:
-        with self.lock:
-            if self.results is None:
-                prompts = self._prompts(engine)
-                try:
-                    self._store(prompts, engine.generate_batch(prompts, **params) if prompts else [])
-                except Exception:
-                    self.results = {}  # one bad prompt: each list then runs (and fails) on its own
-            return self._pop(ids)
-
-    async def atake(
-        self, engine: StarCoderEngine, ids: list[int], params: dict[str, Any]
-    ) -> Completion | None:
-        if self.task is None:
-            prompts = self._prompts(engine)
-
-            async def run() -> None:
-                try:
-                    self._store(prompts, await engine.agenerate_batch(prompts, **params) if prompts else [])
-                except Exception:
-                    self.results = {}
-
-            self.task = asyncio.ensure_future(run())
-        await asyncio.shield(self.task)
-        return self._pop(ids)
+_BATCHED: ContextVar[dict[tuple[int, ...], deque[Completion]] | None] = ContextVar(
+    "starcoder_chat_batch", default=None
+)
 
 
-_BATCH: ContextVar[_Batch | None] = ContextVar("starcoder_chat_batch", default=None)
+def _take_batched(ids: list[int]) -> Completion | None:
+    answers = (_BATCHED.get() or {}).get(tuple(ids))
+    return answers.popleft() if answers else None
 
 
-class ChatStarCoder(StarCoderBase, BaseChatModel):
+def _by_prompt(prompts: list[list[int]], completions: Sequence[Completion]) -> dict:
+    answers: dict[tuple[int, ...], deque[Completion]] = defaultdict(deque)
+    for ids, completion in zip(prompts, completions, strict=True):
+        answers[tuple(ids)].append(completion)
+    return answers
+
+
+_SHARED_CONFIG_KEYS = ("callbacks", "tags", "metadata", "run_name", "max_concurrency")
+
+
+def _shared_config(
+    inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None, return_exceptions: bool
+) -> RunnableConfig | None:
+    """The one config of a batch that can run as ``generate`` calls, else None."""
+    if return_exceptions or len(inputs) < 2:
+        return None
+    configs = get_config_list(config, len(inputs))
+    first = configs[0]
+    if any(c.get("run_id") for c in configs):
+        return None
+    if any(c.get(k) != first.get(k) for c in configs[1:] for k in _SHARED_CONFIG_KEYS):
+        return None
+    return first
+
+
+def _groups(inputs: list[Any], config: RunnableConfig) -> Iterator[list[Any]]:
+    size = config.get("max_concurrency") or len(inputs)
+    return (inputs[start : start + size] for start in range(0, len(inputs), size))
+
+
+def _generate_args(config: RunnableConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {key: config.get(key) for key in ("callbacks", "tags", "metadata", "run_name")} | kwargs
+
+
+class ChatStarCoder(StarCoderSettings, BaseChatModel):
     """StarCoder2 instruct checkpoints (e.g. starcoder2-15b-instruct) as a LangChain chat model,
     run locally on Apple MLX.
 
@@ -190,6 +173,9 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
             async for chunk in chat.astream(messages):
                 print(chunk.text, end="")
 
+    Streams end with a chunk that carries ``usage_metadata`` and ``chunk_position="last"`` (its
+    text may be empty), as LangChain's chat models do.
+
     Token usage:
         .. code-block:: python
 
@@ -227,10 +213,18 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {**super()._identifying_params, "chat_template": self.chat_template}
+        return {**self._identifying_settings(), "chat_template": self.chat_template}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return LangSmithParams(**self._ls_params("chat", stop, kwargs))
+        return LangSmithParams(**ls_params(self, "chat", stop, kwargs))
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Not available: StarCoder models were not trained for tool calling."""
+        msg = (
+            "StarCoder models have no tool calling (they were not trained for it), so ChatStarCoder "
+            "cannot bind tools or give structured output. Ask for the format in the prompt instead."
+        )
+        raise NotImplementedError(msg)
 
     # --- prompts -----------------------------------------------------------------------------------
 
@@ -250,18 +244,24 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         """Token ids of ``text`` from the model's own tokenizer."""
         if self.custom_get_token_ids is not None:
             return self.custom_get_token_ids(text)
-        return self.engine.encode(text)
+        return self.engine.encode(text, special_tokens=self.parse_special_tokens)
 
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
     ) -> int:
         """The length of the prompt these messages make, chat template included."""
         if tools:
-            msg = "ChatStarCoder has no tool calling, so it cannot count tool tokens."
+            msg = "StarCoder models have no tool calling, so ChatStarCoder cannot count tool tokens."
             raise InvalidParameterError(msg)
         return len(self._prompt_ids(self.engine, messages))
 
     # --- generation ----------------------------------------------------------------------------------
+
+    def _call(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        overrides = {k: v for k, v in kwargs.items() if k != "model"}
+        settings = self._generation(overrides, stop)
+        settings.pop("parse_special_tokens")  # contents are data, the template's text is control
+        return kwargs.get("model") or self.model, settings
 
     def _generate(
         self,
@@ -270,13 +270,10 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        model, params = self._call_settings(stop, kwargs)
+        model, settings = self._call(stop, kwargs)
         engine = self._engine_for(model)
         ids = self._prompt_ids(engine, messages)
-        batch = _BATCH.get()
-        completion = batch.take(engine, ids, params) if batch and batch.owner is self else None
-        if completion is None:
-            completion = engine.generate(ids, **params)
+        completion = _take_batched(ids) or engine.generate(ids, **settings)
         return _chat_result(completion, model)
 
     async def _agenerate(
@@ -286,13 +283,10 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        model, params = self._call_settings(stop, kwargs)
+        model, settings = self._call(stop, kwargs)
         engine = await self._aengine_for(model)
-        ids = self._prompt_ids(engine, messages)
-        batch = _BATCH.get()
-        completion = await batch.atake(engine, ids, params) if batch and batch.owner is self else None
-        if completion is None:
-            completion = await engine.agenerate(ids, **params)
+        ids = await asyncio.to_thread(self._prompt_ids, engine, messages)
+        completion = _take_batched(ids) or await engine.agenerate(ids, **settings)
         return _chat_result(completion, model)
 
     def _stream(
@@ -303,9 +297,9 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         # BaseChatModel reports each chunk to the callbacks itself.
-        model, params = self._call_settings(stop, kwargs)
+        model, settings = self._call(stop, kwargs)
         engine = self._engine_for(model)
-        chunks = engine.stream(self._prompt_ids(engine, messages), **params)
+        chunks = engine.stream(self._prompt_ids(engine, messages), **settings)
         with contextlib.closing(chunks):
             for piece in chunks:
                 yield _chat_chunk(piece, model)
@@ -317,16 +311,15 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        model, params = self._call_settings(stop, kwargs)
+        model, settings = self._call(stop, kwargs)
         engine = await self._aengine_for(model)
-        chunks = engine.astream(self._prompt_ids(engine, messages), **params)
+        ids = await asyncio.to_thread(self._prompt_ids, engine, messages)
+        chunks = engine.astream(ids, **settings)
         async with contextlib.aclosing(chunks):
             async for piece in chunks:
                 yield _chat_chunk(piece, model)
 
-    # --- batching ----------------------------------------------------------------------------------
-    # LangChain's chat batch runs one ``invoke`` per input. These overrides route a batch through
-    # ``generate``, whose per-list ``_generate`` calls then share one batched engine call.
+    # --- batching (see _BATCHED) ---------------------------------------------------------------------
 
     def _batchable(self, count: int) -> bool:
         from langchain_core.globals import get_llm_cache
@@ -334,23 +327,49 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         uses_cache = self.cache is not False and (self.cache is not None or get_llm_cache() is not None)
         return count > 1 and not uses_cache
 
+    def _batch_prompts(
+        self, messages: list[list[BaseMessage]], kwargs: dict[str, Any]
+    ) -> tuple[StarCoderEngine, list[list[int]], dict[str, Any]]:
+        model, settings = self._call(kwargs.get("stop"), {k: v for k, v in kwargs.items() if k != "stop"})
+        engine = self._engine_for(model)
+        prompts = []
+        for m in messages:
+            # A list that cannot be formatted raises on its own turn, with its own run.
+            with contextlib.suppress(Exception):
+                prompts.append(self._prompt_ids(engine, m))
+        return engine, prompts, settings
+
     def generate(self, messages: list[list[BaseMessage]], *args: Any, **kwargs: Any) -> LLMResult:
-        if not self._batchable(len(messages)):
+        if args or not self._batchable(len(messages)):
             return super().generate(messages, *args, **kwargs)
-        token = _BATCH.set(_Batch(self, messages))
+        engine, prompts, settings = self._batch_prompts(messages, _settings_of(kwargs))
         try:
-            return super().generate(messages, *args, **kwargs)
+            answers = _by_prompt(prompts, engine.generate_batch(prompts, **settings)) if prompts else {}
+        except Exception:
+            answers = {}  # one bad prompt: each list then runs (and fails) on its own
+        token = _BATCHED.set(answers)
+        try:
+            return super().generate(messages, **kwargs)
         finally:
-            _BATCH.reset(token)
+            _BATCHED.reset(token)
 
     async def agenerate(self, messages: list[list[BaseMessage]], *args: Any, **kwargs: Any) -> LLMResult:
-        if not self._batchable(len(messages)):
+        if args or not self._batchable(len(messages)):
             return await super().agenerate(messages, *args, **kwargs)
-        token = _BATCH.set(_Batch(self, messages))
+        engine, prompts, settings = await asyncio.to_thread(
+            self._batch_prompts, messages, _settings_of(kwargs)
+        )
         try:
-            return await super().agenerate(messages, *args, **kwargs)
+            answers = (
+                _by_prompt(prompts, await engine.agenerate_batch(prompts, **settings)) if prompts else {}
+            )
+        except Exception:
+            answers = {}
+        token = _BATCHED.set(answers)
+        try:
+            return await super().agenerate(messages, **kwargs)
         finally:
-            _BATCH.reset(token)
+            _BATCHED.reset(token)
 
     def batch(
         self,
@@ -360,10 +379,16 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:  # type: ignore[override]
-        shared = self._shared_config(inputs, config, return_exceptions)
+        shared = _shared_config(inputs, config, return_exceptions)
         if shared is None:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        return self._in_groups(inputs, shared, lambda group: self._generate_group(group, shared, kwargs))
+        out: list[AIMessage] = []
+        for group in _groups(inputs, shared):
+            result = self.generate(
+                [self._convert_input(i).to_messages() for i in group], **_generate_args(shared, kwargs)
+            )
+            out += [g[0].message for g in result.generations]  # type: ignore[attr-defined]
+        return out
 
     async def abatch(
         self,
@@ -373,65 +398,22 @@ class ChatStarCoder(StarCoderBase, BaseChatModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:  # type: ignore[override]
-        shared = self._shared_config(inputs, config, return_exceptions)
+        shared = _shared_config(inputs, config, return_exceptions)
         if shared is None:
             return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         out: list[AIMessage] = []
-        size = shared.get("max_concurrency") or len(inputs)
-        for start in range(0, len(inputs), size):
-            group = inputs[start : start + size]
+        for group in _groups(inputs, shared):
             result = await self.agenerate(
-                [self._convert_input(i).to_messages() for i in group], **self._generate_args(shared, kwargs)
+                [self._convert_input(i).to_messages() for i in group], **_generate_args(shared, kwargs)
             )
             out += [g[0].message for g in result.generations]  # type: ignore[attr-defined]
         return out
 
-    def _shared_config(
-        self,
-        inputs: list[LanguageModelInput],
-        config: RunnableConfig | list[RunnableConfig] | None,
-        return_exceptions: bool,
-    ) -> RunnableConfig | None:
-        """The one config of a batch that can run as one ``generate`` call, else None."""
-        if return_exceptions or len(inputs) < 2:
-            return None
-        configs = get_config_list(config, len(inputs))
-        keys = ("callbacks", "tags", "metadata", "run_name", "max_concurrency")
-        first = configs[0]
-        if any(c.get("run_id") for c in configs):
-            return None
-        if any(c.get(k) != first.get(k) for c in configs[1:] for k in keys):
-            return None
-        return first
 
-    def _in_groups(
-        self,
-        inputs: list[LanguageModelInput],
-        config: RunnableConfig,
-        run: Callable[[list[LanguageModelInput]], list[AIMessage]],
-    ) -> list[AIMessage]:
-        size = config.get("max_concurrency") or len(inputs)
-        return [
-            message for start in range(0, len(inputs), size) for message in run(inputs[start : start + size])
-        ]
-
-    @staticmethod
-    def _generate_args(config: RunnableConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "callbacks": config.get("callbacks"),
-            "tags": config.get("tags"),
-            "metadata": config.get("metadata"),
-            "run_name": config.get("run_name"),
-            **kwargs,
-        }
-
-    def _generate_group(
-        self, group: list[LanguageModelInput], config: RunnableConfig, kwargs: dict[str, Any]
-    ) -> list[AIMessage]:
-        result = self.generate(
-            [self._convert_input(i).to_messages() for i in group], **self._generate_args(config, kwargs)
-        )
-        return [g[0].message for g in result.generations]  # type: ignore[attr-defined]
+def _settings_of(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The generation keywords among ``generate``'s arguments (not callbacks, tags...)."""
+    skip = {"callbacks", "tags", "metadata", "run_name", "run_id"}
+    return {k: v for k, v in kwargs.items() if k not in skip}
 
 
 def _chat_result(completion: Completion, model: str) -> ChatResult:
@@ -441,7 +423,7 @@ def _chat_result(completion: Completion, model: str) -> ChatResult:
         response_metadata={"model_name": model},
     )
     return ChatResult(
-        generations=[ChatGeneration(message=message, generation_info=generation_info(completion))],
+        generations=[ChatGeneration(message=message, generation_info=counts(completion))],
         llm_output={"model_name": model},
     )
 
@@ -455,4 +437,4 @@ def _chat_chunk(piece: CompletionChunk, model: str) -> ChatGenerationChunk:
         response_metadata={"model_name": model},
         chunk_position="last",
     )
-    return ChatGenerationChunk(message=message, generation_info=generation_info(piece))
+    return ChatGenerationChunk(message=message, generation_info=counts(piece))

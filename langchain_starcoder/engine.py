@@ -1,211 +1,59 @@
-"""StarCoderEngine: one MLX StarCoder2 model, its tokenizer, and the one thread that runs them."""
+"""StarCoderEngine, the front: text and prompts in, token ids to a backend, text chunks out."""
 
 from __future__ import annotations
 
 import asyncio
-import math
+import dataclasses
 import os
 import queue
-import threading
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-import mlx.core as mx
 import numpy as np
 
 from . import fim
-from .errors import ContextLengthError, EngineClosedError, InvalidParameterError, StarCoderError
-from .generation import run_batch, run_single
-from .loading import (
-    load_model,
-    load_tokenizer,
-    read_config,
-    resolve_model_path,
-    validate_load_options,
+from .backends import Backend, Generation
+from .errors import ContextLengthError, InvalidParameterError
+from .streaming import AsyncChunkStream, ChunkSink, ChunkStream, Emit
+from .tokens import codec_for, encode_segments, parsing_encoder
+from .types import (
+    FIM_KEYS,
+    Completion,
+    CompletionChunk,
+    FIMRequest,
+    GenerationParams,
+    check_text,
+    is_int,
+    join_chunks,
 )
-from .models.starcoder2 import ModelArgs
-from .prompt_cache import PromptCacheStore
 
-T = TypeVar("T")
 Prompt = str | Sequence[int]
 
 
 @dataclass(frozen=True)
-class Completion:
-    """The result of one generation request."""
+class _Job:
+    """A request made ready for a backend: prompt ids, settings with every stop id, FIM trim."""
 
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    """"stop" (an end-of-text token or a stop string) or "length" (``max_tokens`` reached)."""
-    prompt_tokens: int
-    cached_tokens: int
-    """Prompt tokens served from a reused KV cache instead of being prefilled."""
-    completion_tokens: int
-    stop_sequence: str | None = None
-    """The stop string that ended the generation, if one did."""
-    prompt_seconds: float = 0.0
-    generation_seconds: float = 0.0
-
-    @property
-    def prompt_tps(self) -> float:
-        """Prefilled prompt tokens per second (cached tokens excluded)."""
-        new = self.prompt_tokens - self.cached_tokens
-        return new / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
-
-    @property
-    def generation_tps(self) -> float:
-        return self.completion_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class CompletionChunk:
-    """A piece of a streamed completion. Only the last chunk has ``finish_reason`` and the counts."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    stop_sequence: str | None = None
-    prompt_seconds: float | None = None
-    generation_seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Validated generation settings; every public generation method takes these as keywords."""
-
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        max_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float | None = None,
-        stop: str | Sequence[str] | None = (),
-        seed: int | None = None,
-        stop_token_ids: Sequence[int] = (),
-    ) -> GenerationParams:
-        def bad(msg: str) -> InvalidParameterError:
-            return InvalidParameterError(msg)
-
-        if not _is_int(max_tokens) or max_tokens < 1:
-            raise bad(f"max_tokens must be a positive integer, not {max_tokens!r}.")
-        if not _is_real(temperature) or temperature < 0:
-            raise bad(f"temperature must be a number >= 0 (0 is greedy), not {temperature!r}.")
-        if not _is_real(top_p) or not 0 < top_p <= 1:
-            raise bad(f"top_p must be in (0, 1], not {top_p!r}.")
-        if not _is_int(top_k) or top_k < 0:
-            raise bad(f"top_k must be an integer >= 0 (0 turns it off), not {top_k!r}.")
-        if not _is_real(min_p) or not 0 <= min_p < 1:
-            raise bad(f"min_p must be in [0, 1), not {min_p!r}.")
-        if repetition_penalty is not None and (not _is_real(repetition_penalty) or repetition_penalty <= 0):
-            raise bad(f"repetition_penalty must be a number > 0, not {repetition_penalty!r}.")
-        if seed is not None and not _is_int(seed):
-            raise bad(f"seed must be an integer, not {seed!r}.")
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        for s in stops:
-            if not isinstance(s, str) or not s:
-                raise bad(f"stop strings must be non-empty strings, not {s!r}.")
-            _check_text(s, "stop string")
-        return cls(
-            max_tokens=int(max_tokens),
-            temperature=float(temperature),
-            top_p=float(top_p),
-            top_k=int(top_k),
-            min_p=float(min_p),
-            repetition_penalty=None if repetition_penalty is None else float(repetition_penalty),
-            stop=tuple(dict.fromkeys(stops)),
-            seed=seed,
-            stop_token_ids=frozenset(stop_token_ids),
-        )
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, int | float | np.number) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _check_text(text: str, what: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        msg = f"The {what} is not valid Unicode (a lone surrogate at index {e.start}); fix the text."
-        raise InvalidParameterError(msg) from e
-
-
-class _Request:
-    """One generation on the worker: the prompt, its settings, where results go, and a cancel flag."""
-
-    def __init__(self, ids: list[int], params: GenerationParams, sink: Callable[[Any], None]):
-        self.ids = ids
-        self.params = params
-        self.sink = sink
-        self.cancelled = threading.Event()
-
-
-# MLX aborts the process at exit if a thread that ran MLX work has ended, or is woken while Python
-# shuts down. So worker threads never end and are never woken at exit: a closed engine's worker
-# waits on its retired queue until a new engine hands it a queue of its own.
-_pool_lock = threading.Lock()
-_idle_queues: list[queue.SimpleQueue] = []
-
-
-def _serve(jobs: queue.SimpleQueue) -> None:
-    while True:
-        job = jobs.get()
-        if isinstance(job, queue.SimpleQueue):  # handed over to a new engine
-            jobs = job
-        else:
-            job()
-        del job  # hold no reference to the engine between jobs, so it can be collected
-
-
-def _start_worker(jobs: queue.SimpleQueue) -> None:
-    """Serve ``jobs`` on an idle worker thread, or on a new one."""
-    with _pool_lock:
-        if _idle_queues:
-            _idle_queues.pop().put(jobs)
-            return
-    threading.Thread(target=_serve, args=(jobs,), name="starcoder-engine", daemon=True).start()
-
-
-def _retire(jobs: queue.SimpleQueue) -> None:
-    with _pool_lock:
-        _idle_queues.append(jobs)
+    ids: list[int]
+    params: GenerationParams
+    trim: str | None = None  # the suffix a FIM middle must not repeat
 
 
 class StarCoderEngine:
-    """A loaded StarCoder2 model with KV-cached, streaming, stoppable generation.
+    """A StarCoder2 model with KV-cached, streaming, stoppable generation and fill-in-the-middle.
+
+    The engine is the front: it owns the tokenizer and everything about text (prompt building,
+    FIM layouts and budgets, stop strings, streaming detokenization, counts) and hands token ids to
+    a backend (:mod:`langchain_starcoder.backends`), which runs them.
 
     Setup:
         .. code-block:: bash
 
             pip install langchain-starcoder
 
-    Key init args:
+    Key init args (of :meth:`load`):
         model: str
             Hub id (``mlx-community/starcoder2-3b-4bit``) or a local checkpoint folder.
         quantize: int | None
@@ -248,52 +96,19 @@ class StarCoderEngine:
             async for chunk in engine.astream("class Stack:"):
                 print(chunk.text, end="")
 
-    Threads: every MLX call of an engine runs on the engine's own worker thread (MLX streams are
+    Threads: every MLX call of an engine runs on the backend's own worker thread (MLX streams are
     thread-local); any number of threads and event loops may call it at once. Requests run one
-    after another in arrival order; ``generate_batch`` runs its prompts together.
+    after another in arrival order; ``generate_batch`` runs its prompts together. Leaving a stream,
+    closing it, or cancelling a task cancels its request, also while its prompt is prefilled.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        *,
-        name: str | None = None,
-        quantize: int | None = None,
-        group_size: int = 64,
-        dtype: str = "auto",
-        kv_bits: int | None = None,
-        max_prompt_caches: int = 4,
-        max_prompt_cache_bytes: int | None = 4 << 30,
-    ):
-        validate_load_options(quantize, group_size, dtype, kv_bits)
-        self.path = Path(path)
-        self.name = name or str(path)
-        self.kv_bits = kv_bits
-        config = read_config(self.path)
-        _kv_group_size(ModelArgs.from_dict(config), kv_bits)  # refuse a bad kv_bits before loading
-        self.tokenizer = load_tokenizer(self.path, config)
-        self._data_tokenizer = data_tokenizer(self.tokenizer._tokenizer.backend_tokenizer)
-        self._vocab: dict[str, int] = self.tokenizer.get_vocab()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        _start_worker(self._jobs)
-        self._closed = False
-        self._lock = threading.Lock()
-        # An engine dropped unclosed frees its worker; at exit nothing is done (see _serve).
-        self._retire_worker = weakref.finalize(self, _retire, self._jobs)
-        self._retire_worker.atexit = False
-        self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
-        try:
-            loaded = self._call(
-                lambda: load_model(self.path, quantize=quantize, group_size=group_size, dtype=dtype)
-            )
-        except BaseException:
-            self.close()
-            raise
-        self.model = loaded.model
-        self.config: ModelArgs = loaded.args
-        self.kv_group_size = _kv_group_size(self.config, kv_bits)
-        self.raw_config: dict[str, Any] = loaded.config
-        self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
+    def __init__(self, backend: Backend, tokenizer: Any, *, name: str | None = None):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.name = name or backend.name
+        self._codec = codec_for(tokenizer)
+        self._encode_parsed = parsing_encoder(tokenizer)
+        self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
 
     @classmethod
     def load(
@@ -305,9 +120,10 @@ class StarCoderEngine:
         dtype: str = "auto",
         kv_bits: int | None = None,
         revision: str | None = None,
-        **options: Any,
+        max_prompt_caches: int = 4,
+        max_prompt_cache_bytes: int | None = 4 << 30,
     ) -> StarCoderEngine:
-        """Load a StarCoder2 checkpoint from a folder or the Hugging Face hub.
+        """Load a StarCoder2 checkpoint from a folder or the Hugging Face hub into MLX.
 
         Args:
             model: A local folder, or a hub id (downloaded and cached by huggingface_hub; set
@@ -318,71 +134,78 @@ class StarCoderEngine:
             dtype: "auto" picks per device: float32 compute on the CPU (including quantization
                 scales; MLX's float16 CPU kernels are up to 35x slower), the checkpoint's dtype on a
                 GPU. Or "float32", "float16", "bfloat16".
-            kv_bits: None, 4 or 8: quantize the KV cache.
+            kv_bits: None, 4 or 8: keep the KV cache quantized from the first token on (a reused
+                prompt cache then gives exactly what a fresh one would).
             revision: A hub branch, tag or commit to pin the download to.
-            options: ``max_prompt_caches`` and ``max_prompt_cache_bytes`` (see the class docs).
+            max_prompt_caches, max_prompt_cache_bytes: see the class docs.
         """
+        from .backends.mlx import MLXBackend, kv_group_size
+        from .loading import load_tokenizer, read_config, resolve_model_path, validate_load_options
+        from .models.starcoder2 import ModelArgs
+
         validate_load_options(quantize, group_size, dtype, kv_bits)
         path = resolve_model_path(model, revision)
-        return cls(
-            path, name=str(model), quantize=quantize, group_size=group_size, dtype=dtype,
-            kv_bits=kv_bits, **options,
+        config = read_config(path)
+        kv_group_size(ModelArgs.from_dict(config), kv_bits)  # refuse a bad kv_bits before loading
+        tokenizer = load_tokenizer(path, config)
+        backend = MLXBackend(
+            path, name=str(model), quantize=quantize, group_size=group_size, dtype=dtype, kv_bits=kv_bits,
+            max_prompt_caches=max_prompt_caches, max_prompt_cache_bytes=max_prompt_cache_bytes,
         )  # fmt: skip
-
-    # --- the worker thread -----------------------------------------------------------------
-
-    def _submit(self, fn: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-
-        def job() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn())
-            except BaseException as e:
-                future.set_exception(e)
-
-        with self._lock:  # close() takes it too: no job lands on a retired queue
-            if self._closed:
-                msg = f"The engine for {self.name} is closed; load a new one."
-                raise EngineClosedError(msg)
-            self._jobs.put(job)
-        return future
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        return self._submit(fn).result()
+        return cls(backend, tokenizer)
 
     def close(self) -> None:
-        """Free the prompt caches and retire the worker thread. The engine cannot be used after."""
-        if self._closed:
-            return
-        try:
-            self._call(self._prompt_caches.clear)  # waits, so the worker is idle when we return
-        finally:
-            with self._lock:
-                self._closed = True
-            self._retire_worker()
+        """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""
+        self.backend.close()
 
-    # --- tokens ------------------------------------------------------------------------------
+    # --- what the backend knows --------------------------------------------------------------
 
     @property
     def context_window(self) -> int:
-        """The model's context length (``max_position_embeddings``)."""
-        return self.config.max_position_embeddings
+        """The most tokens a prompt plus its generation may have."""
+        return self.backend.context_window
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
 
     @property
     def sliding_window(self) -> int | None:
-        return self.config.sliding_window
+        return getattr(self.backend, "sliding_window", None)
+
+    @property
+    def kv_bits(self) -> int | None:
+        return getattr(self.backend, "kv_bits", None)
+
+    @property
+    def path(self) -> Any:
+        """The local checkpoint folder (None for a remote backend)."""
+        return getattr(self.backend, "path", None)
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 logits of shape ``[len(token_ids), vocab]`` from one full forward pass, no cache."""
+        return self.backend.logits(self._check_ids(token_ids))
+
+    def clear_cache(self) -> None:
+        """Drop every kept prompt cache and free what it held."""
+        self.backend.clear_cache()
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return self.backend.prompt_cache_bytes
+
+    # --- tokens ------------------------------------------------------------------------------
 
     def encode(self, text: str, *, special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. With ``special_tokens=False`` control-token strings in the text
         (``<file_sep>``, ``<|endoftext|>``...) are encoded as plain text: use it for untrusted data."""
-        if not isinstance(text, str):
-            msg = f"Expected text (str), got {type(text).__name__}."
-            raise InvalidParameterError(msg)
-        _check_text(text, "text")
-        tokenizer = self.tokenizer._tokenizer.backend_tokenizer if special_tokens else self._data_tokenizer
-        return tokenizer.encode(text, add_special_tokens=False).ids
+        check_text(text, "text")
+        return self._encode_parsed(text) if special_tokens else self._codec.encode_data(text)
+
+    def encode_segments(self, segments: Iterable[tuple[str, bool]]) -> list[int]:
+        """Ids of a prompt in pieces ``(text, is_data)``: control-token strings count only in
+        pieces that are not data (see :func:`langchain_starcoder.tokens.encode_segments`)."""
+        return encode_segments(self._codec, self.tokenizer.all_special_tokens, segments)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
@@ -392,200 +215,166 @@ class StarCoderEngine:
 
     def token_id(self, token: str) -> int | None:
         """The id of a special token such as ``<fim_prefix>``, or None if the vocabulary lacks it."""
-        return self._vocab.get(token)
-
-    # --- forward passes ------------------------------------------------------------------------
-
-    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
-        """float32 logits of shape ``[len(token_ids), vocab]`` from one full forward pass, no cache."""
-        ids = self._check_ids(token_ids)
-
-        def run() -> np.ndarray:
-            out = self.model(mx.array(ids)[None]).astype(mx.float32)
-            return np.array(out[0])
-
-        return self._call(run)
+        return self._codec.token_id(token)
 
     # --- generation ------------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt, **params: Any) -> Completion:
+    def generate(self, prompt: Prompt, **settings: Any) -> Completion:
         """Generate a completion of ``prompt`` (text, or token ids).
 
-        Keyword args: ``max_tokens=256``, ``temperature=0.0`` (greedy), ``top_p=1.0``, ``top_k=0``,
-        ``min_p=0.0``, ``repetition_penalty=None``, ``stop=()`` (strings; the text ends before the
-        first one that appears), ``seed=None`` (makes sampling reproducible).
+        Keyword args: the generation settings of :class:`~langchain_starcoder.GenerationParams`
+        (``max_tokens=256``, ``temperature=0.0`` (greedy), ``top_p``, ``top_k``, ``min_p``,
+        ``repetition_penalty``, ``seed``, ``stop=()``: strings, the text ends before the first one
+        that appears; ``stop_token_ids``), and ``parse_special_tokens=True``: whether control-token
+        strings written in a text prompt (``<fim_prefix>``...) are control tokens. Pass False for
+        text you did not write: all of it is then data.
         """
-        return _collect(self.stream(prompt, **params))
+        return join_chunks(self.stream(prompt, **settings))
 
-    def stream(self, prompt: Prompt, **params: Any) -> Iterator[CompletionChunk]:
+    def stream(self, prompt: Prompt, **settings: Any) -> Iterator[CompletionChunk]:
         """Like :meth:`generate`, yielding chunks of text as they are ready.
 
-        No chunk holds any part of a stop string. Leaving the loop early cancels the generation.
+        No chunk holds any part of a stop string. Leaving the loop early, closing the stream or
+        dropping it cancels the generation.
         """
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        request = self._enqueue(prompt, params, events.put)
-        return _iterate(request, events)
+        return self._stream(self._prepare(prompt, settings))
 
-    async def agenerate(self, prompt: Prompt, **params: Any) -> Completion:
-        chunks = [c async for c in self.astream(prompt, **params)]
-        return _collect(iter(chunks))
+    async def agenerate(self, prompt: Prompt, **settings: Any) -> Completion:
+        return join_chunks([c async for c in self.astream(prompt, **settings)])
 
-    def astream(self, prompt: Prompt, **params: Any) -> AsyncIterator[CompletionChunk]:
-        """Async :meth:`stream`: the event loop is never blocked; cancelling the task cancels the request."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+    def astream(self, prompt: Prompt, **settings: Any) -> AsyncIterator[CompletionChunk]:
+        """Async :meth:`stream`: the event loop is never blocked (the prompt is tokenized in a
+        thread); cancelling the task or closing the stream cancels the request."""
+        self._split_settings(dict(settings))  # bad settings fail here, at the call
+        return AsyncChunkStream(lambda: self._prepare(prompt, settings), self._submit_one)
 
-        def sink(event: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                request.cancelled.set()
-
-        request = self._enqueue(prompt, params, sink)
-        return _aiterate(request, events)
-
-    def generate_batch(self, prompts: Sequence[Prompt], **params: Any) -> list[Completion]:
+    def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Generate for several prompts at once (truly batched), each as it would alone (greedy)."""
-        return self._submit_batch(prompts, params).result()
+        return self._collect(self._prepare_batch(prompts, settings))
 
-    async def agenerate_batch(self, prompts: Sequence[Prompt], **params: Any) -> list[Completion]:
-        return await asyncio.wrap_future(self._submit_batch(prompts, params))
+    async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
+        """Async :meth:`generate_batch`; cancelling the task cancels every prompt of the batch."""
+        jobs = await asyncio.to_thread(self._prepare_batch, prompts, settings)
+        return await self._acollect(jobs)
 
-    def _submit_batch(self, prompts: Sequence[Prompt], params: dict[str, Any]) -> Future[list[Completion]]:
-        if isinstance(prompts, str) or not prompts:
-            msg = "A batch is a non-empty list of prompts."
-            raise InvalidParameterError(msg)
-        gen = GenerationParams.create(**params)
-        ids = [self._prompt_ids(p, gen) for p in prompts]
-        return self._submit(lambda: run_batch(self, ids, gen))
+    # --- fill in the middle ------------------------------------------------------------------
 
-    def clear_cache(self) -> None:
-        """Drop every kept prompt cache and return MLX's cached buffers to the system."""
-        self._call(lambda: (self._prompt_caches.clear(), mx.clear_cache()))
-
-    @property
-    def prompt_cache_bytes(self) -> int:
-        return self._call(lambda: self._prompt_caches.nbytes)
-
-    # --- fill-in-the-middle (the work is in fim.py) ----------------------------------------------
-
-    def infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[fim.ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **generation: Any,
-    ) -> Completion:
+    def infill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
         """Generate the code between ``prefix`` and ``suffix``; ``text`` is the middle only.
 
-        The prompt is built by :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; with
-        ``context_files``, ``repo_name`` or ``file_path``, StarCoder2's repository layout), within
-        ``max_prompt_tokens`` (default: the context window minus ``max_tokens``). Generation stops
-        at ``<|endoftext|>``, ``<file_sep>``, ``<repo_name>`` and the ``<fim_*>`` tokens, and at any
-        ``stop`` string. With ``trim_suffix_overlap`` (default) an end of the middle that repeats the
-        start of the suffix is dropped (rule: :class:`langchain_starcoder.fim.SuffixOverlap`).
-        ``generation``: the keywords of :meth:`generate`.
+        Takes a :class:`~langchain_starcoder.types.FIMRequest`, or its fields as arguments
+        (``prefix``, ``suffix``, ``context_files``, ``repo_name``, ``file_path``, ``mode``,
+        ``max_prompt_tokens``, ``trim_suffix_overlap``), plus the generation settings of
+        :meth:`generate`. The prompt is built by :func:`langchain_starcoder.fim.build_fim_prompt`
+        (PSM or SPM; with context files, a repo name or a file path, StarCoder2's repository
+        layout), within ``max_prompt_tokens`` (default: the context window minus ``max_tokens``).
+        Generation stops at ``<|endoftext|>``, ``<file_sep>``, ``<repo_name>`` and the ``<fim_*>``
+        tokens, and at any ``stop`` string. With ``trim_suffix_overlap`` (default) an end of the
+        middle that repeats the start of the suffix is dropped (rule:
+        :class:`langchain_starcoder.overlap.SuffixOverlap`).
 
         Prompt cache: the layout puts the repo name and context files first, then the hole's file,
         so repeated infills with the same files reuse their KV cache and prefill only from the first
         changed token. In PSM an edit at the hole re-prefills the end of the prefix and the suffix;
         in SPM (suffix before prefix) it re-prefills only the end of the prefix.
         """
-        return fim.infill(
-            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
-            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
-            trim_suffix_overlap=trim_suffix_overlap, **generation,
-        )  # fmt: skip
+        return join_chunks(self.stream_infill(prefix, suffix, **settings))
 
     def stream_infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[fim.ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **generation: Any,
+        self, prefix: str | FIMRequest, suffix: str = "", **settings: Any
     ) -> Iterator[CompletionChunk]:
         """:meth:`infill`, streamed. Text that may turn out to repeat the suffix is held back until
         the next chunk settles it (or the end trims it)."""
-        return fim.stream_infill(
-            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
-            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
-            trim_suffix_overlap=trim_suffix_overlap, **generation,
-        )  # fmt: skip
+        request, rest = _fim_request(prefix, suffix, settings)
+        return self._stream(self._prepare_fim(request, rest))
 
-    async def ainfill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[fim.ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **generation: Any,
-    ) -> Completion:
-        """Async :meth:`infill`."""
-        return await fim.ainfill(
-            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
-            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
-            trim_suffix_overlap=trim_suffix_overlap, **generation,
-        )  # fmt: skip
+    async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
+        """Async :meth:`infill` (the prompt is built in a thread)."""
+        return join_chunks([c async for c in self.astream_infill(prefix, suffix, **settings)])
 
     def astream_infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[fim.ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **generation: Any,
+        self, prefix: str | FIMRequest, suffix: str = "", **settings: Any
     ) -> AsyncIterator[CompletionChunk]:
-        """Async :meth:`stream_infill` (the event loop is never blocked)."""
-        return fim.astream_infill(
-            self, prefix, suffix, context_files=context_files, repo_name=repo_name,
-            file_path=file_path, mode=mode, max_prompt_tokens=max_prompt_tokens,
-            trim_suffix_overlap=trim_suffix_overlap, **generation,
-        )  # fmt: skip
+        """Async :meth:`stream_infill`: the prompt is built in a thread, off the event loop."""
+        request, rest = _fim_request(prefix, suffix, settings)
+        self._split_settings(dict(rest))
+        return AsyncChunkStream(lambda: self._prepare_fim(request, rest), self._submit_one)
 
-    # --- internals -------------------------------------------------------------------------------
+    def infill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
+        """Several :class:`FIMRequest`\\ s as one batch, each as :meth:`infill` would answer it (greedy)."""
+        return self._collect(self._prepare_fim_batch(requests, settings))
 
-    def _check_ids(self, token_ids: Sequence[int]) -> list[int]:
-        if isinstance(token_ids, str) or not all(_is_int(t) for t in token_ids):
-            msg = "Token ids must be a sequence of integers."
+    async def ainfill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
+        """Async :meth:`infill_batch`; cancelling the task cancels the batch."""
+        jobs = await asyncio.to_thread(self._prepare_fim_batch, requests, settings)
+        return await self._acollect(jobs)
+
+    def fim_prompt(self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens) -> fim.FIMPrompt:
+        """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``."""
+        if request.max_prompt_tokens is None:
+            room = self.context_window - max_tokens  # >= 1: _split_settings checked max_tokens
+            try:
+                prompt = fim.build_fim_prompt(
+                    self.tokenizer, dataclasses.replace(request, max_prompt_tokens=room)
+                )
+            except ContextLengthError:
+                prompt = None
+            if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
+                msg = (
+                    f"max_tokens={max_tokens} leaves {room} tokens of the model's {self.context_window}-"
+                    "token context for the prompt: not even the end of the prefix fits after the "
+                    "FIM layout's control tokens and names. Lower max_tokens."
+                )
+                raise ContextLengthError(msg)
+            return prompt
+        if request.max_prompt_tokens + max_tokens > self.context_window:
+            msg = (
+                f"max_prompt_tokens={request.max_prompt_tokens} plus max_tokens={max_tokens} exceeds "
+                f"the model's context window of {self.context_window}. Lower one of them."
+            )
+            raise ContextLengthError(msg)
+        return fim.build_fim_prompt(self.tokenizer, request)
+
+    # --- internals: preparing (in the caller's thread, or a worker thread for async) ------------
+
+    def _split_settings(self, settings: dict[str, Any]) -> tuple[GenerationParams, bool]:
+        parse = settings.pop("parse_special_tokens", True)
+        if not isinstance(parse, bool):
+            msg = f"parse_special_tokens must be True or False, not {parse!r}."
             raise InvalidParameterError(msg)
-        ids = [int(t) for t in token_ids]
-        if not ids:
-            msg = "The prompt is empty: give at least one token."
+        params = GenerationParams.create(**settings)
+        if params.top_k >= self.vocab_size:
+            msg = (
+                f"top_k={params.top_k} is not below the vocabulary size ({self.vocab_size}); "
+                "use 0 to turn it off."
+            )
             raise InvalidParameterError(msg)
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if params.max_tokens >= self.context_window:
+            msg = (
+                f"max_tokens={params.max_tokens} leaves no room for a prompt in the model's "
+                f"{self.context_window}-token context window. Lower max_tokens."
+            )
+            raise ContextLengthError(msg)
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            msg = f"Token ids {bad[:5]} are outside the vocabulary [0, {self.config.vocab_size})."
+            msg = f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
             raise InvalidParameterError(msg)
-        return ids
+        stops = params.stop_token_ids | self.eos_token_ids
+        return dataclasses.replace(params, stop_token_ids=stops), parse
 
-    def _prompt_ids(self, prompt: Prompt, params: GenerationParams) -> list[int]:
+    def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> _Job:
+        params, parse = self._split_settings(dict(settings))
         if isinstance(prompt, str):
             if not prompt.strip():
                 msg = "The prompt is empty or only whitespace; give the model some text to continue."
                 raise InvalidParameterError(msg)
-            ids = self.encode(prompt)
+            ids = self.encode(prompt, special_tokens=parse)
+        elif isinstance(prompt, bytes | bytearray | memoryview):
+            msg = (
+                f"The prompt is {type(prompt).__name__}, not text: decode it first "
+                "(e.g. data.decode('utf-8')), or pass token ids as a list of integers."
+            )
+            raise InvalidParameterError(msg)
         elif isinstance(prompt, Sequence):
             ids = self._check_ids(prompt)
         else:
@@ -598,78 +387,103 @@ class StarCoderEngine:
                 f"{self.context_window}. Shorten the prompt or lower max_tokens."
             )
             raise ContextLengthError(msg)
+        return _Job(ids, params)
+
+    def _prepare_fim(self, request: FIMRequest, settings: dict[str, Any]) -> _Job:
+        params, _ = self._split_settings(dict(settings))
+        prompt = self.fim_prompt(request, params.max_tokens)
+        params = dataclasses.replace(
+            params, stop_token_ids=params.stop_token_ids | set(prompt.stop_token_ids)
+        )
+        return _Job(prompt.token_ids, params, request.suffix if request.trim_suffix_overlap else None)
+
+    def _prepare_batch(self, prompts: Sequence[Prompt], settings: dict[str, Any]) -> list[_Job]:
+        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
+            msg = "A batch is a non-empty list of prompts."
+            raise InvalidParameterError(msg)
+        return [self._prepare(p, settings) for p in prompts]
+
+    def _prepare_fim_batch(self, requests: Sequence[FIMRequest], settings: dict[str, Any]) -> list[_Job]:
+        if not isinstance(requests, Sequence) or not requests:
+            msg = "A batch is a non-empty list of FIMRequests."
+            raise InvalidParameterError(msg)
+        jobs = [self._prepare_fim(_as_request(r), settings) for r in requests]
+        stops = frozenset().union(*(j.params.stop_token_ids for j in jobs))  # one setting for the batch
+        return [
+            dataclasses.replace(j, params=dataclasses.replace(j.params, stop_token_ids=stops)) for j in jobs
+        ]
+
+    def _check_ids(self, token_ids: Sequence[int]) -> list[int]:
+        if isinstance(token_ids, str) or not all(is_int(t) for t in token_ids):
+            msg = "Token ids must be a sequence of integers."
+            raise InvalidParameterError(msg)
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            msg = "The prompt is empty: give at least one token."
+            raise InvalidParameterError(msg)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            msg = f"Token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
+            raise InvalidParameterError(msg)
         return ids
 
-    def _enqueue(self, prompt: Prompt, params: dict[str, Any], sink: Callable[[Any], None]) -> _Request:
-        gen = GenerationParams.create(**params)
-        request = _Request(self._prompt_ids(prompt, gen), gen, sink)
-        future = self._submit(lambda: run_single(self, request))
-        # Errors raised on the worker reach the caller through the same channel as chunks.
-        future.add_done_callback(lambda f: f.exception() is not None and sink(f.exception()))
-        return request
+    # --- internals: running ----------------------------------------------------------------------
+
+    def _generation(self, job: _Job, emit: Emit) -> Generation:
+        sink = ChunkSink(self.tokenizer, job.params, len(job.ids), emit, job.trim)
+        return Generation(job.ids, job.params, sink)
+
+    def _submit_one(self, job: _Job, emit: Emit) -> Generation:
+        generation = self._generation(job, emit)
+        future = self.backend.submit([generation])
+        # Errors raised by the backend reach the caller through the same channel as chunks.
+        future.add_done_callback(lambda f: f.exception() is not None and emit(f.exception()))
+        return generation
+
+    def _stream(self, job: _Job) -> ChunkStream:
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        return ChunkStream(self._submit_one(job, events.put), events)
+
+    def _submit_batch(self, jobs: list[_Job]) -> tuple[Future[None], list[Generation], list[list]]:
+        chunks: list[list[CompletionChunk]] = [[] for _ in jobs]
+        generations = [self._generation(job, out.append) for job, out in zip(jobs, chunks, strict=True)]
+        return self.backend.submit(generations), generations, chunks
+
+    def _collect(self, jobs: list[_Job]) -> list[Completion]:
+        future, generations, chunks = self._submit_batch(jobs)
+        try:
+            future.result()
+        except BaseException:  # e.g. Ctrl-C while waiting: stop the batch
+            for g in generations:
+                g.cancelled.set()
+            raise
+        return [join_chunks(c) for c in chunks]
+
+    async def _acollect(self, jobs: list[_Job]) -> list[Completion]:
+        future, generations, chunks = self._submit_batch(jobs)
+        try:
+            await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            for g in generations:
+                g.cancelled.set()
+            raise
+        return [join_chunks(c) for c in chunks]
 
 
-def _kv_group_size(config: ModelArgs, kv_bits: int | None) -> int:
-    """MLX quantizes in groups of 32, 64 or 128 along the head dimension."""
-    group = next((g for g in (64, 32) if config.head_dim % g == 0), None)
-    if kv_bits is not None and group is None:
-        msg = f"kv_bits needs a head dimension divisible by 32; this model's is {config.head_dim}."
+def _as_request(request: Any) -> FIMRequest:
+    if not isinstance(request, FIMRequest):
+        msg = f"A FIM batch is a list of FIMRequest, not of {type(request).__name__}."
         raise InvalidParameterError(msg)
-    return group or 64
+    return request
 
 
-def data_tokenizer(backend: Any) -> Any:
-    """A copy of a ``tokenizers.Tokenizer`` that reads control-token strings as plain text."""
-    from tokenizers import Tokenizer
-
-    data = Tokenizer.from_str(backend.to_str())
-    data.encode_special_tokens = True
-    return data
-
-
-def _iterate(request: _Request, events: queue.SimpleQueue) -> Iterator[CompletionChunk]:
-    try:
-        while True:
-            event = events.get()
-            if isinstance(event, BaseException):
-                raise event
-            yield event
-            if event.finish_reason is not None:
-                return
-    finally:
-        request.cancelled.set()
-
-
-async def _aiterate(request: _Request, events: asyncio.Queue) -> AsyncIterator[CompletionChunk]:
-    try:
-        while True:
-            event = await events.get()
-            if isinstance(event, BaseException):
-                raise event
-            yield event
-            if event.finish_reason is not None:
-                return
-    finally:
-        request.cancelled.set()
-
-
-def _collect(chunks: Iterator[CompletionChunk]) -> Completion:
-    texts: list[str] = []
-    ids: list[int] = []
-    for chunk in chunks:
-        texts.append(chunk.text)
-        ids.extend(chunk.token_ids)
-        if chunk.finish_reason is not None:
-            return Completion(
-                text="".join(texts),
-                token_ids=ids,
-                finish_reason=chunk.finish_reason,
-                prompt_tokens=chunk.prompt_tokens or 0,
-                cached_tokens=chunk.cached_tokens or 0,
-                completion_tokens=chunk.completion_tokens or 0,
-                stop_sequence=chunk.stop_sequence,
-                prompt_seconds=chunk.prompt_seconds or 0.0,
-                generation_seconds=chunk.generation_seconds or 0.0,
-            )
-    msg = "The generation ended without a final chunk."
-    raise StarCoderError(msg)
+def _fim_request(prefix: str | FIMRequest, suffix: str, settings: dict[str, Any]) -> tuple[FIMRequest, dict]:
+    """The request (given whole, or as keywords) and the remaining (generation) settings."""
+    fim_settings = {k: settings[k] for k in FIM_KEYS if k in settings}
+    rest = {k: v for k, v in settings.items() if k not in fim_settings}
+    if isinstance(prefix, FIMRequest):
+        if fim_settings or suffix:
+            msg = "Pass either a FIMRequest or its fields as arguments, not both."
+            raise InvalidParameterError(msg)
+        return prefix, rest
+    return FIMRequest(prefix, suffix, **fim_settings), rest

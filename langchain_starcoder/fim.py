@@ -28,19 +28,15 @@ the end of the prefix. A budget that cuts the prefix's start or a context file m
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import contextlib
 import dataclasses
-import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import ContextLengthError, InvalidParameterError, UnsupportedModelError
-
-if TYPE_CHECKING:
-    from .engine import Completion, CompletionChunk, StarCoderEngine
+from .errors import ContextLengthError, UnsupportedModelError
+from .tokens import Codec, Encoded, codec_for
+from .types import ContextFile, FIMRequest
 
 #: Control tokens an infill stops at: the end of the file, or the model starting a new FIM/repo part.
 FIM_STOP_TOKENS = (
@@ -61,7 +57,6 @@ _ALIASES = {
     "<fim_pad>": ("<fim_pad>", "<fim-pad>"),
 }
 _FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
-_MODES = ("psm", "spm")
 
 #: The ``max_tokens`` assumed when ``build_fim_prompt`` derives a budget from an engine's context.
 DEFAULT_MAX_TOKENS = 256
@@ -69,16 +64,6 @@ DEFAULT_MAX_TOKENS = 256
 
 class MissingFIMTokensError(UnsupportedModelError):
     """The tokenizer lacks control tokens that the requested FIM layout needs."""
-
-
-@dataclass(frozen=True)
-class ContextFile:
-    """Another file of the repository, given to the model as context for the hole."""
-
-    path: str
-    """Its path in the repository (``""`` to leave it out: ``<file_sep>{code}``)."""
-    text: str
-    """Its contents."""
 
 
 @dataclass(frozen=True)
@@ -105,72 +90,7 @@ class FIMPrompt:
     """Ids of :data:`FIM_STOP_TOKENS` in this vocabulary: the middle ends at any of them."""
 
 
-# --- tokenizers ----------------------------------------------------------------------------------
-
-Encoded = tuple[list[int], list[tuple[int, int]] | None]
-
-
-@dataclass(frozen=True)
-class _Codec:
-    """What building a prompt needs from a tokenizer."""
-
-    encode: Callable[[str], Encoded]
-    """Text as data (control-token strings are plain text): ids and, if known, char offsets."""
-    token_id: Callable[[str], int | None]
-    context_window: int | None
-
-
-_codecs: weakref.WeakKeyDictionary[Any, _Codec] = weakref.WeakKeyDictionary()
-
-
-def _fast_encoder(data_tokenizer: Any) -> Callable[[str], Encoded]:
-    def encode(text: str) -> Encoded:
-        if not text:
-            return [], []
-        encoding = data_tokenizer.encode(text, add_special_tokens=False)
-        return list(encoding.ids), list(encoding.offsets)
-
-    return encode
-
-
-def _codec_for(engine_or_tokenizer: Any) -> _Codec:
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from tokenizers import Tokenizer
-
-    from .engine import StarCoderEngine, data_tokenizer
-
-    if isinstance(engine_or_tokenizer, StarCoderEngine):
-        engine = engine_or_tokenizer
-        return _Codec(_fast_encoder(engine._data_tokenizer), engine.token_id, engine.context_window)
-    inner = engine_or_tokenizer
-    if isinstance(inner, TokenizerWrapper):
-        inner = inner._tokenizer
-    with contextlib.suppress(TypeError):  # not weak-referenceable: build it each time
-        if inner in _codecs:
-            return _codecs[inner]
-    backend = inner if isinstance(inner, Tokenizer) else getattr(inner, "backend_tokenizer", None)
-    if isinstance(backend, Tokenizer):
-        codec = _Codec(_fast_encoder(data_tokenizer(backend)), backend.token_to_id, None)
-    elif callable(getattr(inner, "encode", None)) and callable(getattr(inner, "get_vocab", None)):
-        vocab = inner.get_vocab()  # a Python (slow) transformers tokenizer
-
-        def encode(text: str) -> Encoded:
-            ids = inner.encode(text, add_special_tokens=False, split_special_tokens=True) if text else []
-            return list(ids), None
-
-        codec = _Codec(encode, vocab.get, None)
-    else:
-        msg = (
-            "build_fim_prompt takes a StarCoderEngine, a transformers tokenizer, an mlx-lm "
-            f"TokenizerWrapper or a tokenizers.Tokenizer, not {type(engine_or_tokenizer).__name__}."
-        )
-        raise InvalidParameterError(msg)
-    with contextlib.suppress(TypeError):
-        _codecs[inner] = codec
-    return codec
-
-
-def _control_id(codec: _Codec, token: str) -> int | None:
+def _control_id(codec: Codec, token: str) -> int | None:
     for name in _ALIASES.get(token, (token,)):
         token_id = codec.token_id(name)
         if token_id is not None:
@@ -178,103 +98,31 @@ def _control_id(codec: _Codec, token: str) -> int | None:
     return None
 
 
-def fim_stop_token_ids(engine_or_tokenizer: Any) -> tuple[int, ...]:
+def fim_stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
     """Ids of :data:`FIM_STOP_TOKENS` that the vocabulary has: pass them as ``stop_token_ids``."""
-    return _stop_ids(_codec_for(engine_or_tokenizer))
+    return _stop_ids(codec_for(_tokenizer_of(tokenizer)))
 
 
-def _stop_ids(codec: _Codec) -> tuple[int, ...]:
+def _stop_ids(codec: Codec) -> tuple[int, ...]:
     ids = (_control_id(codec, t) for t in FIM_STOP_TOKENS)
     return tuple(dict.fromkeys(i for i in ids if i is not None))
 
 
-# --- arguments -----------------------------------------------------------------------------------
-
-
-def _check_str(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        msg = f"The {what} must be a string, not {type(value).__name__}."
-        raise InvalidParameterError(msg)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        msg = f"The {what} is not valid Unicode (a lone surrogate at index {e.start}); fix the text."
-        raise InvalidParameterError(msg) from e
-    return value
-
-
-def _check_files(context_files: Any) -> list[ContextFile]:
-    if isinstance(context_files, str | bytes | ContextFile) or not isinstance(context_files, Sequence):
-        msg = "context_files must be a list of ContextFile(path, text) (or of (path, text) pairs)."
-        raise InvalidParameterError(msg)
-    files = []
-    for i, item in enumerate(context_files):
-        if isinstance(item, ContextFile):
-            path, text = item.path, item.text
-        elif isinstance(item, tuple | list) and len(item) == 2:
-            path, text = item
-        else:
-            msg = f"context_files[{i}] is a {type(item).__name__}; give ContextFile(path, text)."
-            raise InvalidParameterError(msg)
-        files.append(
-            ContextFile(_check_str(path, f"path of context_files[{i}]"), _check_str(text, "context file"))
-        )
-    return files
-
-
-def _check_options(
-    prefix: Any,
-    suffix: Any,
-    context_files: Any,
-    repo_name: Any,
-    file_path: Any,
-    mode: Any,
-    max_prompt_tokens: Any,
-) -> list[ContextFile]:
-    _check_str(prefix, "prefix")
-    _check_str(suffix, "suffix")
-    for value, what in ((repo_name, "repo_name"), (file_path, "file_path")):
-        if value is not None:
-            _check_str(value, what)
-    if mode not in _MODES:
-        msg = f"mode must be 'psm' (prefix, suffix, middle) or 'spm' (suffix, prefix, middle), not {mode!r}."
-        raise InvalidParameterError(msg)
-    if max_prompt_tokens is not None and (
-        not isinstance(max_prompt_tokens, int) or isinstance(max_prompt_tokens, bool) or max_prompt_tokens < 1
-    ):
-        msg = f"max_prompt_tokens must be a positive integer or None, not {max_prompt_tokens!r}."
-        raise InvalidParameterError(msg)
-    return _check_files(context_files)
-
-
-# --- building --------------------------------------------------------------------------------------
-
-
-def build_fim_prompt(
-    engine_or_tokenizer: Any,
-    prefix: str,
-    suffix: str = "",
-    *,
-    context_files: Sequence[ContextFile] = (),
-    repo_name: str | None = None,
-    file_path: str | None = None,
-    mode: str = "psm",
-    max_prompt_tokens: int | None = None,
-) -> FIMPrompt:
+def build_fim_prompt(tokenizer: Any, prefix: str | FIMRequest, suffix: str = "", **options: Any) -> FIMPrompt:
     """Build the token ids of a FIM prompt within a token budget.
 
     Args:
-        engine_or_tokenizer: A :class:`~langchain_starcoder.StarCoderEngine`, a transformers
-            tokenizer, mlx-lm's ``TokenizerWrapper`` or a ``tokenizers.Tokenizer``.
-        prefix: The code before the hole.
+        tokenizer: A :class:`~langchain_starcoder.StarCoderEngine` (its tokenizer and context
+            window), a transformers tokenizer, mlx-lm's ``TokenizerWrapper`` or a
+            ``tokenizers.Tokenizer``.
+        prefix: The code before the hole, or a whole :class:`~langchain_starcoder.types.FIMRequest`.
         suffix: The code after the hole.
-        context_files: Other files of the repository, most relevant first. Any of them, a
-            ``repo_name`` or a ``file_path`` selects StarCoder2's repository layout.
-        repo_name: The repository's name (``<repo_name>``).
-        file_path: The path of the file with the hole.
-        mode: "psm" (prefix, suffix, middle) or "spm" (suffix, prefix, middle).
-        max_prompt_tokens: The most tokens the prompt may have. Default: for an engine, its context
-            window minus :data:`DEFAULT_MAX_TOKENS`; for a bare tokenizer, unbounded.
+        options: The other fields of :class:`~langchain_starcoder.types.FIMRequest`:
+            ``context_files`` (other files of the repository, most relevant first; any of them, a
+            ``repo_name`` or a ``file_path`` selects StarCoder2's repository layout), ``repo_name``,
+            ``file_path``, ``mode`` ("psm" or "spm") and ``max_prompt_tokens`` (the most tokens the
+            prompt may have; default: for an engine, its context window minus
+            :data:`DEFAULT_MAX_TOKENS`; for a bare tokenizer, unbounded).
 
     The budget is never exceeded. Control tokens, the repo name and the hole's file path always go
     in (a budget too small for them raises :class:`~langchain_starcoder.errors.ContextLengthError`).
@@ -289,23 +137,29 @@ def build_fim_prompt(
         InvalidParameterError: An argument has the wrong type or value.
         ContextLengthError: ``max_prompt_tokens`` cannot hold even the layout's fixed parts.
     """
-    files = _check_options(prefix, suffix, context_files, repo_name, file_path, mode, max_prompt_tokens)
-    codec = _codec_for(engine_or_tokenizer)
-    if max_prompt_tokens is None and codec.context_window is not None:
-        max_prompt_tokens = max(1, codec.context_window - DEFAULT_MAX_TOKENS)
-    return _build(codec, prefix, suffix, files, repo_name or None, file_path or None, mode, max_prompt_tokens)
+    request = prefix if isinstance(prefix, FIMRequest) else FIMRequest(prefix, suffix, **options)
+    window = getattr(tokenizer, "context_window", None)
+    if request.max_prompt_tokens is None and window is not None:
+        request = dataclasses.replace(request, max_prompt_tokens=max(1, window - DEFAULT_MAX_TOKENS))
+    return _build(codec_for(_tokenizer_of(tokenizer)), request)
 
 
-def _build(
-    codec: _Codec,
-    prefix: str,
-    suffix: str,
-    files: list[ContextFile],
-    repo_name: str | None,
-    file_path: str | None,
-    mode: str,
-    limit: int | None,
-) -> FIMPrompt:
+def _tokenizer_of(tokenizer_or_engine: Any) -> Any:
+    """An engine's tokenizer (an engine is what has a ``context_window``), or the tokenizer itself."""
+    return (
+        tokenizer_or_engine.tokenizer
+        if hasattr(tokenizer_or_engine, "context_window")
+        else tokenizer_or_engine
+    )
+
+
+def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
+    prefix, suffix, files, mode = request.prefix, request.suffix, request.context_files, request.mode
+    repo_name, file_path, limit = (
+        request.repo_name or None,
+        request.file_path or None,
+        request.max_prompt_tokens,
+    )
     repo_level = bool(files or repo_name or file_path)
     needed = list(_FIM) + (["<file_sep>"] if repo_level else []) + (["<repo_name>"] if repo_name else [])
     ids = {token: _control_id(codec, token) for token in needed}
@@ -520,280 +374,13 @@ def _largest(n: int, fits: Callable[[int], bool], guess: int) -> int:
     return lo
 
 
-# --- the middle's end ---------------------------------------------------------------------------
-
-#: An overlap with the suffix this long (not counting whitespace) is trimmed wherever it starts.
-MIN_OVERLAP_CHARS = 10
-
-
-class SuffixOverlap:
-    """Trims the end of a middle that repeats the start of the suffix, also while streaming.
-
-    Models often write the middle and then carry on with the code that follows the hole, which is
-    already in the suffix. The rule: take the longest end of the middle that equals a start of the
-    suffix and holds some non-whitespace, and trim it when it is
-
-    - at least :data:`MIN_OVERLAP_CHARS` characters, not counting whitespace, or
-    - whole lines: it starts where a line of the middle starts (or at the middle's start) and ends
-      where a line of the suffix ends (or at the suffix's end).
-
-    Otherwise a shorter end that qualifies is tried. So ``")"`` after ``foo(bar()`` stays, while a
-    repeated ``return total`` line goes. While streaming, the longest end of the text that is a
-    start of the suffix is held back (it might grow into an overlap) and released as soon as the
-    next text shows it is not one, or at the end, minus what is trimmed.
-    """
-
-    def __init__(self, suffix: str, *, min_chars: int = MIN_OVERLAP_CHARS):
-        self.suffix = suffix
-        self.min_chars = min_chars
-        self._border = _borders(suffix)
-        self._matched = 0  # the longest end of the middle so far that is a start of the suffix
-        self._held = ""
-        self._last = ""  # the last character already released
-
-    def feed(self, text: str) -> str:
-        """Take more middle; return the part that is safe to show."""
-        if not self.suffix:
-            return text
-        for ch in text:  # Knuth-Morris-Pratt over the suffix
-            k = self._matched
-            if k == len(self.suffix):
-                k = self._border[k]
-            while k and self.suffix[k] != ch:
-                k = self._border[k]
-            self._matched = k + 1 if self.suffix[k] == ch else 0
-        pending = self._held + text
-        cut = len(pending) - self._matched
-        out, self._held = pending[:cut], pending[cut:]
-        if out:
-            self._last = out[-1]
-        return out
-
-    def finish(self) -> str:
-        """The held-back text, without the overlap (if it qualifies). Call once, at the end."""
-        held, self._held = self._held, ""
-        k = self._matched
-        while k:
-            before = held[-k - 1] if k < len(held) else self._last
-            if self._qualifies(k, before):
-                return held[: len(held) - k]
-            k = self._border[k]
-        return held
-
-    def _qualifies(self, k: int, before: str) -> bool:
-        overlap = self.suffix[:k]
-        solid = sum(not ch.isspace() for ch in overlap)
-        if solid == 0:
-            return False
-        if solid >= self.min_chars:
-            return True
-        whole_lines_end = overlap.endswith("\n") or k == len(self.suffix)
-        return whole_lines_end and before in ("", "\n")
-
-
-def _borders(pattern: str) -> list[int]:
-    """``b[k]``: the length of the longest proper border of ``pattern[:k]`` (KMP failure function)."""
-    border = [0] * (len(pattern) + 1)
-    k = 0
-    for i in range(1, len(pattern)):
-        while k and pattern[i] != pattern[k]:
-            k = border[k]
-        if pattern[i] == pattern[k]:
-            k += 1
-        border[i + 1] = k
-    return border
-
-
-def trim_suffix_overlap(middle: str, suffix: str) -> str:
-    """``middle`` without an end that repeats the start of ``suffix`` (see :class:`SuffixOverlap`)."""
-    overlap = SuffixOverlap(suffix)
-    return overlap.feed(middle) + overlap.finish()
-
-
-# --- infill on an engine -------------------------------------------------------------------------
-
-
-def _prepare(
-    engine: StarCoderEngine,
-    prefix: str,
-    suffix: str,
-    context_files: Sequence[ContextFile],
-    repo_name: str | None,
-    file_path: str | None,
-    mode: str,
-    max_prompt_tokens: int | None,
-    trim: bool,
-    generation: dict[str, Any],
-) -> tuple[FIMPrompt, dict[str, Any]]:
-    """Validate everything, then build the prompt and the generation settings (with FIM stops)."""
-    from .engine import GenerationParams
-
-    files = _check_options(prefix, suffix, context_files, repo_name, file_path, mode, max_prompt_tokens)
-    if not isinstance(trim, bool):
-        msg = f"trim_suffix_overlap must be True or False, not {trim!r}."
-        raise InvalidParameterError(msg)
-    params = GenerationParams.create(**generation)
-    if max_prompt_tokens is None:
-        max_prompt_tokens = engine.context_window - params.max_tokens
-    elif max_prompt_tokens + params.max_tokens > engine.context_window:
-        msg = (
-            f"max_prompt_tokens={max_prompt_tokens} plus max_tokens={params.max_tokens} exceeds the "
-            f"model's context window of {engine.context_window}. Lower one of them."
-        )
-        raise ContextLengthError(msg)
-    codec = _codec_for(engine)
-    prompt = _build(
-        codec, prefix, suffix, files, repo_name or None, file_path or None, mode, max_prompt_tokens
-    )
-    settings = dict(generation)
-    settings["stop_token_ids"] = sorted(set(params.stop_token_ids) | set(prompt.stop_token_ids))
-    return prompt, settings
-
-
-def infill(
-    engine: StarCoderEngine,
-    prefix: str,
-    suffix: str = "",
-    *,
-    context_files: Sequence[ContextFile] = (),
-    repo_name: str | None = None,
-    file_path: str | None = None,
-    mode: str = "psm",
-    max_prompt_tokens: int | None = None,
-    trim_suffix_overlap: bool = True,
-    **generation: Any,
-) -> Completion:
-    """Generate the middle between ``prefix`` and ``suffix``: see ``StarCoderEngine.infill``."""
-    prompt, settings = _prepare(
-        engine, prefix, suffix, context_files, repo_name, file_path, mode, max_prompt_tokens,
-        trim_suffix_overlap, generation,
-    )  # fmt: skip
-    completion = engine.generate(prompt.token_ids, **settings)
-    return _trimmed(completion, suffix, trim_suffix_overlap)
-
-
-async def ainfill(
-    engine: StarCoderEngine,
-    prefix: str,
-    suffix: str = "",
-    *,
-    context_files: Sequence[ContextFile] = (),
-    repo_name: str | None = None,
-    file_path: str | None = None,
-    mode: str = "psm",
-    max_prompt_tokens: int | None = None,
-    trim_suffix_overlap: bool = True,
-    **generation: Any,
-) -> Completion:
-    """Async :func:`infill`. The prompt is built in a thread: long files take a while to encode."""
-    prompt, settings = await asyncio.to_thread(
-        _prepare, engine, prefix, suffix, context_files, repo_name, file_path, mode,
-        max_prompt_tokens, trim_suffix_overlap, generation,
-    )  # fmt: skip
-    completion = await engine.agenerate(prompt.token_ids, **settings)
-    return _trimmed(completion, suffix, trim_suffix_overlap)
-
-
-def stream_infill(
-    engine: StarCoderEngine,
-    prefix: str,
-    suffix: str = "",
-    *,
-    context_files: Sequence[ContextFile] = (),
-    repo_name: str | None = None,
-    file_path: str | None = None,
-    mode: str = "psm",
-    max_prompt_tokens: int | None = None,
-    trim_suffix_overlap: bool = True,
-    **generation: Any,
-) -> Iterator[CompletionChunk]:
-    """Stream the middle; text that may repeat the suffix is held back until it is settled."""
-    prompt, settings = _prepare(
-        engine, prefix, suffix, context_files, repo_name, file_path, mode, max_prompt_tokens,
-        trim_suffix_overlap, generation,
-    )  # fmt: skip
-    chunks = engine.stream(prompt.token_ids, **settings)
-    return _trim_stream(chunks, SuffixOverlap(suffix if trim_suffix_overlap else ""))
-
-
-def astream_infill(
-    engine: StarCoderEngine,
-    prefix: str,
-    suffix: str = "",
-    *,
-    context_files: Sequence[ContextFile] = (),
-    repo_name: str | None = None,
-    file_path: str | None = None,
-    mode: str = "psm",
-    max_prompt_tokens: int | None = None,
-    trim_suffix_overlap: bool = True,
-    **generation: Any,
-) -> AsyncIterator[CompletionChunk]:
-    """Async :func:`stream_infill` (call it inside a running event loop)."""
-    prompt, settings = _prepare(
-        engine, prefix, suffix, context_files, repo_name, file_path, mode, max_prompt_tokens,
-        trim_suffix_overlap, generation,
-    )  # fmt: skip
-    chunks = engine.astream(prompt.token_ids, **settings)
-    return _atrim_stream(chunks, SuffixOverlap(suffix if trim_suffix_overlap else ""))
-
-
-def _trimmed(completion: Completion, suffix: str, trim: bool) -> Completion:
-    if not trim:
-        return completion
-    return dataclasses.replace(completion, text=trim_suffix_overlap(completion.text, suffix))
-
-
-def _pass_chunk(
-    chunk: CompletionChunk, overlap: SuffixOverlap, ids: list[int]
-) -> tuple[CompletionChunk | None, list[int]]:
-    """The chunk to show for ``chunk`` (None while all its text is held), and the ids not yet shown."""
-    from .engine import CompletionChunk
-
-    ids = ids + list(chunk.token_ids)
-    text = overlap.feed(chunk.text)
-    if chunk.finish_reason is not None:
-        return dataclasses.replace(chunk, text=text + overlap.finish(), token_ids=ids), []
-    if not text:
-        return None, ids
-    return CompletionChunk(text, ids), []
-
-
-def _trim_stream(chunks: Iterator[CompletionChunk], overlap: SuffixOverlap) -> Iterator[CompletionChunk]:
-    ids: list[int] = []
-    with contextlib.closing(chunks):  # leaving early cancels the generation
-        for chunk in chunks:
-            out, ids = _pass_chunk(chunk, overlap, ids)
-            if out is not None:
-                yield out
-
-
-async def _atrim_stream(
-    chunks: AsyncIterator[CompletionChunk], overlap: SuffixOverlap
-) -> AsyncIterator[CompletionChunk]:
-    ids: list[int] = []
-    try:
-        async for chunk in chunks:
-            out, ids = _pass_chunk(chunk, overlap, ids)
-            if out is not None:
-                yield out
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-
-
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "FIM_STOP_TOKENS",
-    "MIN_OVERLAP_CHARS",
     "ContextFile",
     "FIMPrompt",
+    "FIMRequest",
     "MissingFIMTokensError",
-    "SuffixOverlap",
-    "ainfill",
-    "astream_infill",
     "build_fim_prompt",
     "fim_stop_token_ids",
-    "infill",
-    "stream_infill",
-    "trim_suffix_overlap",
 ]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
+from llama_index.core.base.llms.generic_utils import completion_response_to_chat_response
 from llama_index.core.base.llms.generic_utils import messages_to_prompt as generic_messages_to_prompt
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -19,29 +19,24 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import ConfigDict, Field, field_validator
+from llama_index.core.bridge.pydantic import ConfigDict, ValidationError
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import LLM
 
-from . import registry
+from .base import StarCoderSettings
 from .chat import chat_prompt_ids, resolve_chat_template
-from .engine import Completion, CompletionChunk, GenerationParams, StarCoderEngine
+from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
-from .fim import ContextFile
-from .loading import validate_load_options
 from .registry import DEFAULT_MODEL
+from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks
 
 dispatcher = get_dispatcher(__name__)
 
-
-# Generation settings a call may override with keyword arguments.
-_GENERATION_KEYS = (
-    "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop", "seed",
-)  # fmt: skip
+__all__ = ["DEFAULT_MODEL", "StarCoder"]
 
 
-class StarCoder(LLM):
+class StarCoder(StarCoderSettings, LLM):
     """StarCoder2 code models on Apple MLX, as a LlamaIndex LLM.
 
     Setup:
@@ -72,6 +67,10 @@ class StarCoder(LLM):
             Strings that end the generation (not included in the text).
         top_p, top_k, min_p, repetition_penalty, seed:
             Sampling settings, as in :meth:`StarCoderEngine.generate`.
+
+        parse_special_tokens: bool
+            False encodes prompts as data: control-token strings in a retrieved file stay text
+            (query engines put retrieved text into the prompt; prefer False there).
 
     Key init args — chat:
         chat_template: str | None
@@ -150,52 +149,17 @@ class StarCoder(LLM):
     """
 
     # A misspelt setting (``max_token=``) is an error rather than silently ignored.
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", protected_namespaces=())
 
-    model: str = Field(default=DEFAULT_MODEL, description="Hub id or local checkpoint folder.")
-    """Hub id or local checkpoint folder."""
-    quantize: int | None = Field(default=None, description="4 or 8: quantize on load.")
-    """4 or 8: quantize a full-precision checkpoint while loading."""
-    dtype: str = Field(default="auto", description="Compute dtype.")
-    """Compute dtype: "auto", "float32", "float16" or "bfloat16"."""
-    kv_bits: int | None = Field(default=None, description="4 or 8: quantize the KV cache.")
-    """4 or 8: keep the KV cache quantized."""
-    max_tokens: int = Field(default=256, description="Most tokens to generate.")
-    """Most tokens to generate per call."""
-    temperature: float = Field(default=0.0, description="Sampling temperature; 0 is greedy.")
-    """Sampling temperature; 0 is greedy."""
-    top_p: float = Field(default=1.0, description="Nucleus sampling mass (1 turns it off).")
-    """Nucleus sampling mass in (0, 1]; 1 turns it off."""
-    top_k: int = Field(default=0, description="Keep the k most likely tokens (0 turns it off).")
-    """Sample among the k most likely tokens; 0 turns it off."""
-    min_p: float = Field(default=0.0, description="Minimum probability relative to the top token.")
-    """Drop tokens less likely than ``min_p`` times the top token; 0 turns it off."""
-    repetition_penalty: float | None = Field(default=None, description="Penalty for repeated tokens.")
-    """Penalty (> 0, usually 1.1-1.3) for tokens seen in the last 20; None turns it off."""
-    stop: list[str] | None = Field(default=None, description="Strings that end the generation.")
-    """Strings that end the generation; the text ends before the first one. Per-call ``stop``
-    strings are added to these."""
-    seed: int | None = Field(default=None, description="Seed that makes sampling reproducible.")
-    """Seed that makes sampling reproducible."""
-    chat_template: str | None = Field(default=None, description="Jinja chat template override.")
+    chat_template: str | None = None
     """A Jinja chat template to use instead of the checkpoint's (for chat on a checkpoint that
     lacks one, or to change its format)."""
-    engine: StarCoderEngine | None = Field(default=None, exclude=True, description="Engine to use.")
-    """An engine loaded by you; None loads the shared one for these settings on first use."""
 
     def __init__(self, **kwargs: Any) -> None:
-        engine = kwargs.get("engine")
-        if engine is not None and "model" not in kwargs:
-            kwargs["model"] = engine.name
-        super().__init__(**kwargs)
-        # Refuse bad settings now, with the engine's errors, but load nothing yet.
-        validate_load_options(self.quantize, 64, self.dtype, self.kv_bits)
-        self._generation_params({})
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _path_to_str(cls, value: Any) -> Any:
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as e:  # LlamaIndex users get this package's own error type
+            raise InvalidParameterError(str(e)) from None
 
     @classmethod
     def class_name(cls) -> str:
@@ -209,16 +173,7 @@ class StarCoder(LLM):
         The shared one comes from the registry on every call, so after
         ``registry.release_engines()`` the next call loads the checkpoint again.
         """
-        if self.engine is not None:
-            return self.engine
-        return registry.get_engine(self.model, **self._load_settings())
-
-    def _load_settings(self) -> dict[str, Any]:
-        return {"quantize": self.quantize, "dtype": self.dtype, "kv_bits": self.kv_bits}
-
-    def _loaded_engine(self) -> StarCoderEngine | None:
-        """The engine for these settings if it is loaded (its config and tokenizer), else None."""
-        return self.engine or registry.peek_engine(self.model, **self._load_settings())
+        return self.engine
 
     async def aget_engine(self) -> StarCoderEngine:
         """:meth:`get_engine` for async code: a first load runs in a thread, off the event loop.
@@ -226,9 +181,7 @@ class StarCoder(LLM):
         LlamaIndex's own async paths (``apredict``, query engines) read :attr:`metadata` first,
         which loads on the loop; ``await llm.aget_engine()`` once beforehand avoids that.
         """
-        if self._loaded_engine() is not None:
-            return self.get_engine()  # the registry has it: a dictionary lookup
-        return await asyncio.to_thread(self.get_engine)
+        return await self._aengine_for(None)
 
     def to_payload(self) -> dict[str, Any]:
         """What callbacks and instrumentation events record: the metadata and the settings.
@@ -236,8 +189,7 @@ class StarCoder(LLM):
         Unlike the default it never loads the model (an async call's events must not block the
         event loop), so before the first load the checkpoint's own fields are left out.
         """
-        engine = self._loaded_engine()
-        if engine is not None:
+        if self._loaded_engine() is not None:
             meta = self.metadata.model_dump()
         else:
             meta = {
@@ -245,15 +197,7 @@ class StarCoder(LLM):
                 "num_output": self.max_tokens,
                 "is_function_calling_model": False,
             }
-        settings = {key: getattr(self, key) for key in _GENERATION_KEYS}
-        return {
-            "class_name": self.class_name(),
-            **meta,
-            **settings,
-            "quantize": self.quantize,
-            "dtype": self.dtype,
-            "kv_bits": self.kv_bits,
-        }
+        return {"class_name": self.class_name(), **meta, **self._identifying_settings()}
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -267,19 +211,6 @@ class StarCoder(LLM):
             model_name=engine.name,
         )
 
-    def _generation_params(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(overrides) - set(_GENERATION_KEYS))
-        if unknown:
-            msg = f"Unknown generation arguments {unknown}; StarCoder accepts {list(_GENERATION_KEYS)}."
-            raise InvalidParameterError(msg)
-        params = {key: getattr(self, key) for key in _GENERATION_KEYS}
-        params.update(overrides)
-        extra = overrides.get("stop")
-        extra = [extra] if isinstance(extra, str) else list(extra or [])
-        params["stop"] = [*(self.stop or []), *extra]
-        GenerationParams.create(**params)  # raises InvalidParameterError before any work
-        return params
-
     # --- completion --------------------------------------------------------------------------------
 
     def _prompt(self, prompt: str, formatted: bool) -> str:
@@ -288,23 +219,22 @@ class StarCoder(LLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt``; keyword arguments override the generation settings for this call."""
-        params = self._generation_params(kwargs)
-        completion = self.get_engine().generate(self._prompt(prompt, formatted), **params)
+        settings = self._generation(kwargs)
+        completion = self.get_engine().generate(self._prompt(prompt, formatted), **settings)
         return _completion_response(completion)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream a completion: each response has the text so far and the new ``delta``."""
-        params = self._generation_params(kwargs)
-        chunks = self.get_engine().stream(self._prompt(prompt, formatted), **params)
-        return _stream_completion(chunks)
+        settings = self._generation(kwargs)
+        return _stream_responses(self.get_engine().stream(self._prompt(prompt, formatted), **settings))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete`; the event loop stays free while the model runs."""
-        params = self._generation_params(kwargs)
+        settings = self._generation(kwargs)
         engine = await self.aget_engine()
-        completion = await engine.agenerate(self._prompt(prompt, formatted), **params)
+        completion = await engine.agenerate(self._prompt(prompt, formatted), **settings)
         return _completion_response(completion)
 
     @llm_completion_callback()
@@ -312,10 +242,9 @@ class StarCoder(LLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete`; the event loop stays free while the model runs."""
-        params = self._generation_params(kwargs)
+        settings = self._generation(kwargs)
         engine = await self.aget_engine()
-        chunks = engine.astream(self._prompt(prompt, formatted), **params)
-        return _astream_completion(chunks)
+        return _astream_responses(engine.astream(self._prompt(prompt, formatted), **settings))
 
     # --- chat ----------------------------------------------------------------------------------------
 
@@ -339,256 +268,165 @@ class StarCoder(LLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Answer ``messages`` through the checkpoint's chat template."""
-        params = self._generation_params(kwargs)
+        settings = self._generation(kwargs)
         engine = self.get_engine()
-        completion = engine.generate(self._chat_prompt(engine, messages), **params)
+        completion = engine.generate(self._chat_prompt(engine, messages), **settings)
         return _chat_response(_completion_response(completion))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Stream the answer to ``messages``; each response has the message so far and ``delta``."""
-        params = self._generation_params(kwargs)
+        settings = self._generation(kwargs)
         engine = self.get_engine()
-        chunks = engine.stream(self._chat_prompt(engine, messages), **params)
-        return _stream_completion(chunks, as_chat=True)
+        chunks = engine.stream(self._chat_prompt(engine, messages), **settings)
+        return _stream_responses(chunks, chat=True)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`; the event loop stays free while the model runs."""
-        params = self._generation_params(kwargs)
+        settings = self._generation(kwargs)
         engine = await self.aget_engine()
-        completion = await engine.agenerate(self._chat_prompt(engine, messages), **params)
+        prompt = await asyncio.to_thread(self._chat_prompt, engine, messages)
+        completion = await engine.agenerate(prompt, **settings)
         return _chat_response(_completion_response(completion))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; the event loop stays free while the model runs."""
-        params = self._generation_params(kwargs)
+        settings = self._generation(kwargs)
         engine = await self.aget_engine()
-        chunks = engine.astream(self._chat_prompt(engine, messages), **params)
-        return _astream_completion(chunks, as_chat=True)
+        prompt = await asyncio.to_thread(self._chat_prompt, engine, messages)
+        return _astream_responses(engine.astream(prompt, **settings), chat=True)
 
     # --- fill in the middle --------------------------------------------------------------------------
-    # The public methods take ``prefix`` by keyword too; the callback decorators need it positional.
+    # The callback decorators need the prompt positional: callbacks see ``prefix`` as the prompt.
 
     @dispatcher.span
-    def infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **kwargs: Any,
-    ) -> CompletionResponse:
+    def infill(self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any) -> CompletionResponse:
         """Fill the hole between ``prefix`` and ``suffix``; the response text is the middle only.
 
-        Arguments are those of :meth:`StarCoderEngine.infill`: ``context_files`` (other files of
-        the repository, as ``ContextFile(path, text)``), ``repo_name`` and ``file_path``
-        (StarCoder2's repository layout), ``mode`` ("psm" or "spm"), ``max_prompt_tokens`` (the
-        budget the prompt is cut to), ``trim_suffix_overlap`` (drop an end of the middle that
-        repeats the suffix); keyword arguments override the generation settings. File text is
-        data: a literal ``<file_sep>`` in a file cannot reshape the prompt. The response carries
-        the counts as :meth:`complete`'s does; callbacks see ``prefix`` as the prompt.
+        Takes a :class:`~langchain_starcoder.types.FIMRequest` or its fields, as
+        :meth:`StarCoderEngine.infill` does: ``context_files`` (other files of the repository, as
+        ``ContextFile(path, text)``), ``repo_name`` and ``file_path`` (StarCoder2's repository
+        layout), ``mode`` ("psm" or "spm"), ``max_prompt_tokens`` (the budget the prompt is cut
+        to), ``trim_suffix_overlap`` (drop an end of the middle that repeats the suffix); other
+        keyword arguments override the generation settings. File text is data: a literal
+        ``<file_sep>`` in a file cannot reshape the prompt. The response carries the counts as
+        :meth:`complete`'s does.
         """
-        fim = dict(
-            context_files=context_files, repo_name=repo_name, file_path=file_path, mode=mode,
-            max_prompt_tokens=max_prompt_tokens, trim_suffix_overlap=trim_suffix_overlap,
-        )  # fmt: skip
-        return self._infill(prefix, suffix, **fim, **kwargs)
+        request, settings = self._infill_args(prefix, suffix, kwargs)
+        return self._infill(request.prefix, request=request, settings=settings)
 
     @llm_completion_callback()
-    def _infill(self, prefix: str, suffix: str, **kwargs: Any) -> CompletionResponse:
-        fim, params = self._split_infill_args(kwargs)
-        completion = self.get_engine().infill(prefix, suffix, **fim, **params)
-        return _completion_response(completion)
+    def _infill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponse:
+        return _completion_response(self.get_engine().infill(request, **settings))
 
     @dispatcher.span
     def stream_infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **kwargs: Any,
+        self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any
     ) -> CompletionResponseGen:
         """Stream :meth:`infill`: each response has the middle so far and the new ``delta``."""
-        fim = dict(
-            context_files=context_files, repo_name=repo_name, file_path=file_path, mode=mode,
-            max_prompt_tokens=max_prompt_tokens, trim_suffix_overlap=trim_suffix_overlap,
-        )  # fmt: skip
-        return self._stream_infill(prefix, suffix, **fim, **kwargs)
+        request, settings = self._infill_args(prefix, suffix, kwargs)
+        return self._stream_infill(request.prefix, request=request, settings=settings)
 
     @llm_completion_callback()
-    def _stream_infill(self, prefix: str, suffix: str, **kwargs: Any) -> CompletionResponseGen:
-        fim, params = self._split_infill_args(kwargs)
-        return _stream_completion(self.get_engine().stream_infill(prefix, suffix, **fim, **params))
+    def _stream_infill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponseGen:
+        return _stream_responses(self.get_engine().stream_infill(request, **settings))
 
     @dispatcher.span
-    async def ainfill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **kwargs: Any,
-    ) -> CompletionResponse:
+    async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any) -> CompletionResponse:
         """Async :meth:`infill`; the event loop stays free while the model runs."""
-        fim = dict(
-            context_files=context_files, repo_name=repo_name, file_path=file_path, mode=mode,
-            max_prompt_tokens=max_prompt_tokens, trim_suffix_overlap=trim_suffix_overlap,
-        )  # fmt: skip
-        return await self._ainfill(prefix, suffix, **fim, **kwargs)
+        request, settings = self._infill_args(prefix, suffix, kwargs)
+        return await self._ainfill(request.prefix, request=request, settings=settings)
 
     @llm_completion_callback()
-    async def _ainfill(self, prefix: str, suffix: str, **kwargs: Any) -> CompletionResponse:
-        fim, params = self._split_infill_args(kwargs)
+    async def _ainfill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponse:
         engine = await self.aget_engine()
-        completion = await engine.ainfill(prefix, suffix, **fim, **params)
-        return _completion_response(completion)
+        return _completion_response(await engine.ainfill(request, **settings))
 
     @dispatcher.span
     async def astream_infill(
-        self,
-        prefix: str,
-        suffix: str = "",
-        *,
-        context_files: Sequence[ContextFile] = (),
-        repo_name: str | None = None,
-        file_path: str | None = None,
-        mode: str = "psm",
-        max_prompt_tokens: int | None = None,
-        trim_suffix_overlap: bool = True,
-        **kwargs: Any,
+        self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_infill` (``async for r in await llm.astream_infill(...)``)."""
-        fim = dict(
-            context_files=context_files, repo_name=repo_name, file_path=file_path, mode=mode,
-            max_prompt_tokens=max_prompt_tokens, trim_suffix_overlap=trim_suffix_overlap,
-        )  # fmt: skip
-        return await self._astream_infill(prefix, suffix, **fim, **kwargs)
+        request, settings = self._infill_args(prefix, suffix, kwargs)
+        return await self._astream_infill(request.prefix, request=request, settings=settings)
 
     @llm_completion_callback()
-    async def _astream_infill(self, prefix: str, suffix: str, **kwargs: Any) -> CompletionResponseAsyncGen:
-        fim, params = self._split_infill_args(kwargs)
+    async def _astream_infill(
+        self, prefix: str, *, request: FIMRequest, settings: dict
+    ) -> CompletionResponseAsyncGen:
         engine = await self.aget_engine()
-        chunks = engine.astream_infill(prefix, suffix, **fim, **params)
-        return _astream_completion(chunks)
+        return _astream_responses(engine.astream_infill(request, **settings))
 
-    def _split_infill_args(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        fim_keys = (
-            "context_files", "repo_name", "file_path", "mode", "max_prompt_tokens", "trim_suffix_overlap",
-        )  # fmt: skip
-        fim = {k: kwargs.pop(k) for k in fim_keys}
-        return fim, self._generation_params(kwargs)
+    def _infill_args(
+        self, prefix: str | FIMRequest, suffix: str, kwargs: dict[str, Any]
+    ) -> tuple[FIMRequest, dict]:
+        from .prompts import fim_value
+
+        value, rest = fim_value(prefix, suffix, dict(kwargs))
+        settings = self._generation(rest)
+        settings.pop("parse_special_tokens")  # FIM parts are always data
+        return value.request(), settings
 
 
 # --- engine results -> LlamaIndex responses -------------------------------------------------------
 
 
-def _extras(completion: Completion) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``additional_kwargs`` and ``raw`` of a response."""
-    counts = {
-        "prompt_tokens": completion.prompt_tokens,
-        "cached_tokens": completion.cached_tokens,
-        "completion_tokens": completion.completion_tokens,
-        "finish_reason": completion.finish_reason,
-        "stop_sequence": completion.stop_sequence,
-    }
-    usage = {
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": completion.completion_tokens,
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-        "cached_tokens": completion.cached_tokens,
-    }
+def _completion_response(completion: Completion, *, delta: str | None = None) -> CompletionResponse:
+    """A response whose ``additional_kwargs`` hold the counts and whose ``raw`` adds the token ids,
+    timings and an OpenAI-style ``usage`` (the shape LlamaIndex's ``TokenCountingHandler`` reads)."""
+    info = counts(completion)
     raw = {
-        **counts,
+        **info,
         "token_ids": list(completion.token_ids),
         "prompt_seconds": completion.prompt_seconds,
         "generation_seconds": completion.generation_seconds,
         "prompt_tps": completion.prompt_tps,
         "generation_tps": completion.generation_tps,
-        "usage": usage,  # the shape LlamaIndex's TokenCountingHandler reads
+        "usage": completion.usage(),
     }
-    return counts, raw
+    return CompletionResponse(text=completion.text, delta=delta, additional_kwargs=info, raw=raw)
 
 
-def _completion_response(completion: Completion, *, delta: str | None = None) -> CompletionResponse:
-    counts, raw = _extras(completion)
-    return CompletionResponse(text=completion.text, delta=delta, additional_kwargs=counts, raw=raw)
-
-
-class _Accumulator:
-    """Turns engine chunks into cumulative responses; the last one carries the counts."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.ids: list[int] = []
-
-    def add(self, chunk: CompletionChunk) -> CompletionResponse | None:
-        self.text += chunk.text
-        self.ids += chunk.token_ids
-        if chunk.finish_reason is None:
-            # Skip empty pieces (text held back while it may be a stop string's start).
-            return CompletionResponse(text=self.text, delta=chunk.text) if chunk.text else None
-        completion = Completion(
-            text=self.text,
-            token_ids=self.ids,
-            finish_reason=chunk.finish_reason,
-            prompt_tokens=chunk.prompt_tokens or 0,
-            cached_tokens=chunk.cached_tokens or 0,
-            completion_tokens=chunk.completion_tokens or 0,
-            stop_sequence=chunk.stop_sequence,
-            prompt_seconds=chunk.prompt_seconds or 0.0,
-            generation_seconds=chunk.generation_seconds or 0.0,
-        )
-        return _completion_response(completion, delta=chunk.text)
-
-
-def _stream_completion(chunks: Iterator[CompletionChunk], as_chat: bool = False) -> Iterator[Any]:
-    acc = _Accumulator()
-    try:
-        for chunk in chunks:
-            if (response := acc.add(chunk)) is not None:
-                yield _chat_response(response) if as_chat else response
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()  # a consumer that stops early cancels the generation
-
-
-async def _astream_completion(
-    chunks: AsyncIterator[CompletionChunk], as_chat: bool = False
-) -> AsyncIterator[Any]:
-    acc = _Accumulator()
-    try:
-        async for chunk in chunks:
-            if (response := acc.add(chunk)) is not None:
-                yield _chat_response(response) if as_chat else response
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()  # a consumer that stops early cancels the generation
+def _response(chunks: list[CompletionChunk], text: str) -> CompletionResponse | None:
+    """The response after the latest chunk (``text``: all so far); the last one carries the counts."""
+    last = chunks[-1]
+    if last.finish_reason is not None:
+        return _completion_response(join_chunks(chunks), delta=last.text)
+    # Skip empty pieces (text held back while it may be a stop string's start).
+    return CompletionResponse(text=text, delta=last.text) if last.text else None
 
 
 def _chat_response(response: CompletionResponse) -> ChatResponse:
-    return ChatResponse(
-        message=ChatMessage(role=MessageRole.ASSISTANT, content=response.text),
-        delta=response.delta,
-        raw=response.raw,
-        additional_kwargs=response.additional_kwargs,
-    )
+    chat = completion_response_to_chat_response(response)  # LlamaIndex's own (counts on the message)
+    chat.delta, chat.additional_kwargs = response.delta, response.additional_kwargs  # and beside it
+    return chat
+
+
+def _stream_responses(chunks: Iterator[CompletionChunk], chat: bool = False) -> Iterator[Any]:
+    seen: list[CompletionChunk] = []
+    text = ""
+    try:
+        for chunk in chunks:
+            seen.append(chunk)
+            text += chunk.text
+            if (response := _response(seen, text)) is not None:
+                yield _chat_response(response) if chat else response
+    finally:
+        chunks.close()  # type: ignore[attr-defined]  # a consumer that stops early cancels the generation
+
+
+async def _astream_responses(
+    chunks: AsyncIterator[CompletionChunk], chat: bool = False
+) -> AsyncIterator[Any]:
+    seen: list[CompletionChunk] = []
+    text = ""
+    try:
+        async for chunk in chunks:
+            seen.append(chunk)
+            text += chunk.text
+            if (response := _response(seen, text)) is not None:
+                yield _chat_response(response) if chat else response
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]

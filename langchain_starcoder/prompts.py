@@ -1,85 +1,43 @@
-"""``FIMPromptTemplate``: fill-in-the-middle prompts for LangChain chains, with user text kept as data.
+"""Prompt templates for LangChain chains whose variables stay data all the way to the token ids.
 
 LangChain hands an LLM its prompt as a string (``PromptValue.to_string()``), and a string prompt is
-tokenized with control tokens parsed. A FIM prompt built that way would let a file holding the
-literal text ``<file_sep>`` or ``<|endoftext|>`` reshape or end the prompt. So the template's
-prompt value turns into :class:`FIMText`: a ``str`` (the FIM layout as readable text, for traces,
-caches and other LLMs) that also carries the parts, from which ``StarCoderLLM`` builds the prompt
-ids with the parts encoded as data.
+tokenized with control tokens parsed. A prompt built that way would let a retrieved file holding
+the literal text ``<file_sep>`` or ``<|endoftext|>`` reshape or end the prompt. So these templates'
+prompt values turn into :class:`CarriedText`: a ``str`` (the prompt as readable text, for traces,
+caches and other LLMs) that also carries its parts, from which ``StarCoderLLM`` builds the prompt
+ids with the variables encoded as data.
+
+- :class:`FIMPromptTemplate`: fill in the middle (:class:`FIMText` carries a ``FIMRequest``).
+- :class:`StarCoderPromptTemplate`: a drop-in ``PromptTemplate``; its own template text may hold
+  control tokens, its variables are data (:class:`TemplateText` carries the segments).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict, fields
+from string import Formatter
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.prompt_values import PromptValue
-from langchain_core.prompts import StringPromptTemplate
-from pydantic import Field
+from langchain_core.prompts import PromptTemplate, StringPromptTemplate
+from pydantic import Field, model_validator
 
 from .errors import InvalidParameterError
-from .fim import ContextFile
+from .types import FIM_KEYS, ContextFile, FIMRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from .engine import StarCoderEngine
 
 
-@dataclass(frozen=True)
-class FIMRequest:
-    """The parts of one fill-in-the-middle request (the arguments of ``StarCoderEngine.infill``)."""
-
-    prefix: str
-    suffix: str = ""
-    context_files: tuple[ContextFile, ...] = ()
-    repo_name: str | None = None
-    file_path: str | None = None
-    mode: str = "psm"
-    max_prompt_tokens: int | None = None
-    trim_suffix_overlap: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("prefix", "suffix"):
-            if not isinstance(getattr(self, name), str):
-                msg = f"The FIM {name} must be text (str), not {type(getattr(self, name)).__name__}."
-                raise InvalidParameterError(msg)
-        for name in ("repo_name", "file_path"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                msg = f"{name} must be text (str) or None, not {type(value).__name__}."
-                raise InvalidParameterError(msg)
-
-    def prompt_kwargs(self) -> dict[str, Any]:
-        """Keywords of ``build_fim_prompt`` (after the engine)."""
-        return {
-            "prefix": self.prefix,
-            "suffix": self.suffix,
-            "context_files": self.context_files,
-            "repo_name": self.repo_name,
-            "file_path": self.file_path,
-            "mode": self.mode,
-            "max_prompt_tokens": self.max_prompt_tokens,
-        }
-
-    def infill_kwargs(self) -> dict[str, Any]:
-        """Keywords of ``StarCoderEngine.infill`` (without the generation settings)."""
-        return {**self.prompt_kwargs(), "trim_suffix_overlap": self.trim_suffix_overlap}
-
-    def render(self) -> str:
-        """The FIM layout as text, control tokens written out (what traces and caches show)."""
-        return render_fim_text(**self.prompt_kwargs())
-
-
-def render_fim_text(
-    prefix: str,
-    suffix: str = "",
-    *,
-    context_files: Iterable[ContextFile] = (),
-    repo_name: str | None = None,
-    file_path: str | None = None,
-    mode: str = "psm",
-    max_prompt_tokens: int | None = None,
-) -> str:
+def render_fim_text(request: FIMRequest) -> str:
     """The FIM layout of ``build_fim_prompt`` as plain text, untruncated (a budget needs a tokenizer)."""
-    files = list(context_files)
+    prefix, suffix, mode = request.prefix, request.suffix, request.mode
+    files, repo_name, file_path = request.context_files, request.repo_name, request.file_path
     header = f"{file_path}\n" if file_path else ""
     if mode == "spm":
         hole = f"<fim_prefix><fim_suffix>{suffix}<fim_middle>{header}{prefix}"
@@ -92,21 +50,67 @@ def render_fim_text(
     return f"{head}{body}<file_sep>{hole}"
 
 
-class FIMText(str):
-    """A FIM prompt as text that remembers its parts, so ``StarCoderLLM`` can encode them as data.
+class CarriedText(str):
+    """A prompt as text that also carries how to encode it exactly (its parts that are data).
 
-    It is an ordinary ``str`` for everyone else (tracers, caches, other LLMs see the layout text).
+    It is an ordinary ``str`` for everyone else (tracers, caches, other LLMs see the text).
     """
+
+    def prompt_value(self) -> PromptValue:
+        """The prompt value this text came from (so ``llm.invoke(text)`` keeps the parts)."""
+        raise NotImplementedError
+
+    def cache_key(self) -> str:
+        """What, beyond the text, decides the prompt's token ids (for LangChain's LLM cache)."""
+        raise NotImplementedError
+
+
+class FIMText(CarriedText):
+    """A FIM prompt as text that remembers its request, so ``StarCoderLLM`` encodes its parts as data."""
 
     fim: FIMRequest
 
     def __new__(cls, request: FIMRequest) -> FIMText:
-        text = super().__new__(cls, request.render())
+        text = super().__new__(cls, render_fim_text(request))
         text.fim = request
         return text
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FIMText, (self.fim,))
+
+    def prompt_value(self) -> PromptValue:
+        return FIMPromptValue.from_request(self.fim)
+
+    def cache_key(self) -> str:
+        return f"fim:{self.fim.max_prompt_tokens}:{self.fim.trim_suffix_overlap}"
+
+
+Segments = tuple[tuple[str, bool], ...]
+"""A prompt in pieces: ``(text, is_data)``; data never becomes control tokens."""
+
+
+class TemplateText(CarriedText):
+    """A ``StarCoderPromptTemplate`` prompt: template text (control tokens parsed) and data."""
+
+    segments: Segments
+
+    def __new__(cls, segments: Iterable[tuple[str, bool]]) -> TemplateText:
+        parts = tuple((str(t), bool(d)) for t, d in segments)
+        text = super().__new__(cls, "".join(t for t, _ in parts))
+        text.segments = parts
+        return text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TemplateText, (self.segments,))
+
+    def prompt_value(self) -> PromptValue:
+        return TemplatePromptValue(segments=list(self.segments))
+
+    def cache_key(self) -> str:
+        return "template:" + hashlib.sha256(repr(self.segments).encode()).hexdigest()
+
+    def token_ids(self, engine: StarCoderEngine) -> list[int]:
+        return engine.encode_segments(self.segments)
 
 
 def to_context_files(files: Any) -> tuple[ContextFile, ...]:
@@ -170,16 +174,8 @@ class FIMPromptValue(PromptValue):
         return cls(**data)
 
     def request(self) -> FIMRequest:
-        return FIMRequest(
-            prefix=self.prefix,
-            suffix=self.suffix,
-            context_files=tuple(ContextFile(p, t) for p, t in self.context_files),
-            repo_name=self.repo_name,
-            file_path=self.file_path,
-            mode=self.mode,
-            max_prompt_tokens=self.max_prompt_tokens,
-            trim_suffix_overlap=self.trim_suffix_overlap,
-        )
+        values = {f.name: getattr(self, f.name) for f in fields(FIMRequest)}
+        return FIMRequest(**values)
 
     def to_string(self) -> str:
         return FIMText(self.request())
@@ -290,6 +286,114 @@ class FIMPromptTemplate(StringPromptTemplate):
 
     def format_prompt(self, **kwargs: Any) -> PromptValue:
         return FIMPromptValue.from_request(self._request(**kwargs))
+
+    async def aformat_prompt(self, **kwargs: Any) -> PromptValue:
+        return self.format_prompt(**kwargs)
+
+
+def fim_value(prefix: str | FIMRequest, suffix: str, kwargs: dict[str, Any]) -> tuple[FIMPromptValue, dict]:
+    """The prompt value of an infill call (a ``FIMRequest``, or its fields among ``kwargs``) and
+    the remaining keyword arguments (generation settings)."""
+    options = {k: kwargs.pop(k) for k in FIM_KEYS if k in kwargs}
+    if isinstance(prefix, FIMRequest):
+        if options or suffix:
+            msg = "Pass either a FIMRequest or its fields as arguments, not both."
+            raise InvalidParameterError(msg)
+        return FIMPromptValue.from_request(prefix), kwargs
+    options["context_files"] = to_context_files(options.get("context_files"))
+    return FIMPromptValue.from_request(FIMRequest(prefix, suffix, **options)), kwargs
+
+
+class TemplatePromptValue(PromptValue):
+    """A ``StarCoderPromptTemplate`` prompt. ``to_string()`` gives a :class:`TemplateText`."""
+
+    segments: list[tuple[str, bool]]
+    """The prompt in pieces ``(text, is_data)``."""
+    type: Literal["StarCoderTemplatePromptValue"] = "StarCoderTemplatePromptValue"
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["langchain_starcoder", "prompts"]
+
+    def to_string(self) -> str:
+        return TemplateText(self.segments)
+
+    def to_messages(self) -> list[BaseMessage]:
+        return [HumanMessage(content=str(self.to_string()))]
+
+
+class StarCoderPromptTemplate(PromptTemplate):
+    """A drop-in ``PromptTemplate`` whose variables are data: control-token strings in them
+    (``<|endoftext|>``, ``<file_sep>``...) stay plain text, while the template's own text may hold
+    control tokens, as hand-written prompts do.
+
+    With ``StarCoderLLM`` the prompt reaches the model exactly so; for any other LLM it is the
+    ordinary formatted string. f-string templates only (the default format).
+
+    Setup:
+        .. code-block:: bash
+
+            pip install langchain-starcoder
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_starcoder import StarCoderLLM, StarCoderPromptTemplate
+
+            prompt = StarCoderPromptTemplate.from_template("<file_sep>{path}\n{code}<file_sep>notes.md\n")
+            chain = prompt | StarCoderLLM(max_tokens=64)
+
+    Invoke:
+        .. code-block:: python
+
+            chain.invoke({"path": "utils.py", "code": open("utils.py").read()})
+
+    Stream:
+        .. code-block:: python
+
+            for piece in chain.stream({"path": "a.py", "code": "print('<|endoftext|>')"}):
+                print(piece, end="")
+
+    Async:
+        .. code-block:: python
+
+            await chain.ainvoke({"path": "a.py", "code": "x = 1\n"})
+    """
+
+    @model_validator(mode="after")
+    def _f_string_only(self) -> Self:
+        if self.template_format != "f-string":
+            msg = (
+                f"StarCoderPromptTemplate takes f-string templates, not {self.template_format!r}: "
+                "only there can it tell the template's text from the variables."
+            )
+            raise ValueError(msg)
+        return self
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["langchain_starcoder", "prompts"]
+
+    def segments(self, **kwargs: Any) -> Segments:
+        """The prompt for these variables in pieces ``(text, is_data)``."""
+        values = self._merge_partial_and_user_variables(**kwargs)
+        formatter = Formatter()
+        out: list[tuple[str, bool]] = []
+        for literal, field, spec, conversion in formatter.parse(self.template):
+            if literal:
+                out.append((literal, False))
+            if field is not None:
+                value, _ = formatter.get_field(field, (), values)
+                value = formatter.convert_field(value, conversion)
+                out.append((formatter.format_field(value, spec or ""), True))
+        return tuple(out)
+
+    def format(self, **kwargs: Any) -> str:
+        """The prompt as :class:`TemplateText` (a ``str`` that keeps its pieces)."""
+        return TemplateText(self.segments(**kwargs))
+
+    def format_prompt(self, **kwargs: Any) -> PromptValue:
+        return TemplatePromptValue(segments=list(self.segments(**kwargs)))
 
     async def aformat_prompt(self, **kwargs: Any) -> PromptValue:
         return self.format_prompt(**kwargs)

@@ -134,7 +134,7 @@ def test_soak_memory_stays_bounded(tiny_path: Path) -> None:
                 r = Request("generate", r.prompt, r.max_tokens, r.stop)
             r.run(engine)
             rss.append(process.memory_info().rss)
-            active.append(engine._call(mx.get_active_memory))
+            active.append(engine.backend.call(mx.get_active_memory))
             caches.append(engine.prompt_cache_bytes)
         assert max(caches) <= bound
         warm = 100  # after warm-up, nothing grows
@@ -142,7 +142,7 @@ def test_soak_memory_stays_bounded(tiny_path: Path) -> None:
         assert max(active[warm:]) <= max(active[:warm]) + bound
         engine.clear_cache()
         assert engine.prompt_cache_bytes == 0
-        assert engine._call(mx.get_active_memory) < max(active)
+        assert engine.backend.call(mx.get_active_memory) < max(active)
         print(
             f"\nsoak: RSS high-water {max(rss) / 2**20:.0f} MiB, MLX active high-water "
             f"{max(active) / 2**20:.1f} MiB, prompt caches high-water {max(caches) / 2**20:.2f} MiB"

@@ -38,7 +38,14 @@ SERIALIZED = {
     "lc": 1,
     "type": "constructor",
     "id": ["langchain_starcoder", "chat_models", "ChatStarCoder"],
-    "kwargs": {"model": HUB_MODEL, "dtype": "auto", "max_tokens": 100, "top_p": 1.0, "stop": []},
+    "kwargs": {
+        "model": HUB_MODEL,
+        "dtype": "auto",
+        "max_tokens": 100,
+        "top_p": 1.0,
+        "stop": [],
+        "parse_special_tokens": True,
+    },
     "name": "ChatStarCoder",
 }
 

@@ -375,7 +375,7 @@ def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_eng
     code, out, _ = run(capsys, "info", "--model", tiny_path, "--json")
     assert code == 0
     info = json.loads(out)
-    parameters = sum(a.size for _, a in tree_flatten(tiny_engine.model.parameters()))
+    parameters = sum(a.size for _, a in tree_flatten(tiny_engine.backend.model.parameters()))
     assert info["parameters"] == parameters
     config = json.loads((tiny_path / "config.json").read_text())
     assert info["layers"] == config["num_hidden_layers"]
@@ -466,7 +466,7 @@ def test_quantized_float_round_trip_dtype(tiny_path, tmp_path):
     dst = cli.quantize_checkpoint(tiny_path, tmp_path / "q", verify=False, progress=False)
     engine = StarCoderEngine.load(dst)
     try:
-        scales = [a for k, a in tree_flatten(engine.model.parameters()) if k.endswith(".scales")]
+        scales = [a for k, a in tree_flatten(engine.backend.model.parameters()) if k.endswith(".scales")]
         expected = mx.float32 if mx.default_device() == mx.cpu else mx.float16
         assert scales and {s.dtype for s in scales} == {expected}
     finally:

@@ -13,7 +13,7 @@ import pytest
 
 from langchain_starcoder import ContextLengthError, InvalidParameterError, StarCoderEngine
 from langchain_starcoder.engine import GenerationParams
-from langchain_starcoder.generation import TextStream
+from langchain_starcoder.streaming import TextStream
 from langchain_starcoder.testing import build_starcoder2
 
 PROMPTS = [
@@ -178,7 +178,9 @@ def test_stop_token_ids_and_eos(tiny_engine: StarCoderEngine) -> None:
 
 
 def test_text_stream_stops_at_eos(tiny_engine: StarCoderEngine) -> None:
-    stream = TextStream(tiny_engine, GenerationParams.create())
+    stream = TextStream(
+        tiny_engine.tokenizer, GenerationParams.create(stop_token_ids=tiny_engine.eos_token_ids)
+    )
     text = "".join(stream.add(t) for t in tiny_engine.encode("x = 1"))
     assert stream.finish_reason is None
     text += stream.add(0)
@@ -192,7 +194,9 @@ def test_streamed_text_never_splits_characters(tiny_engine: StarCoderEngine) -> 
     text = "注释: 数据处理 🚀🎉 café — naïve ✓ 你好世界"
     ids = tiny_engine.encode(text)
     assert len(ids) > len(text) // 2  # multi-byte characters span several tokens
-    stream = TextStream(tiny_engine, GenerationParams.create())
+    stream = TextStream(
+        tiny_engine.tokenizer, GenerationParams.create(stop_token_ids=tiny_engine.eos_token_ids)
+    )
     pieces = [stream.add(t) for t in ids] + [stream.finish("length")]
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
@@ -214,7 +218,9 @@ def test_stream_equals_generate(tiny_engine: StarCoderEngine) -> None:
 
 def test_leading_space_is_kept(tiny_engine: StarCoderEngine) -> None:
     """mlx-lm's detokenizer drops a completion's first space; in code it is content."""
-    stream = TextStream(tiny_engine, GenerationParams.create())
+    stream = TextStream(
+        tiny_engine.tokenizer, GenerationParams.create(stop_token_ids=tiny_engine.eos_token_ids)
+    )
     ids = tiny_engine.encode(" return x")
     assert "".join(stream.add(t) for t in ids) + stream.finish("length") == " return x"
 
@@ -335,7 +341,7 @@ async def test_async_agrees_and_keeps_the_loop_free(tiny_engine: StarCoderEngine
 
 
 def _last_cache_length(engine: StarCoderEngine) -> int:
-    return engine._call(lambda: len(engine._prompt_caches._entries[-1].tokens))
+    return engine.backend.call(lambda: len(engine.backend._prompt_caches._entries[-1].tokens))
 
 
 def test_abandoned_stream_stops_generating(tiny_engine: StarCoderEngine) -> None:

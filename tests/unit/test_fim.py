@@ -18,11 +18,10 @@ from langchain_starcoder.fim import (
     FIM_STOP_TOKENS,
     ContextFile,
     MissingFIMTokensError,
-    SuffixOverlap,
     build_fim_prompt,
     fim_stop_token_ids,
-    trim_suffix_overlap,
 )
+from langchain_starcoder.overlap import SuffixOverlap, trim_suffix_overlap
 from langchain_starcoder.testing import copy_checkpoint
 
 CONTROL_STRINGS = ("<file_sep>", "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<repo_name>")

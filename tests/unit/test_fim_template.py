@@ -11,7 +11,6 @@ from __future__ import annotations
 import pickle
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from langchain_core.load import dumpd, load
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompt_values import PromptValue
 
-from langchain_starcoder import FIMPromptTemplate, StarCoderEngine, StarCoderLLM
+from langchain_starcoder import FIMPromptTemplate, FIMRequest, StarCoderEngine, StarCoderLLM
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
 from langchain_starcoder.prompts import FIMPromptValue, FIMText, render_fim_text
 
@@ -76,50 +75,21 @@ def controls(engine: StarCoderEngine, ids: list[int]) -> dict[str, int]:
     return {t: counts[engine.token_id(t)] for t in CONTROLS if counts[engine.token_id(t)]}
 
 
-_DEPTH: ContextVar[int] = ContextVar("spy_depth", default=0)
-
-
 class PromptSpy:
-    """Records the prompt ids of each generation request made to the engine (an entry point that
-    calls another, like ``generate`` calling ``stream``, counts once)."""
+    """Records the prompt ids of each request the engine hands to its backend (the ids the model
+    is fed), and how many prompts each backend call held."""
 
     def __init__(self, engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch):
-        self.engine = engine
         self.prompts: list[list[int]] = []
-        self.calls: list[tuple[str, int]] = []  # (method, number of prompts)
-        for name in ("generate", "stream", "agenerate", "astream", "generate_batch", "agenerate_batch"):
-            monkeypatch.setattr(engine, name, self._wrap(name, getattr(engine, name)))
+        self.calls: list[int] = []  # prompts per backend call
+        submit = engine.backend.submit
 
-    def _record(self, name: str, prompt: Any) -> None:
-        if _DEPTH.get():
-            return
-        prompts = prompt if name.endswith("batch") else [prompt]
-        ids = [self.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        self.prompts.extend(ids)
-        self.calls.append((name, len(ids)))
+        def recording(generations: Any) -> Any:
+            self.prompts.extend(list(g.prompt) for g in generations)
+            self.calls.append(len(generations))
+            return submit(generations)
 
-    def _wrap(self, name: str, method: Any) -> Any:
-        if name in ("agenerate", "agenerate_batch"):
-
-            async def awrapper(prompt: Any, **kwargs: Any) -> Any:
-                self._record(name, prompt)
-                token = _DEPTH.set(_DEPTH.get() + 1)
-                try:
-                    return await method(prompt, **kwargs)
-                finally:
-                    _DEPTH.reset(token)
-
-            return awrapper
-
-        def wrapper(prompt: Any, **kwargs: Any) -> Any:
-            self._record(name, prompt)
-            token = _DEPTH.set(_DEPTH.get() + 1)
-            try:
-                return method(prompt, **kwargs)
-            finally:
-                _DEPTH.reset(token)
-
-        return wrapper
+        monkeypatch.setattr(engine.backend, "submit", recording)
 
     def take(self) -> list[list[int]]:
         prompts, self.prompts, self.calls = self.prompts, [], []
@@ -180,7 +150,7 @@ def test_partials_documents_and_dicts_as_context() -> None:
 def test_rendered_text_is_the_engine_layout(tiny_engine: StarCoderEngine, inputs: dict, mode: str) -> None:
     text = FIMPromptTemplate(mode=mode).format(**inputs)
     assert text == build_fim_prompt(tiny_engine, **engine_kwargs(inputs), mode=mode).text
-    assert text == render_fim_text(**engine_kwargs(inputs), mode=mode)
+    assert text == render_fim_text(FIMRequest(**engine_kwargs(inputs), mode=mode))
 
 
 @pytest.mark.filterwarnings("ignore::langchain_core._api.beta_decorator.LangChainBetaWarning")
@@ -274,12 +244,12 @@ def test_fim_batch_is_one_engine_batch(llm: StarCoderLLM, monkeypatch: pytest.Mo
     singles = [(FIMPromptTemplate() | llm).invoke(i) for i in inputs]
     spy = PromptSpy(llm.engine, monkeypatch)
     assert (FIMPromptTemplate() | llm).batch(inputs) == singles
-    assert spy.calls == [("generate_batch", 3)]
+    assert spy.calls == [3]
     assert spy.take() == [expected_ids(llm.engine, i) for i in inputs]
     # Raw prompts and FIM prompts in one batch: one engine batch each, each with its own encoding.
     values = [*(FIMPromptTemplate().invoke(i) for i in inputs), "def main():", "class A:"]
     assert llm.batch(values)[:3] == singles
-    assert spy.calls == [("generate_batch", 3), ("generate_batch", 2)]
+    assert spy.calls == [3, 2]
     assert spy.prompts[3:] == [llm.engine.encode("def main():"), llm.engine.encode("class A:")]
 
 

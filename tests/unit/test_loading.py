@@ -46,7 +46,8 @@ def relative_error(engine: StarCoderEngine, reference: np.ndarray) -> float:
 
 def quantized_layers(engine: StarCoderEngine) -> int:
     return sum(
-        isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding) for _, m in engine.model.named_modules()
+        isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding)
+        for _, m in engine.backend.model.named_modules()
     )
 
 
@@ -62,9 +63,9 @@ def test_quantize_on_load(small_path: Path, small_logits: np.ndarray, bits: int)
         engine = StarCoderEngine.load(small_path, quantize=bits, group_size=group_size)
         try:
             assert quantized_layers(engine) == 14  # 12 linears, the embedding and the head
-            assert engine.model.model.layers[0].mlp.c_fc.group_size == group_size
+            assert engine.backend.model.model.layers[0].mlp.c_fc.group_size == group_size
             # CPU policy: scales and biases computed in float32 (float16 is ~35x slower here)
-            assert engine.model.model.layers[0].mlp.c_fc.scales.dtype == mx.float32
+            assert engine.backend.model.model.layers[0].mlp.c_fc.scales.dtype == mx.float32
             errors.append(relative_error(engine, small_logits))
         finally:
             engine.close()

@@ -44,13 +44,13 @@ def test_kv_cache_matches_full_pass(window_engine: StarCoderEngine) -> None:
     full = window_engine.logits(ids)
 
     def stepwise() -> np.ndarray:
-        model = window_engine.model
+        model = window_engine.backend.model
         cache = make_prompt_cache(model)
         rows = [model(mx.array(ids[:10])[None], cache=cache)[0]]
         rows += [model(mx.array([t])[None], cache=cache)[0] for t in ids[10:]]
         return np.array(mx.concatenate(rows).astype(mx.float32))
 
-    assert np.abs(window_engine._call(stepwise) - full).max() < TOLERANCE
+    assert np.abs(window_engine.backend.call(stepwise) - full).max() < TOLERANCE
 
 
 def test_greedy_generation_matches_transformers_past_the_window(
@@ -105,7 +105,7 @@ def test_config_variants_match_transformers(tmp_path: Path, variant: str) -> Non
     engine = StarCoderEngine.load(path)
     try:
         if variant == "rope_parameters":
-            assert engine.config.rope_base == 500.0
+            assert engine.backend.config.rope_base == 500.0
         ids = prompt_ids(40, seed=9)
         assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
     finally:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mlx.nn as nn
 from mlx.utils import tree_map
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from mlx_lm.utils import common_prefix_len
 
 _COPYABLE = (KVCache, QuantizedKVCache)
@@ -44,7 +43,7 @@ class PromptCacheStore:
     runs past the shared prefix, a copy of the prefix is handed out and the original stays, so a
     short unrelated request never destroys a long repository context.
     The caches keep every position, also past the sliding window, so what they hold is always exact.
-    Only the engine's worker thread calls these methods.
+    Only the backend's worker thread calls these methods.
     """
 
     def __init__(self, max_entries: int, max_bytes: int | None):
@@ -52,8 +51,9 @@ class PromptCacheStore:
         self.max_bytes = max_bytes
         self._entries: list[_Entry] = []  # least recently used first
 
-    def take(self, model: nn.Module, tokens: Sequence[int]) -> tuple[list[Any], int]:
-        """A cache for ``tokens`` and how many of its leading tokens it already holds.
+    def take(self, tokens: Sequence[int], new_cache: Callable[[], list[Any]]) -> tuple[list[Any], int]:
+        """A cache for ``tokens`` and how many of its leading tokens it already holds
+        (``new_cache()`` when none shares a prefix).
 
         At least one token is always left to process, since the model must see the prompt's last
         token to predict the next.
@@ -65,7 +65,7 @@ class PromptCacheStore:
                 best, best_len = entry, n
         reuse = min(best_len, len(tokens) - 1)
         if best is None or reuse <= 0 or not all(isinstance(c, _COPYABLE) for c in best.cache):
-            return make_prompt_cache(model), 0
+            return new_cache(), 0
         self._entries.remove(best)
         if reuse == len(best.tokens):
             return best.cache, reuse

@@ -1,0 +1,315 @@
+"""The in-process MLX backend: one worker thread that owns the model, its prompt caches and every MLX call.
+
+MLX streams are thread-local (mlx >= 0.31.2), so all evaluation for one model happens on its worker;
+callers reach it through a job queue (see :mod:`langchain_starcoder.backends` for the contract).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.generate import BatchGenerator, generate_step
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from ..errors import EngineClosedError, InvalidParameterError
+from ..loading import load_model
+from ..models.starcoder2 import ModelArgs
+from ..types import GenerationParams, is_int
+from . import Generation
+from .prompt_cache import PromptCacheStore
+
+T = TypeVar("T")
+
+_PENALTY_CONTEXT = 20  # tokens the repetition penalty looks back over (mlx-lm's default)
+
+# MLX aborts the process at exit if a thread that ran MLX work has ended, or is woken while Python
+# shuts down. So worker threads never end and are never woken at exit: a closed backend's worker
+# waits on its retired queue until a new backend hands it a queue of its own.
+_pool_lock = threading.Lock()
+_idle_queues: list[queue.SimpleQueue] = []
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job = jobs.get()
+        if isinstance(job, queue.SimpleQueue):  # handed over to a new backend
+            jobs = job
+        else:
+            job()
+        del job  # hold no reference to the backend between jobs, so it can be collected
+
+
+def _start_worker(jobs: queue.SimpleQueue) -> None:
+    """Serve ``jobs`` on an idle worker thread, or on a new one."""
+    with _pool_lock:
+        if _idle_queues:
+            _idle_queues.pop().put(jobs)
+            return
+    threading.Thread(target=_serve, args=(jobs,), name="starcoder-engine", daemon=True).start()
+
+
+def _retire(jobs: queue.SimpleQueue) -> None:
+    with _pool_lock:
+        _idle_queues.append(jobs)
+
+
+class _Cancelled(Exception):
+    """Raised inside mlx-lm's prefill loop (through its progress callback) to stop between chunks."""
+
+
+class MLXBackend:
+    """A StarCoder2 checkpoint loaded into MLX, run on its own worker thread.
+
+    Args:
+        path: The checkpoint folder.
+        quantize, group_size, dtype: Load settings (see ``StarCoderEngine.load``).
+        kv_bits: 4 or 8 to keep the KV cache quantized, from the first token on, so a reused
+            cache gives exactly what a fresh one would.
+        max_prompt_caches, max_prompt_cache_bytes: Bounds of the prompt-cache store.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        name: str | None = None,
+        quantize: int | None = None,
+        group_size: int = 64,
+        dtype: str = "auto",
+        kv_bits: int | None = None,
+        max_prompt_caches: int = 4,
+        max_prompt_cache_bytes: int | None = 4 << 30,
+    ):
+        _check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
+        self.path = Path(path)
+        self.name = name or str(path)
+        self.kv_bits = kv_bits
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        _start_worker(self._jobs)
+        self._closed = False
+        self._lock = threading.Lock()
+        # A backend dropped unclosed frees its worker; at exit nothing is done (see _serve).
+        self._retire_worker = weakref.finalize(self, _retire, self._jobs)
+        self._retire_worker.atexit = False
+        self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
+        try:
+            loaded = self.call(
+                lambda: load_model(self.path, quantize=quantize, group_size=group_size, dtype=dtype)
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.model = loaded.model
+        self.config: ModelArgs = loaded.args
+        self.raw_config: dict[str, Any] = loaded.config
+        self.kv_group_size = kv_group_size(self.config, kv_bits)
+        self.context_window = self.config.max_position_embeddings
+        self.vocab_size = self.config.vocab_size
+        self.sliding_window = self.config.sliding_window
+        self._prefill_chunk = _prefill_chunk(self.model)
+
+    # --- the worker thread ---------------------------------------------------------------------
+
+    def _submit_job(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
+
+        with self._lock:  # close() takes it too: no job lands on a retired queue
+            if self._closed:
+                msg = f"The engine for {self.name} is closed; load a new one."
+                raise EngineClosedError(msg)
+            self._jobs.put(job)
+        return future
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the worker thread (where MLX work for this model must run) and return its result."""
+        return self._submit_job(fn).result()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.call(self._prompt_caches.clear)  # waits, so the worker is idle when we return
+        finally:
+            with self._lock:
+                self._closed = True
+            self._retire_worker()
+
+    # --- the backend contract ------------------------------------------------------------------
+
+    def submit(self, generations: Sequence[Generation]) -> Future[None]:
+        if len(generations) == 1:
+            return self._submit_job(lambda: self._run_one(generations[0]))
+        return self._submit_job(lambda: self._run_batch(list(generations)))
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        def run() -> np.ndarray:
+            out = self.model(mx.array(list(token_ids))[None]).astype(mx.float32)
+            return np.array(out[0])
+
+        return self.call(run)
+
+    def clear_cache(self) -> None:
+        self.call(lambda: (self._prompt_caches.clear(), mx.clear_cache()))
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return self.call(lambda: self._prompt_caches.nbytes)
+
+    # --- generation loops (on the worker) ------------------------------------------------------
+
+    def _new_cache(self) -> list[Any]:
+        if self.kv_bits is None:
+            return make_prompt_cache(self.model)
+        return [QuantizedKVCache(self.kv_group_size, self.kv_bits) for _ in self.model.layers]
+
+    def _run_one(self, gen: Generation) -> None:
+        """Prefill what the prompt cache lacks (in chunks, cancellable), then decode."""
+        if gen.cancelled.is_set():  # its caller left while it waited in the queue
+            return
+        params, ids = gen.params, gen.prompt
+        cache, cached = self._prompt_caches.take(ids, self._new_cache)
+        gen.sink.start(cached)
+        if params.seed is not None:
+            mx.random.seed(params.seed)
+
+        def check_cancel(done: int, total: int) -> None:
+            if gen.cancelled.is_set():
+                raise _Cancelled
+
+        steps = generate_step(
+            mx.array(ids[cached:]),
+            self.model,
+            max_tokens=params.max_tokens,
+            sampler=_sampler(params),
+            logits_processors=_logits_processors(params, ids[:cached]),
+            prompt_cache=cache,
+            prefill_step_size=self._prefill_chunk,
+            prompt_progress_callback=check_cancel,
+        )
+        generated: list[int] = []
+        clean = False
+        try:
+            for token, _ in steps:
+                generated.append(token)
+                if gen.sink.token(token) or gen.cancelled.is_set():
+                    break
+            clean = True
+        except _Cancelled:
+            clean = True  # stopped between prefill chunks: what the cache holds is exact
+        finally:
+            steps.close()
+            if clean:  # a cache left by an error mid-step is not trusted again
+                self._prompt_caches.put((ids + generated)[: cache[0].offset], cache)
+        if not gen.cancelled.is_set():
+            gen.sink.finish()
+
+    def _run_batch(self, gens: list[Generation]) -> None:
+        """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""
+        params = gens[0].params  # the front batches only generations with the same settings
+        if params.seed is not None:
+            mx.random.seed(params.seed)
+        generator = BatchGenerator(
+            self.model,
+            max_tokens=params.max_tokens,
+            stop_tokens=[[t] for t in sorted(params.stop_token_ids)],
+            sampler=_sampler(params),
+            logits_processors=_logits_processors(params, ()),
+            prefill_batch_size=len(gens),
+            completion_batch_size=len(gens),
+            prefill_step_size=self._prefill_chunk,
+        )
+        try:
+            live = dict(zip(generator.insert([g.prompt for g in gens]), gens, strict=True))
+            for gen in gens:
+                gen.sink.start(0)
+            while live:
+                left = [uid for uid, g in live.items() if g.cancelled.is_set()]
+                if left:
+                    generator.remove(left)
+                    for uid in left:
+                        del live[uid]
+                    if not live:
+                        return
+                _, responses = generator.next()  # one prefill chunk, or one decode step
+                for response in responses:
+                    gen = live.get(response.uid)
+                    if gen is None:
+                        continue
+                    if not gen.sink.token(response.token) and response.finish_reason is None:
+                        continue
+                    del live[response.uid]
+                    if response.finish_reason is None:  # the front stopped it: free its row
+                        generator.remove([response.uid])
+                    gen.sink.finish()
+        finally:
+            generator.close()
+
+
+def _sampler(params: GenerationParams) -> Any:
+    return make_sampler(
+        params.temperature,
+        top_p=params.top_p if params.top_p < 1.0 else 0.0,
+        min_p=params.min_p,
+        top_k=params.top_k,
+    )
+
+
+def _logits_processors(params: GenerationParams, cached: Sequence[int]) -> list[Any] | None:
+    """mlx-lm's processors; with a reused cache they also see the cached tail of the prompt."""
+    if params.repetition_penalty is None:
+        return None
+    processors = make_logits_processors(
+        repetition_penalty=params.repetition_penalty, repetition_context_size=_PENALTY_CONTEXT
+    )
+    if not cached:
+        return processors
+    head = mx.array(list(cached[-_PENALTY_CONTEXT:]))
+    return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors]
+
+
+def _prefill_chunk(model: Any) -> int:
+    """Prompt tokens per prefill step: a cancel takes effect between steps.
+
+    On a GPU mlx-lm's 2048. On the CPU about 4 GFLOP a step (seconds with the bundled BLAS), so a
+    cancelled long prompt on a 3b model stops within a step instead of after the whole prompt.
+    """
+    if mx.default_device() != mx.cpu:
+        return 2048
+    params = sum(a.size for _, a in tree_flatten(model.parameters()))
+    return int(min(2048, max(16, 2e9 // max(params, 1))))
+
+
+def kv_group_size(config: ModelArgs, kv_bits: int | None) -> int:
+    """MLX quantizes in groups of 32, 64 or 128 along the head dimension."""
+    group = next((g for g in (64, 32) if config.head_dim % g == 0), None)
+    if kv_bits is not None and group is None:
+        msg = f"kv_bits needs a head dimension divisible by 32; this model's is {config.head_dim}."
+        raise InvalidParameterError(msg)
+    return group or 64
+
+
+def _check_cache_bounds(entries: Any, nbytes: Any) -> None:
+    if not is_int(entries) or entries < 0:
+        msg = f"max_prompt_caches must be an integer >= 0 (0 keeps none), not {entries!r}."
+        raise InvalidParameterError(msg)
+    if nbytes is not None and (not is_int(nbytes) or nbytes < 0):
+        msg = f"max_prompt_cache_bytes must be an integer >= 0 or None (no bound), not {nbytes!r}."
+        raise InvalidParameterError(msg)

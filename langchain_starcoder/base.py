@@ -1,0 +1,195 @@
+"""What every wrapper shares: which checkpoint, how it loads, how it generates, and its engine.
+
+``StarCoderLLM``, ``ChatStarCoder`` and the LlamaIndex ``StarCoder`` inherit these fields (their
+defaults come from :class:`~langchain_starcoder.types.GenerationParams`) and the engine plumbing:
+weights load on first use through the shared registry, never on construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .engine import StarCoderEngine
+from .errors import InvalidParameterError
+from . import registry
+from .registry import DEFAULT_MODEL
+from .types import GENERATION_KEYS, FIMRequest, GenerationParams
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+_DEFAULTS = GenerationParams()
+
+MODEL_CONFIG = ConfigDict(
+    extra="forbid", arbitrary_types_allowed=True, protected_namespaces=(), use_attribute_docstrings=True
+)
+
+
+def merge_stops(*stops: Sequence[str] | str | None) -> list[str]:
+    """The stop strings of the field and of the call, in that order, without duplicates."""
+    merged: list[str] = []
+    for group in stops:
+        for stop in [group] if isinstance(group, str) else group or ():
+            if stop not in merged:
+                merged.append(stop)
+    return merged
+
+
+class StarCoderSettings(BaseModel):
+    """The fields and engine plumbing of every wrapper."""
+
+    model_config = MODEL_CONFIG
+
+    model: str = DEFAULT_MODEL
+    """Hugging Face hub id (``mlx-community/starcoder2-3b-4bit``) or a local checkpoint folder."""
+
+    quantize: Literal[4, 8] | None = None
+    """4 or 8 to quantize a full-precision checkpoint while loading; None loads it as it is."""
+
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Compute dtype. "auto": float32 on the CPU, the checkpoint's dtype on a GPU."""
+
+    kv_bits: Literal[4, 8] | None = None
+    """4 or 8 to keep the KV cache quantized (smaller, slightly less exact)."""
+
+    max_tokens: int = _DEFAULTS.max_tokens
+    """The most tokens to generate per call."""
+
+    temperature: float = _DEFAULTS.temperature
+    """Sampling temperature; 0 is greedy (deterministic)."""
+
+    top_p: float = _DEFAULTS.top_p
+    """Nucleus sampling: keep the smallest set of tokens whose probability adds up to ``top_p``."""
+
+    top_k: int = _DEFAULTS.top_k
+    """Sample among the ``top_k`` most likely tokens only; 0 turns it off."""
+
+    min_p: float = _DEFAULTS.min_p
+    """Drop tokens less likely than ``min_p`` times the most likely one; 0 turns it off."""
+
+    repetition_penalty: float | None = _DEFAULTS.repetition_penalty
+    """Penalty (> 1 discourages) for tokens seen in the last 20 tokens; None turns it off."""
+
+    seed: int | None = _DEFAULTS.seed
+    """Seed of the sampler, for reproducible sampling (``temperature > 0``)."""
+
+    stop: list[str] | None = None
+    """Stop strings: the text ends before the first one that appears. A call's ``stop`` is added
+    to these (both apply)."""
+
+    streaming: bool = False
+    """If True, ``invoke`` generates through the streaming path, so callbacks see every token."""
+
+    parse_special_tokens: bool = True
+    """Whether control-token strings in a text prompt (``<fim_prefix>``, ``<|endoftext|>``...) are
+    control tokens, as in a hand-written prompt. Set False when prompts hold text you did not write
+    (retrieved files, user input): all of it is then data. ``StarCoderPromptTemplate`` and
+    ``FIMPromptTemplate`` keep their variables data either way."""
+
+    given_engine: StarCoderEngine | None = Field(default=None, alias="engine", exclude=True, repr=False)
+    """An already loaded :class:`StarCoderEngine` to use instead of loading ``model``
+    (pass it as ``engine=``)."""
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_path_to_str(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_to_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> Self:
+        # Refuse bad settings at construction, before anything is loaded.
+        GenerationParams.create(**self._default_generation())
+        engine = self.given_engine
+        if engine is not None:
+            if "model" not in self.model_fields_set:
+                self.model = engine.name
+            elif not _same_checkpoint(self.model, engine):
+                msg = (
+                    f"model={self.model!r} names another checkpoint than the engine given "
+                    f"({engine.name}); pass only engine=, or a matching model=."
+                )
+                raise ValueError(msg)
+            if "kv_bits" not in self.model_fields_set:
+                self.kv_bits = engine.kv_bits
+        return self
+
+    # --- the engine --------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> StarCoderEngine:
+        """The engine that runs this model: the one given, or the shared one for these settings
+        (loaded on first use; wrappers with the same model and load settings share it)."""
+        return self._engine_for(None)
+
+    def _engine_for(self, model: str | None) -> StarCoderEngine:
+        if self.given_engine is not None and model in (None, self.model):
+            return self.given_engine
+        return registry.get_engine(model or self.model, **self._load_settings())
+
+    async def _aengine_for(self, model: str | None) -> StarCoderEngine:
+        """:meth:`_engine_for` for async code: a first load runs in a thread, off the event loop."""
+        if self.given_engine is not None and model in (None, self.model):
+            return self.given_engine
+        loaded = registry.peek_engine(model or self.model, **self._load_settings())
+        return loaded or await asyncio.to_thread(self._engine_for, model)
+
+    def _loaded_engine(self) -> StarCoderEngine | None:
+        """The engine if it is loaded already, else None (never loads)."""
+        return self.given_engine or registry.peek_engine(self.model, **self._load_settings())
+
+    def _load_settings(self) -> dict[str, Any]:
+        return {"quantize": self.quantize, "dtype": self.dtype, "kv_bits": self.kv_bits}
+
+    # --- settings ------------------------------------------------------------------------------
+
+    def _default_generation(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in GENERATION_KEYS}
+
+    def _generation(self, overrides: Mapping[str, Any], stop: Sequence[str] | str | None = None) -> dict:
+        """The engine keywords of one call: the fields, overridden by the call's, stops merged."""
+        unknown = sorted(set(overrides) - {*GENERATION_KEYS, "parse_special_tokens"})
+        if unknown:
+            msg = (
+                f"Unknown argument(s) {unknown} for {type(self).__name__}; a call accepts "
+                f"{sorted(GENERATION_KEYS)} and parse_special_tokens."
+            )
+            raise InvalidParameterError(msg)
+        settings = {**self._default_generation(), "parse_special_tokens": self.parse_special_tokens}
+        settings.update((k, v) for k, v in overrides.items() if k != "stop")
+        settings["stop"] = merge_stops(self.stop, overrides.get("stop"), stop)
+        return settings
+
+    def _identifying_settings(self) -> dict[str, Any]:
+        """The model and every setting that changes the output (LangChain's cache key uses them;
+        the field ``stop`` is "default_stop": LangChain puts a call's stop under "stop")."""
+        settings = {
+            "model": self.model,
+            **self._load_settings(),
+            **self._default_generation(),
+            "parse_special_tokens": self.parse_special_tokens,
+        }
+        settings["default_stop"] = settings.pop("stop")
+        return settings
+
+
+def _same_checkpoint(model: str, engine: StarCoderEngine) -> bool:
+    path = Path(model).expanduser()
+    if path.exists() and engine.path is not None:
+        return path.resolve() == Path(engine.path).resolve()
+    return model == engine.name
+
+
+def fim_text_token_ids(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> list[int]:
+    """The exact prompt ids of a FIM request (what ``get_token_ids`` counts)."""
+    return list(engine.fim_prompt(request, max_tokens).token_ids)

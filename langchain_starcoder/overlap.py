@@ -1,0 +1,90 @@
+"""The end of a fill-in-the-middle answer: trimming a middle that repeats the start of the suffix."""
+
+from __future__ import annotations
+
+#: An overlap with the suffix this long (not counting whitespace) is trimmed wherever it starts.
+MIN_OVERLAP_CHARS = 10
+
+
+class SuffixOverlap:
+    """Trims the end of a middle that repeats the start of the suffix, also while streaming.
+
+    Models often write the middle and then carry on with the code that follows the hole, which is
+    already in the suffix. The rule: take the longest end of the middle that equals a start of the
+    suffix and holds some non-whitespace, and trim it when it is
+
+    - at least :data:`MIN_OVERLAP_CHARS` characters, not counting whitespace, or
+    - whole lines: it starts where a line of the middle starts (or at the middle's start) and ends
+      where a line of the suffix ends (or at the suffix's end).
+
+    Otherwise a shorter end that qualifies is tried. So ``")"`` after ``foo(bar()`` stays, while a
+    repeated ``return total`` line goes. While streaming, the longest end of the text that is a
+    start of the suffix is held back (it might grow into an overlap) and released as soon as the
+    next text shows it is not one, or at the end, minus what is trimmed.
+    """
+
+    def __init__(self, suffix: str, *, min_chars: int = MIN_OVERLAP_CHARS):
+        self.suffix = suffix
+        self.min_chars = min_chars
+        self._border = _borders(suffix)
+        self._matched = 0  # the longest end of the middle so far that is a start of the suffix
+        self._held = ""
+        self._last = ""  # the last character already released
+
+    def feed(self, text: str) -> str:
+        """Take more middle; return the part that is safe to show."""
+        if not self.suffix:
+            return text
+        for ch in text:  # Knuth-Morris-Pratt over the suffix
+            k = self._matched
+            if k == len(self.suffix):
+                k = self._border[k]
+            while k and self.suffix[k] != ch:
+                k = self._border[k]
+            self._matched = k + 1 if self.suffix[k] == ch else 0
+        pending = self._held + text
+        cut = len(pending) - self._matched
+        out, self._held = pending[:cut], pending[cut:]
+        if out:
+            self._last = out[-1]
+        return out
+
+    def finish(self) -> str:
+        """The held-back text, without the overlap (if it qualifies). Call once, at the end."""
+        held, self._held = self._held, ""
+        k = self._matched
+        while k:
+            before = held[-k - 1] if k < len(held) else self._last
+            if self._qualifies(k, before):
+                return held[: len(held) - k]
+            k = self._border[k]
+        return held
+
+    def _qualifies(self, k: int, before: str) -> bool:
+        overlap = self.suffix[:k]
+        solid = sum(not ch.isspace() for ch in overlap)
+        if solid == 0:
+            return False
+        if solid >= self.min_chars:
+            return True
+        whole_lines_end = overlap.endswith("\n") or k == len(self.suffix)
+        return whole_lines_end and before in ("", "\n")
+
+
+def _borders(pattern: str) -> list[int]:
+    """``b[k]``: the length of the longest proper border of ``pattern[:k]`` (KMP failure function)."""
+    border = [0] * (len(pattern) + 1)
+    k = 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = border[k]
+        if pattern[i] == pattern[k]:
+            k += 1
+        border[i + 1] = k
+    return border
+
+
+def trim_suffix_overlap(middle: str, suffix: str) -> str:
+    """``middle`` without an end that repeats the start of ``suffix`` (see :class:`SuffixOverlap`)."""
+    overlap = SuffixOverlap(suffix)
+    return overlap.feed(middle) + overlap.finish()

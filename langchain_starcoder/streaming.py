@@ -1,0 +1,202 @@
+"""From generated token ids to text chunks, and from a backend's thread to the caller.
+
+A :class:`ChunkSink` runs on the backend's thread (see :mod:`langchain_starcoder.backends`): it
+detokenizes UTF-8-safely, ends the generation at stop ids and stop strings (holding back what could
+be the start of one), trims a FIM middle that repeats the suffix, and hands out chunks only when
+there is text to show. :class:`ChunkStream` and :class:`AsyncChunkStream` are what callers iterate;
+leaving one early, closing it, or dropping it unstarted cancels the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from .backends import Generation
+from .overlap import SuffixOverlap
+from .stops import StopMatcher
+from .types import CompletionChunk, GenerationParams
+
+Emit = Callable[[Any], None]
+
+
+class TextStream:
+    """One generation's text: streaming UTF-8-safe detokenization, stop ids and stop strings."""
+
+    def __init__(self, tokenizer: Any, params: GenerationParams):
+        self._detokenizer = tokenizer.detokenizer  # a fresh copy per access
+        self._matcher = StopMatcher(params.stop)
+        self._stop_ids = params.stop_token_ids
+        self.token_ids: list[int] = []
+        self._unsent_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
+
+    def add(self, token: int) -> str:
+        """Take one generated token; return the text that became safe to show (maybe "")."""
+        self.token_ids.append(token)
+        self._unsent_ids.append(token)
+        if token in self._stop_ids:
+            self.finish_reason = "stop"
+            return self._drain()
+        self._detokenizer.add_token(token)
+        text, self.stop_sequence = self._matcher.feed(self._detokenizer.last_segment)
+        if self.stop_sequence is not None:
+            self.finish_reason = "stop"
+        return text
+
+    def take_ids(self) -> list[int]:
+        ids, self._unsent_ids = self._unsent_ids, []
+        return ids
+
+    def finish(self, reason: str) -> str:
+        """End the stream (if it has not stopped itself) and return the last text."""
+        if self.finish_reason is not None:
+            return ""
+        self.finish_reason = reason
+        return self._drain()
+
+    def _drain(self) -> str:
+        self._detokenizer.finalize()
+        text, self.stop_sequence = self._matcher.feed(self._detokenizer.last_segment)
+        return text if self.stop_sequence is not None else text + self._matcher.flush()
+
+
+class ChunkSink:
+    """A backend's :class:`~langchain_starcoder.backends.TokenSink` that emits :class:`CompletionChunk`\\ s.
+
+    The last chunk carries ``finish_reason``, the counts and timings; it also carries the text of
+    the last token when the generation ends at ``max_tokens``, so no stream ends on an empty chunk
+    then.
+    """
+
+    def __init__(
+        self, tokenizer: Any, params: GenerationParams, prompt_tokens: int, emit: Emit, trim: str | None
+    ):
+        self._text = TextStream(tokenizer, params)
+        self._overlap = SuffixOverlap(trim) if trim else None
+        self._max_tokens = params.max_tokens
+        self._prompt_tokens = prompt_tokens
+        self._emit = emit
+        self._cached = 0
+        self._started = self._first = 0.0
+        self._held = ""  # text that goes out with the last chunk
+
+    def start(self, cached_tokens: int) -> None:
+        self._cached = cached_tokens
+        self._started = time.perf_counter()
+
+    def token(self, token_id: int) -> bool:
+        self._first = self._first or time.perf_counter()
+        piece = self._shown(self._text.add(token_id))
+        stopped = self._text.finish_reason is not None
+        if stopped or len(self._text.token_ids) >= self._max_tokens:
+            self._held += piece  # the last chunk is next
+        elif piece:
+            self._emit(CompletionChunk(piece, self._text.take_ids()))
+        return stopped
+
+    def finish(self) -> None:
+        end = time.perf_counter()
+        first = self._first or end
+        text = self._held + self._shown(self._text.finish("length"))
+        if self._overlap is not None:
+            text += self._overlap.finish()
+        self._emit(
+            CompletionChunk(
+                text,
+                self._text.take_ids(),
+                finish_reason=self._text.finish_reason,
+                prompt_tokens=self._prompt_tokens,
+                cached_tokens=self._cached,
+                completion_tokens=len(self._text.token_ids),
+                stop_sequence=self._text.stop_sequence,
+                prompt_seconds=first - self._started,
+                generation_seconds=end - first,
+            )
+        )
+
+    def _shown(self, text: str) -> str:
+        return self._overlap.feed(text) if self._overlap is not None and text else text
+
+
+class ChunkStream(Iterator[CompletionChunk]):
+    """The chunks of one generation, as they come. Closing it (or dropping it) cancels the generation."""
+
+    def __init__(self, generation: Generation, events: queue.SimpleQueue):
+        self._generation = generation
+        self._events = events
+        self._done = False
+
+    def __next__(self) -> CompletionChunk:
+        if self._done:
+            raise StopIteration
+        event = self._events.get()
+        if isinstance(event, BaseException):
+            self.close()
+            raise event
+        if event.finish_reason is not None:
+            self._done = True
+        return event
+
+    def close(self) -> None:
+        self._done = True
+        self._generation.cancelled.set()  # a no-op once the generation has ended
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class AsyncChunkStream(AsyncIterator[CompletionChunk]):
+    """Async :class:`ChunkStream`. ``prepare`` (tokenizing, prompt building: work that grows with the
+    input) runs in a thread on the first ``__anext__``, so the event loop is never blocked by it."""
+
+    def __init__(self, prepare: Callable[[], Any], submit: Callable[[Any, Emit], Generation]):
+        self._prepare = prepare
+        self._submit = submit
+        self._generation: Generation | None = None
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._done = False
+
+    async def __anext__(self) -> CompletionChunk:
+        if self._done:
+            raise StopAsyncIteration
+        if self._generation is None:
+            self._generation = await self._start()
+        try:
+            event = await self._events.get()
+        except BaseException:  # the task was cancelled while waiting
+            await self.aclose()
+            raise
+        if isinstance(event, BaseException):
+            await self.aclose()
+            raise event
+        if event.finish_reason is not None:
+            self._done = True
+        return event
+
+    async def _start(self) -> Generation:
+        job = await asyncio.to_thread(self._prepare)  # a cancel here submits nothing
+        loop = asyncio.get_running_loop()
+        events = self._events
+
+        def emit(event: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                generation.cancelled.set()
+
+        generation = self._submit(job, emit)
+        return generation
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._generation is not None:
+            self._generation.cancelled.set()
+
+    def __del__(self) -> None:
+        if self._generation is not None:
+            self._generation.cancelled.set()

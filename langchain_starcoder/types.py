@@ -1,0 +1,316 @@
+"""The values every layer passes around: results, generation settings and the one FIM request.
+
+This module imports nothing from the package but its errors, so every other module can use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidParameterError, StarCoderError
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The result of one generation request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    """"stop" (an end-of-text token or a stop string) or "length" (``max_tokens`` reached)."""
+    prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens served from a reused KV cache instead of being prefilled."""
+    completion_tokens: int
+    stop_sequence: str | None = None
+    """The stop string that ended the generation, if one did."""
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        """Prefilled prompt tokens per second (cached tokens excluded)."""
+        new = self.prompt_tokens - self.cached_tokens
+        return new / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.completion_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI-style token counts (``cached_tokens`` included)."""
+        return usage([self])
+
+
+@dataclass(frozen=True)
+class CompletionChunk:
+    """A piece of a streamed completion. Only the last chunk has ``finish_reason`` and the counts."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    stop_sequence: str | None = None
+    prompt_seconds: float | None = None
+    generation_seconds: float | None = None
+
+
+def join_chunks(chunks: Iterable[CompletionChunk]) -> Completion:
+    """The completion that a stream's chunks add up to (the last chunk carries the counts)."""
+    texts: list[str] = []
+    ids: list[int] = []
+    for chunk in chunks:
+        texts.append(chunk.text)
+        ids.extend(chunk.token_ids)
+        if chunk.finish_reason is not None:
+            return Completion(
+                text="".join(texts),
+                token_ids=ids,
+                finish_reason=chunk.finish_reason,
+                prompt_tokens=chunk.prompt_tokens or 0,
+                cached_tokens=chunk.cached_tokens or 0,
+                completion_tokens=chunk.completion_tokens or 0,
+                stop_sequence=chunk.stop_sequence,
+                prompt_seconds=chunk.prompt_seconds or 0.0,
+                generation_seconds=chunk.generation_seconds or 0.0,
+            )
+    msg = "The generation ended without a final chunk."
+    raise StarCoderError(msg)
+
+
+def usage(completions: Iterable[Completion]) -> dict[str, int]:
+    """Token counts summed over ``completions``, in OpenAI's shape plus ``cached_tokens``."""
+    done = list(completions)
+    prompt = sum(c.prompt_tokens for c in done)
+    completion = sum(c.completion_tokens for c in done)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "cached_tokens": sum(c.cached_tokens for c in done),
+    }
+
+
+def counts(completion: Completion | CompletionChunk) -> dict[str, Any]:
+    """Why a generation ended and its token counts (LangChain's ``generation_info``, LlamaIndex's
+    ``additional_kwargs``)."""
+    return {
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": completion.prompt_tokens,
+        "cached_tokens": completion.cached_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "stop_sequence": completion.stop_sequence,
+    }
+
+
+# Below this a temperature is greedy: 1/T would overflow float32 and turn sampling uniform, and
+# logits scaled by 1e6 already pick the top token whenever the top two differ by more than 1e-4.
+GREEDY_BELOW = 1e-6
+_MAX_SEED = 2**64 - 1  # MLX seeds are unsigned 64-bit
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Validated generation settings: the one home of their defaults.
+
+    Every generation method takes these as keywords, and the wrappers' fields take their defaults
+    from here (``GenerationParams.max_tokens`` is the default ``max_tokens``).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def create(cls, **settings: Any) -> GenerationParams:
+        """Validate keyword settings (the fields above; ``stop`` may be a string or a list)."""
+        unknown = sorted(set(settings) - {f.name for f in fields(cls)})
+        if unknown:
+            msg = f"Unknown generation setting(s) {unknown}; the settings are {list(GENERATION_KEYS)}."
+            raise InvalidParameterError(msg)
+        values = {**_DEFAULTS, **settings}
+        _check_settings(values)
+        stop = values["stop"]
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        temperature = float(values["temperature"])
+        return cls(
+            max_tokens=int(values["max_tokens"]),
+            temperature=0.0 if temperature < GREEDY_BELOW else temperature,
+            top_p=float(values["top_p"]),
+            top_k=int(values["top_k"]),
+            min_p=float(values["min_p"]),
+            repetition_penalty=_opt(float, values["repetition_penalty"]),
+            seed=_opt(int, values["seed"]),
+            stop=tuple(dict.fromkeys(stops)),
+            stop_token_ids=frozenset(int(t) for t in values["stop_token_ids"]),
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """The settings as keywords of :meth:`create` (``stop_token_ids`` included)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: The settings a caller sets by name (``stop_token_ids`` is filled in by the front).
+GENERATION_KEYS = tuple(f.name for f in fields(GenerationParams) if f.name != "stop_token_ids")
+_DEFAULTS = GenerationParams().settings()
+
+
+def _opt(kind: type, value: Any) -> Any:
+    return None if value is None else kind(value)
+
+
+def _check_settings(v: dict[str, Any]) -> None:
+    def bad(msg: str) -> InvalidParameterError:
+        return InvalidParameterError(msg)
+
+    if not is_int(v["max_tokens"]) or v["max_tokens"] < 1:
+        raise bad(f"max_tokens must be a positive integer, not {v['max_tokens']!r}.")
+    if not is_real(v["temperature"]) or v["temperature"] < 0:
+        raise bad(f"temperature must be a number >= 0 (0 is greedy), not {v['temperature']!r}.")
+    if not is_real(v["top_p"]) or not 0 < v["top_p"] <= 1:
+        raise bad(f"top_p must be in (0, 1], not {v['top_p']!r}.")
+    if not is_int(v["top_k"]) or v["top_k"] < 0:
+        raise bad(f"top_k must be an integer >= 0 (0 turns it off), not {v['top_k']!r}.")
+    if not is_real(v["min_p"]) or not 0 <= v["min_p"] < 1:
+        raise bad(f"min_p must be in [0, 1), not {v['min_p']!r}.")
+    penalty = v["repetition_penalty"]
+    if penalty is not None and (not is_real(penalty) or penalty <= 0):
+        raise bad(f"repetition_penalty must be a number > 0, not {penalty!r}.")
+    seed = v["seed"]
+    if seed is not None and (not is_int(seed) or not 0 <= seed <= _MAX_SEED):
+        raise bad(f"seed must be an integer from 0 to 2**64 - 1, not {seed!r}.")
+    stop = v["stop"]
+    if isinstance(stop, bytes | bytearray) or not isinstance(stop, str | Sequence | type(None)):
+        raise bad(f"stop must be a string or a list of strings, not {type(stop).__name__}.")
+    for s in (stop,) if isinstance(stop, str) else stop or ():
+        if not isinstance(s, str) or not s:
+            raise bad(f"stop strings must be non-empty strings, not {s!r}.")
+        check_text(s, "stop string")
+    ids = v["stop_token_ids"]
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable) or not all(is_int(t) for t in ids):
+        raise bad(f"stop_token_ids must be a list of token ids (integers), not {ids!r}.")
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def is_real(x: Any) -> bool:
+    return isinstance(x, int | float | np.number) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_text(text: Any, what: str) -> str:
+    """``text`` if it is a ``str`` that UTF-8 can encode, else a clear error naming ``what``."""
+    if not isinstance(text, str):
+        msg = f"The {what} must be text (str), not {type(text).__name__}."
+        raise InvalidParameterError(msg)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        msg = f"The {what} is not valid Unicode (a lone surrogate at index {e.start}); fix the text."
+        raise InvalidParameterError(msg) from e
+    return text
+
+
+# --- fill in the middle ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """Another file of the repository, given to the model as context for the hole."""
+
+    path: str
+    """Its path in the repository (``""`` to leave it out: ``<file_sep>{code}``)."""
+    text: str
+    """Its contents."""
+
+
+FIM_MODES = ("psm", "spm")
+
+
+@dataclass(frozen=True)
+class FIMRequest:
+    """One fill-in-the-middle request: the hole, its repository context, the budget and the trim.
+
+    Every infill entry point (engine, LangChain, LlamaIndex, prompt template) builds one of these;
+    the keyword forms are thin constructors of it. Construction validates every part.
+    """
+
+    prefix: str
+    """The code before the hole."""
+    suffix: str = ""
+    """The code after the hole."""
+    context_files: tuple[ContextFile, ...] = ()
+    """Other files of the repository, most relevant first (``ContextFile`` or ``(path, text)``)."""
+    repo_name: str | None = None
+    """The repository's name (``<repo_name>``)."""
+    file_path: str | None = None
+    """The path of the file with the hole."""
+    mode: str = "psm"
+    """"psm" (prefix, suffix, middle) or "spm" (suffix, prefix, middle)."""
+    max_prompt_tokens: int | None = None
+    """The most tokens the prompt may have (None: the context window minus ``max_tokens``)."""
+    trim_suffix_overlap: bool = True
+    """Drop an end of the middle that repeats the start of the suffix."""
+
+    def __post_init__(self) -> None:
+        check_text(self.prefix, "prefix")
+        check_text(self.suffix, "suffix")
+        for name in ("repo_name", "file_path"):
+            if getattr(self, name) is not None:
+                check_text(getattr(self, name), name)
+        if self.mode not in FIM_MODES:
+            msg = (
+                "mode must be 'psm' (prefix, suffix, middle) or 'spm' (suffix, prefix, middle), "
+                f"not {self.mode!r}."
+            )
+            raise InvalidParameterError(msg)
+        budget = self.max_prompt_tokens
+        if budget is not None and (not is_int(budget) or budget < 1):
+            msg = f"max_prompt_tokens must be a positive integer or None, not {budget!r}."
+            raise InvalidParameterError(msg)
+        if not isinstance(self.trim_suffix_overlap, bool):
+            msg = f"trim_suffix_overlap must be True or False, not {self.trim_suffix_overlap!r}."
+            raise InvalidParameterError(msg)
+        object.__setattr__(self, "context_files", _context_files(self.context_files))
+
+    @property
+    def repo_level(self) -> bool:
+        """Whether StarCoder2's repository layout is used (any file, repo name or file path)."""
+        return bool(self.context_files or self.repo_name or self.file_path)
+
+
+#: The names of :class:`FIMRequest`'s fields: what separates FIM keywords from generation ones.
+FIM_KEYS = tuple(f.name for f in fields(FIMRequest))
+
+
+def _context_files(files: Any) -> tuple[ContextFile, ...]:
+    if isinstance(files, str | bytes | ContextFile) or not isinstance(files, Sequence):
+        msg = "context_files must be a list of ContextFile(path, text) (or of (path, text) pairs)."
+        raise InvalidParameterError(msg)
+    out = []
+    for i, item in enumerate(files):
+        if isinstance(item, ContextFile):
+            path, text = item.path, item.text
+        elif isinstance(item, tuple | list) and len(item) == 2:
+            path, text = item
+        else:
+            msg = f"context_files[{i}] is a {type(item).__name__}; give ContextFile(path, text)."
+            raise InvalidParameterError(msg)
+        out.append(
+            ContextFile(check_text(path, f"path of context_files[{i}]"), check_text(text, "context file"))
+        )
+    return tuple(out)
