@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from . import registry
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError
-from . import registry
 from .registry import DEFAULT_MODEL
 from .types import GENERATION_KEYS, FIMRequest, GenerationParams
 

@@ -26,8 +26,8 @@ from pydantic import ValidationError
 from langchain_starcoder import ChatStarCoder, FIMPromptTemplate, StarCoderEngine, StarCoderLLM
 from langchain_starcoder.errors import ContextLengthError, InvalidParameterError
 from langchain_starcoder.registry import DEFAULT_MODEL
-from langchain_starcoder.types import GENERATION_KEYS
 from langchain_starcoder.testing import copy_checkpoint
+from langchain_starcoder.types import GENERATION_KEYS
 
 PROMPTS = ["def add(a, b):\n    ", "class Stack:\n    def push(self, item):\n", "import os\n\n\ndef main():"]
 
