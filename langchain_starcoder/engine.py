@@ -122,6 +122,7 @@ class StarCoderEngine:
         revision: str | None = None,
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
+        prefill_step_size: int | None = None,
     ) -> StarCoderEngine:
         """Load a StarCoder2 checkpoint from a folder or the Hugging Face hub into MLX.
 
@@ -138,6 +139,8 @@ class StarCoderEngine:
                 prompt cache then gives exactly what a fresh one would).
             revision: A hub branch, tag or commit to pin the download to.
             max_prompt_caches, max_prompt_cache_bytes: see the class docs.
+            prefill_step_size: Prompt tokens per prefill step; a cancelled request stops between
+                steps. None: 2048 on a GPU, about 4 GFLOP of work on the CPU (16 to 2048 tokens).
         """
         from .backends.mlx import MLXBackend, kv_group_size
         from .loading import load_tokenizer, read_config, resolve_model_path, validate_load_options
@@ -151,6 +154,7 @@ class StarCoderEngine:
         backend = MLXBackend(
             path, name=str(model), quantize=quantize, group_size=group_size, dtype=dtype, kv_bits=kv_bits,
             max_prompt_caches=max_prompt_caches, max_prompt_cache_bytes=max_prompt_cache_bytes,
+            prefill_step_size=prefill_step_size,
         )  # fmt: skip
         return cls(backend, tokenizer)
 
@@ -311,8 +315,9 @@ class StarCoderEngine:
 
     def fim_prompt(self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens) -> fim.FIMPrompt:
         """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``."""
+        self._check_room(max_tokens)
         if request.max_prompt_tokens is None:
-            room = self.context_window - max_tokens  # >= 1: _split_settings checked max_tokens
+            room = self.context_window - max_tokens
             try:
                 prompt = fim.build_fim_prompt(
                     self.tokenizer, dataclasses.replace(request, max_prompt_tokens=room)
@@ -349,18 +354,21 @@ class StarCoderEngine:
                 "use 0 to turn it off."
             )
             raise InvalidParameterError(msg)
-        if params.max_tokens >= self.context_window:
-            msg = (
-                f"max_tokens={params.max_tokens} leaves no room for a prompt in the model's "
-                f"{self.context_window}-token context window. Lower max_tokens."
-            )
-            raise ContextLengthError(msg)
+        self._check_room(params.max_tokens)
         bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             msg = f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
             raise InvalidParameterError(msg)
         stops = params.stop_token_ids | self.eos_token_ids
         return dataclasses.replace(params, stop_token_ids=stops), parse
+
+    def _check_room(self, max_tokens: int) -> None:
+        if max_tokens >= self.context_window:
+            msg = (
+                f"max_tokens={max_tokens} leaves no room for a prompt in the model's "
+                f"{self.context_window}-token context window. Lower max_tokens."
+            )
+            raise ContextLengthError(msg)
 
     def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> _Job:
         params, parse = self._split_settings(dict(settings))

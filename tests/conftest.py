@@ -26,6 +26,12 @@ def tiny_path(checkpoints: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_path(checkpoints: Path) -> Path:
+    """The "small" preset: head_dim 64, so a quantized KV cache (kv_bits) can be used."""
+    return build_starcoder2(checkpoints / "small", preset="small")
+
+
+@pytest.fixture(scope="session")
 def window_path(checkpoints: Path) -> Path:
     """A tiny checkpoint whose sliding window (16) is much shorter than test prompts."""
     return build_starcoder2(checkpoints / "window16", sliding_window=16, seed=1)

@@ -76,6 +76,7 @@ class MLXBackend:
         kv_bits: 4 or 8 to keep the KV cache quantized, from the first token on, so a reused
             cache gives exactly what a fresh one would.
         max_prompt_caches, max_prompt_cache_bytes: Bounds of the prompt-cache store.
+        prefill_step_size: Prompt tokens per prefill step (None: see :func:`_prefill_chunk`).
     """
 
     def __init__(
@@ -89,8 +90,12 @@ class MLXBackend:
         kv_bits: int | None = None,
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
+        prefill_step_size: int | None = None,
     ):
         _check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
+        if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
+            msg = f"prefill_step_size must be a positive integer or None, not {prefill_step_size!r}."
+            raise InvalidParameterError(msg)
         self.path = Path(path)
         self.name = name or str(path)
         self.kv_bits = kv_bits
@@ -116,7 +121,7 @@ class MLXBackend:
         self.context_window = self.config.max_position_embeddings
         self.vocab_size = self.config.vocab_size
         self.sliding_window = self.config.sliding_window
-        self._prefill_chunk = _prefill_chunk(self.model)
+        self._prefill_chunk = prefill_step_size or _prefill_chunk(self.model)
 
     # --- the worker thread ---------------------------------------------------------------------
 
@@ -237,7 +242,9 @@ class MLXBackend:
             prefill_step_size=self._prefill_chunk,
         )
         try:
-            live = dict(zip(generator.insert([g.prompt for g in gens]), gens, strict=True))
+            prompts = [g.prompt for g in gens]
+            uids = generator.insert(prompts, max_tokens=[params.max_tokens] * len(gens))
+            live = dict(zip(uids, gens, strict=True))
             for gen in gens:
                 gen.sink.start(0)
             while live:

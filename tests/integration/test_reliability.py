@@ -14,7 +14,8 @@ import mlx.core as mx
 import psutil
 import pytest
 
-from langchain_starcoder import StarCoderEngine
+from langchain_starcoder import ContextLengthError, InvalidParameterError, StarCoderEngine
+from langchain_starcoder.backends import Generation
 from langchain_starcoder.fim import ContextFile
 from langchain_starcoder.testing import copy_checkpoint
 
@@ -164,3 +165,232 @@ def test_model_folder_deleted_after_loading(
         assert before.token_ids == tiny_engine.generate(SNIPPETS[0], max_tokens=12).token_ids
     finally:
         engine.close()
+
+
+# --- abandoned work never keeps the engine busy -------------------------------------------------------
+# Each test watches the generations the engine hands its backend, waits until the worker has run
+# everything queued before (a no-op job), and then counts what each generation did.
+
+
+def _watch(monkeypatch: pytest.MonkeyPatch, engine: StarCoderEngine) -> list[Generation]:
+    seen: list[Generation] = []
+    submit = engine.backend.submit
+
+    def spy(generations: list[Generation]) -> object:
+        seen.extend(generations)
+        return submit(generations)
+
+    monkeypatch.setattr(engine.backend, "submit", spy)
+    return seen
+
+
+def _idle(engine: StarCoderEngine) -> None:
+    engine.backend.call(lambda: None)  # runs after every job queued before it
+
+
+def _generated(generation: Generation) -> int:
+    return len(generation.sink._text.token_ids)
+
+
+LONG = 1000  # max_tokens of work that must not run to the end
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+@pytest.mark.parametrize("kind", ["stream", "stream_infill"])
+def test_stream_left_before_its_first_chunk(
+    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch, kind: str, how: str
+) -> None:
+    seen = _watch(monkeypatch, tiny_engine)
+    stream = getattr(tiny_engine, kind)(SNIPPETS[2], max_tokens=LONG)
+    if how == "close":
+        stream.close()
+    del stream  # never iterated: dropping it must cancel too
+    _idle(tiny_engine)
+    [generation] = seen
+    assert generation.cancelled.is_set() and _generated(generation) < 50
+    assert tiny_engine.generate(SNIPPETS[2], max_tokens=6).completion_tokens == 6
+
+
+async def test_astream_left_before_its_first_chunk(
+    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _watch(monkeypatch, tiny_engine)
+    for i, kind in enumerate(("astream", "astream_infill")):
+        stream = getattr(tiny_engine, kind)(SNIPPETS[3], max_tokens=LONG)
+        first = asyncio.ensure_future(stream.__anext__())
+        while len(seen) <= i or not seen[i].sink._started:  # submitted and started on the worker
+            await asyncio.sleep(0.001)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        del stream
+    await asyncio.to_thread(_idle, tiny_engine)
+    assert len(seen) == 2 and all(g.cancelled.is_set() and _generated(g) < 50 for g in seen)
+
+
+async def test_cancelled_agenerate_batch(
+    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _watch(monkeypatch, tiny_engine)
+    task = asyncio.ensure_future(tiny_engine.agenerate_batch(SNIPPETS[:3], max_tokens=LONG))
+    while not seen or not any(_generated(g) for g in seen):
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(_idle, tiny_engine)
+    assert len(seen) == 3 and all(_generated(g) < LONG // 2 for g in seen)
+
+
+def test_cancel_between_prefill_chunks_and_before_start(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = StarCoderEngine.load(tiny_path, prefill_step_size=16)
+    try:
+        seen = _watch(monkeypatch, engine)
+        model = engine.backend.model
+
+        class CancelAfterFiveSteps:
+            """The model, which cancels the first request after its fifth forward pass."""
+
+            calls = 0
+
+            def __call__(self, *args: object, **kwargs: object) -> object:
+                self.calls += 1
+                if self.calls == 5:
+                    seen[0].cancelled.set()
+                return model(*args, **kwargs)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(model, name)
+
+        monkeypatch.setattr(engine.backend, "model", CancelAfterFiveSteps())
+        prompt = [100 + (i * 7) % 900 for i in range(1900)]  # ~120 prefill steps
+        running = engine.stream(prompt, max_tokens=8)
+        queued = engine.stream(SNIPPETS[0], max_tokens=LONG)  # waits behind the long prefill
+        queued.close()
+        _idle(engine)
+        long_job, queued_job = seen
+        assert not queued_job.sink._started  # never started
+        held = engine.backend.call(lambda: engine.backend._prompt_caches._entries[-1].tokens)
+        assert held == prompt[: 5 * 16]  # stopped after the fifth step, and kept what it prefilled
+        assert _generated(long_job) == 0
+        del running
+        monkeypatch.setattr(engine.backend, "model", model)
+        # What was prefilled is exact: the same prompt again reuses it and answers as a fresh engine.
+        again = engine.generate(prompt, max_tokens=8)
+        assert again.cached_tokens == len(held)
+        fresh = StarCoderEngine.load(tiny_path, max_prompt_caches=0)
+        try:
+            assert again.token_ids == fresh.generate(prompt, max_tokens=8).token_ids
+        finally:
+            fresh.close()
+    finally:
+        engine.close()
+
+
+# --- wrong input, clear errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", [b"def f():\n", bytearray(b"def f():\n"), memoryview(b"def f():\n")])
+def test_binary_prompts_are_refused(tiny_engine: StarCoderEngine, prompt: object) -> None:
+    from llama_index.core.llms import ChatMessage  # noqa: F401  (LlamaIndex's complete() goes the same way)
+
+    from langchain_starcoder.llama_index import StarCoder
+
+    for call in (
+        lambda: tiny_engine.generate(prompt),
+        lambda: tiny_engine.generate_batch([prompt, "def g():"]),
+        lambda: StarCoder(engine=tiny_engine).complete(prompt, formatted=True),
+    ):
+        with pytest.raises(InvalidParameterError, match="decode"):
+            call()
+    assert tiny_engine.generate("def f():\n", max_tokens=3).completion_tokens == 3
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-45, 5e-324, 1e-7])
+def test_tiny_temperatures_are_greedy(tiny_engine: StarCoderEngine, temperature: float) -> None:
+    greedy = tiny_engine.generate(SNIPPETS[4], max_tokens=16).token_ids
+    for seed in range(4):
+        got = tiny_engine.generate(SNIPPETS[4], max_tokens=16, temperature=temperature, seed=seed)
+        assert got.token_ids == greedy
+
+
+def test_near_greedy_stays_near_greedy(tiny_engine: StarCoderEngine) -> None:
+    """Just above the greedy cut (1e-6) sampling is still effectively greedy."""
+    greedy = tiny_engine.generate(SNIPPETS[4], max_tokens=16).token_ids
+    for seed in range(4):
+        got = tiny_engine.generate(SNIPPETS[4], max_tokens=16, temperature=2e-6, seed=seed)
+        assert got.token_ids == greedy
+
+
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"top_k": 1024}, "top_k.*vocabulary"),
+        ({"top_k": 10**9}, "top_k.*vocabulary"),
+        ({"stop": b"\n"}, "stop must be a string"),
+        ({"stop": [b"\n"]}, "stop strings"),
+        ({"stop_token_ids": None}, "stop_token_ids"),
+        ({"stop_token_ids": [10**7]}, "stop_token_ids"),
+        ({"max_tokens": 2048}, "max_tokens=2048 leaves no room"),
+        ({"parse_special_tokens": "no"}, "parse_special_tokens"),
+    ],
+)
+def test_nonsense_settings_are_clear_errors(tiny_engine: StarCoderEngine, settings: dict, words: str) -> None:
+    for call in (
+        lambda: tiny_engine.generate("def f():", **settings),
+        lambda: tiny_engine.infill("def f():\n    ", "\n", **settings),
+    ):
+        with pytest.raises(InvalidParameterError, match=words):
+            call()
+    assert tiny_engine.generate("def f():", max_tokens=2).completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"max_prompt_caches": "4"}, "max_prompt_caches"),
+        ({"max_prompt_caches": 2.5}, "max_prompt_caches"),
+        ({"max_prompt_cache_bytes": "1GB"}, "max_prompt_cache_bytes"),
+        ({"prefill_step_size": 0}, "prefill_step_size"),
+    ],
+)
+def test_nonsense_load_options_fail_at_load(tiny_path: Path, options: dict, words: str) -> None:
+    with pytest.raises(InvalidParameterError, match=words):
+        StarCoderEngine.load(tiny_path, **options)
+
+
+def test_infill_that_cannot_fit_says_so_in_the_callers_terms(tiny_engine: StarCoderEngine) -> None:
+    prefix, suffix = "def total(xs):\n    " * 3, "\n    return t\n"
+    window = tiny_engine.context_window
+    with pytest.raises(ContextLengthError) as info:
+        tiny_engine.infill(prefix, suffix, max_tokens=window - 3, repo_name="r" * 40)
+    message = str(info.value)
+    assert f"max_tokens={window - 3}" in message and "max_prompt_tokens" not in message
+    # Not even the end of the prefix fits: an error, never a middle for a prompt without its prefix.
+    with pytest.raises(ContextLengthError, match=f"max_tokens={window - 3} .*prefix"):
+        tiny_engine.infill(prefix, suffix, max_tokens=window - 3)
+    assert tiny_engine.infill(prefix, suffix, max_tokens=4).completion_tokens <= 4
+
+
+# --- a quantized KV cache reused across requests is exact ---------------------------------------------
+
+
+@pytest.mark.parametrize("kv_bits", [4, 8])
+def test_kv_bits_reuse_does_not_depend_on_history(small_path: Path, kv_bits: int) -> None:
+    prompts = [SNIPPETS[0] * 6, SNIPPETS[0] * 6 + SNIPPETS[5] * 3, SNIPPETS[1] * 5]
+    fresh = StarCoderEngine.load(small_path, kv_bits=kv_bits, max_prompt_caches=0)
+    shared = StarCoderEngine.load(small_path, kv_bits=kv_bits)
+    try:
+        alone = [fresh.generate(p, max_tokens=24).token_ids for p in prompts]
+        after = [shared.generate(p, max_tokens=24) for p in prompts]  # the second reuses the first's cache
+        assert after[1].cached_tokens > 0
+        assert [c.token_ids for c in after] == alone
+        again = shared.generate(prompts[1], max_tokens=24)  # now from its own cache
+        assert again.cached_tokens > 0 and again.token_ids == alone[1]
+    finally:
+        fresh.close()
+        shared.close()

@@ -96,8 +96,8 @@ def test_half_precision_checkpoints(
     auto = StarCoderEngine.load(path)
     kept = StarCoderEngine.load(path, dtype=dtype)
     try:
-        assert auto.model.model.norm.weight.dtype == mx.float32  # "auto" on the CPU
-        assert kept.model.model.norm.weight.dtype == getattr(mx, dtype)
+        assert auto.backend.model.model.norm.weight.dtype == mx.float32  # "auto" on the CPU
+        assert kept.backend.model.model.norm.weight.dtype == getattr(mx, dtype)
         assert relative_error(auto, small_logits) < bound
         assert relative_error(kept, small_logits) < bound
     finally:
