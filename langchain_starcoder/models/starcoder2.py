@@ -16,7 +16,10 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_product_attention
 
-_ACTIVATIONS = {
+from ..errors import UnsupportedModelError
+
+#: The ``hidden_act`` values this module runs, and their MLX functions.
+ACTIVATIONS = {
     "gelu_pytorch_tanh": nn.gelu_approx,
     "gelu_new": nn.gelu_approx,
     "gelu_fast": nn.gelu_fast_approx,
@@ -26,6 +29,8 @@ _ACTIVATIONS = {
 
 @dataclass
 class ModelArgs(BaseModelArgs):
+    """A StarCoder2 config.json's settings; ``loading.read_config`` checks their types and ranges."""
+
     model_type: str
     hidden_size: int
     num_hidden_layers: int
@@ -43,13 +48,13 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        if self.hidden_act not in _ACTIVATIONS:
-            msg = f"Unsupported hidden_act {self.hidden_act!r}; expected one of {sorted(_ACTIVATIONS)}."
-            raise ValueError(msg)
+        if self.hidden_act not in ACTIVATIONS:
+            msg = f"Unsupported hidden_act {self.hidden_act!r}; expected one of {sorted(ACTIVATIONS)}."
+            raise UnsupportedModelError(msg)
         rope_type = (self.rope_parameters or {}).get("rope_type", "default")
         if rope_type != "default":
             msg = f"Unsupported RoPE scaling {rope_type!r}: StarCoder2 checkpoints use plain RoPE."
-            raise ValueError(msg)
+            raise UnsupportedModelError(msg)
 
     @property
     def rope_base(self) -> float:
@@ -117,7 +122,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.use_bias)
         self.c_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.use_bias)
-        self.act = _ACTIVATIONS[args.hidden_act]
+        self.act = ACTIVATIONS[args.hidden_act]
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.c_proj(self.act(self.c_fc(x)))
