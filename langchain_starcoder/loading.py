@@ -232,7 +232,7 @@ def validate_config(config: dict[str, Any], config_file: Path) -> None:
     try:  # well formed, but is it a model this package runs (activation, RoPE type)?
         starcoder2.ModelArgs.from_dict(config)
     except UnsupportedModelError as e:
-        msg = f"{config_file}: {e}"
+        msg = f"{config_file}: {e} langchain-starcoder runs StarCoder2 checkpoints as published."
         raise UnsupportedModelError(msg) from e
 
 
