@@ -184,7 +184,12 @@ CONFIG_RULES: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     ),
     "rope_theta": (False, lambda v: v is None or _is_positive(v), "a positive number"),
     "rope_parameters": (False, lambda v: v is None or isinstance(v, dict), "null or an object"),
-    "norm_epsilon": (False, _is_positive, "a positive number"),
+    # transformers refuses an int here: be as strict, and say so first
+    "norm_epsilon": (
+        False,
+        lambda v: isinstance(v, float) and _is_positive(v),
+        "a positive float (e.g. 1e-05)",
+    ),
     "hidden_act": (False, lambda v: isinstance(v, str), "the name of an activation"),
     "use_bias": (False, lambda v: isinstance(v, bool), "true or false"),
     "tie_word_embeddings": (False, lambda v: isinstance(v, bool), "true or false"),
@@ -322,10 +327,11 @@ def check_weights_match_config(
     args = starcoder2.ModelArgs.from_dict(config)
     config_file = path / "config.json"
     layers = {int(m[1]) for name in tensors if (m := _LAYER.match(name))}
-    if layers != set(range(args.num_hidden_layers)):
+    n = args.num_hidden_layers
+    if len(layers) != n or max(layers, default=-1) != n - 1:  # i.e. layers 0 to n - 1, without a set of n
         found = f"layers {min(layers)} to {max(layers)}" if layers else "no layers"
         msg = (
-            f"{config_file} says num_hidden_layers is {args.num_hidden_layers}, but the weights in "
+            f"{config_file} says num_hidden_layers is {n}, but the weights in "
             f"{path} hold {found} ({len(layers)} in all): config.json does not belong to these "
             "weights. Use the config.json that came with them, or re-download the checkpoint."
         )
@@ -354,7 +360,7 @@ def check_weights_match_config(
     }
     if not args.tie_word_embeddings:
         expected["lm_head.weight"] = (args.vocab_size, h)
-    for i in range(args.num_hidden_layers):
+    for i in range(n):
         expected |= {f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()}
 
     sizes = ", ".join(f"{key} {getattr(args, key)}" for key in _SIZE_KEYS)
@@ -460,6 +466,13 @@ def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
     check_tokenizer_files(path)
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except _config_errors() as e:
+        # transformers 5 reads and type-checks config.json too, keys we do not use included.
+        msg = (
+            f"{path / 'config.json'} does not pass transformers' checks ({e}); it reads the config "
+            f"to build the tokenizer. {_FIX}"
+        )
+        raise CheckpointError(msg) from e
     except Exception as e:  # transformers raises many types for a broken tokenizer
         msg = f"Could not load the tokenizer in {path}: {e}"
         raise CheckpointError(msg) from e
@@ -474,3 +487,12 @@ def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
         CodeDetokenizer if byte_level else NaiveStreamingDetokenizer,
         eos_token_ids=eos_ids,
     )
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a config.json field of the wrong type (huggingface_hub >= 1.0)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older versions do not type-check configs
+        return ()
+    return (StrictDataclassError,)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 
 from langchain_starcoder import CheckpointError, StarCoderEngine, UnsupportedModelError
 from langchain_starcoder.testing import build_starcoder2, copy_checkpoint
@@ -53,6 +54,7 @@ BAD_VALUES = {
     ),
     "rope_parameters list": ({"rope_parameters": [10000.0]}, ["rope_parameters", "[10000.0]"]),
     "zero eps": ({"norm_epsilon": 0.0}, ["norm_epsilon", "0.0"]),
+    "int eps": ({"norm_epsilon": 1}, ["norm_epsilon", " 1,", "float"]),  # transformers refuses it too
     "NaN eps": ({"norm_epsilon": float("nan")}, ["norm_epsilon", "nan"]),
     "hidden_act not a string": ({"hidden_act": ["gelu"]}, ["hidden_act", "['gelu']"]),
     "string use_bias": ({"use_bias": "yes"}, ["use_bias", "'yes'"]),
@@ -101,13 +103,34 @@ def test_unsupported_settings(tmp_path: Path, tiny_path: Path, change: dict, nam
     assert str(path / "config.json") in str(err.value)
 
 
+@pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) < 5, reason="transformers 5 type-checks configs"
+)
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [({"initializer_range": "x"}, "initializer_range"), ({"bos_token_id": "0"}, "bos_token_id")],
+)
+def test_keys_only_transformers_checks_blame_the_config(
+    tmp_path: Path, tiny_path: Path, change: dict, key: str
+) -> None:
+    # Keys the model does not use, but transformers type-checks while building the tokenizer.
+    path = damaged(tiny_path, tmp_path / "hfconfig", change)
+    with pytest.raises(CheckpointError) as err:
+        StarCoderEngine.load(path)
+    assert str(path / "config.json") in str(err.value) and key in str(err.value)
+    assert "Could not load the tokenizer" not in str(err.value)
+
+
 # --- config.json against the safetensors headers, before the model is built ---------------------------
 
 
-def test_absurd_layer_count_fails_before_the_model_is_built(tmp_path: Path, tiny_path: Path) -> None:
+@pytest.mark.parametrize("layers", [10**5, 2**31 - 1])
+def test_absurd_layer_count_fails_before_the_model_is_built(
+    tmp_path: Path, tiny_path: Path, layers: int
+) -> None:
     # Building 1e5 layers first took 50 s and 7 GB before failing; the headers say 2 layers.
-    path = damaged(tiny_path, tmp_path / "layers", {"num_hidden_layers": 10**5})
-    with pytest.raises(CheckpointError, match="num_hidden_layers is 100000") as err:
+    path = damaged(tiny_path, tmp_path / "layers", {"num_hidden_layers": layers})
+    with pytest.raises(CheckpointError, match=f"num_hidden_layers is {layers}") as err:
         StarCoderEngine.load(path)
     assert "layers 0 to 1 (2 in all)" in str(err.value)
     assert str(path / "config.json") in str(err.value)
