@@ -205,3 +205,12 @@ def test_a_good_checkpoint_loads_after_failed_ones(tmp_path: Path, tiny_path: Pa
         assert engine.generate("def f():", max_tokens=3).completion_tokens == 3
     finally:
         engine.close()
+
+
+def test_tensor_the_config_needs_is_missing(tmp_path: Path) -> None:
+    # A tied checkpoint has no lm_head; a config that unties it asks for one.
+    tied = build_starcoder2(tmp_path / "tied", tie_word_embeddings=True)
+    path = damaged(tied, tmp_path / "untied", {"tie_word_embeddings": False})
+    with pytest.raises(CheckpointError, match=r"have no lm_head\.weight") as err:
+        StarCoderEngine.load(path)
+    assert str(path / "config.json") in str(err.value)
