@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import reprlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +121,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
 
 
 def read_config(path: Path) -> dict[str, Any]:
+    """config.json, checked: a StarCoder2 config whose sizes and settings the model can be built from."""
     config_file = path / "config.json"
     if not config_file.is_file():
         msg = f"{path} has no config.json: it is not a Hugging Face checkpoint folder."
@@ -126,28 +131,139 @@ def read_config(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         msg = f"{config_file} is not valid JSON ({e}); re-download or rebuild the checkpoint."
         raise CheckpointError(msg) from e
+    if not isinstance(config, dict):
+        msg = (
+            f"{config_file} holds {reprlib.repr(config)}, not a JSON object of settings; "
+            "re-download or rebuild the checkpoint."
+        )
+        raise CheckpointError(msg)
     model_type = config.get("model_type")
     if model_type != "starcoder2":
         hint = " (StarCoder v1 / GPTBigCode is not supported yet)" if model_type == "gpt_bigcode" else ""
         msg = (
-            f"{path} holds a {model_type!r} model{hint}; langchain-starcoder runs StarCoder2 "
+            f"{path} holds a {reprlib.repr(model_type)} model{hint}; langchain-starcoder runs StarCoder2 "
             "checkpoints (model_type 'starcoder2'), e.g. mlx-community/starcoder2-3b-4bit."
         )
         raise UnsupportedModelError(msg)
+    validate_config(config, config_file)
     return config
+
+
+#: MLX array dimensions are 32-bit ints: no size can be larger.
+MAX_SIZE = 2**31 - 1
+
+
+def _is_size(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIZE
+
+
+def _is_positive(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf
+
+
+def _is_token_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SIZE
+
+
+_SIZE = (_is_size, f"a whole number from 1 to {MAX_SIZE}")
+
+#: What each config.json entry the model uses must be: key -> (required, test, what it must be).
+#: An optional key may be absent (ModelArgs's default applies).
+CONFIG_RULES: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
+    "hidden_size": (True, *_SIZE),
+    "num_hidden_layers": (True, *_SIZE),
+    "num_attention_heads": (True, *_SIZE),
+    "num_key_value_heads": (True, *_SIZE),
+    "intermediate_size": (True, *_SIZE),
+    "vocab_size": (False, *_SIZE),
+    "max_position_embeddings": (False, *_SIZE),
+    "sliding_window": (
+        False,
+        lambda v: v is None or _is_size(v),
+        "null (full attention) or a whole number >= 1",
+    ),
+    "rope_theta": (False, lambda v: v is None or _is_positive(v), "a positive number"),
+    "rope_parameters": (False, lambda v: v is None or isinstance(v, dict), "null or an object"),
+    # transformers refuses an int here: be as strict, and say so first
+    "norm_epsilon": (
+        False,
+        lambda v: isinstance(v, float) and _is_positive(v),
+        "a positive float (e.g. 1e-05)",
+    ),
+    "hidden_act": (False, lambda v: isinstance(v, str), "the name of an activation"),
+    "use_bias": (False, lambda v: isinstance(v, bool), "true or false"),
+    "tie_word_embeddings": (False, lambda v: isinstance(v, bool), "true or false"),
+    "eos_token_id": (
+        False,
+        lambda v: v is None or _is_token_id(v) or (isinstance(v, list) and all(map(_is_token_id, v))),
+        "null, a token id or a list of token ids",
+    ),
+    "quantization": (
+        False,
+        lambda v: isinstance(v, dict) and _is_size(v.get("bits")) and _is_size(v.get("group_size")),
+        'an object with whole-number "bits" and "group_size"',
+    ),
+}
+
+_FIX = "Fix config.json, or re-download or rebuild the checkpoint."
+
+
+def validate_config(config: dict[str, Any], config_file: Path) -> None:
+    """Refuse a config the model cannot be built from, before anything is allocated: one clear error."""
+    for key, (required, test, expected) in CONFIG_RULES.items():
+        if key not in config:
+            if required:
+                msg = f"{config_file} has no {key!r}, which must be {expected}. {_FIX}"
+                raise CheckpointError(msg)
+        elif not test(config[key]):
+            msg = f"{config_file}: {key} is {reprlib.repr(config[key])}, but it must be {expected}. {_FIX}"
+            raise CheckpointError(msg)
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope and not _is_positive(rope["rope_theta"]):
+        msg = (
+            f"{config_file}: rope_parameters.rope_theta is {reprlib.repr(rope['rope_theta'])}, "
+            f"but it must be a positive number. {_FIX}"
+        )
+        raise CheckpointError(msg)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads = config["num_key_value_heads"]
+    if hidden % heads or heads % kv_heads:
+        msg = (
+            f"{config_file}: hidden_size {hidden}, num_attention_heads {heads} and num_key_value_heads "
+            f"{kv_heads} do not fit: the heads must divide hidden_size and the key/value heads must "
+            f"divide the heads. {_FIX}"
+        )
+        raise CheckpointError(msg)
+    try:  # well formed, but is it a model this package runs (activation, RoPE type)?
+        starcoder2.ModelArgs.from_dict(config)
+    except UnsupportedModelError as e:
+        msg = f"{config_file}: {e} langchain-starcoder runs StarCoder2 checkpoints as published."
+        raise UnsupportedModelError(msg) from e
 
 
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint, checked to be whole. Pickled weights are refused."""
+    return list(weight_headers(path))
+
+
+def weight_headers(path: Path) -> dict[Path, dict[str, Any]]:
+    """Each safetensors file of a checkpoint with its checked header. Pickled weights are refused."""
     index_file = path / "model.safetensors.index.json"
     if index_file.is_file():
         try:
             index = json.loads(index_file.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             msg = f"{index_file} is not valid JSON ({e}); re-download the checkpoint."
             raise CheckpointError(msg) from e
-        files = sorted({path / name for name in index.get("weight_map", {}).values()})
-        missing = [f.name for f in files if not f.is_file()]
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            msg = (
+                f'{index_file} has no "weight_map" object of tensor names to file names '
+                f"(it holds {reprlib.repr(weight_map)}); re-download the checkpoint."
+            )
+            raise CheckpointError(msg)
+        files = sorted({path / name for name in weight_map.values()})
+        missing = [f.name for f in files if not (f.exists() or f.is_symlink())]
         if missing:
             msg = f"{path} is missing weight shards {missing}; the download is incomplete, run it again."
             raise CheckpointError(msg)
@@ -164,15 +280,16 @@ def weight_files(path: Path) -> list[Path]:
             raise CheckpointError(msg)
         msg = f"{path} has no model*.safetensors weights."
         raise CheckpointError(msg)
-    for f in files:
-        safetensors_header(f)
-    return files
+    return {f: safetensors_header(f) for f in files}
 
 
 def safetensors_header(file: Path) -> dict[str, Any]:
     """The tensors a safetensors file describes, checked against the file's size (truncation, garbage)."""
-    size = file.stat().st_size
+    if file.is_dir():
+        msg = f"{file} is a folder, not a safetensors file; delete it and download the weights again."
+        raise CheckpointError(msg)
     try:
+        size = file.stat().st_size
         with open(file, "rb") as fh:
             (header_len,) = struct.unpack("<Q", fh.read(8))
             if header_len > size - 8:
@@ -180,7 +297,10 @@ def safetensors_header(file: Path) -> dict[str, Any]:
             header = json.loads(fh.read(header_len))
         header.pop("__metadata__", None)
         end = max((v["data_offsets"][1] for v in header.values()), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except OSError as e:  # a dangling link, a symlink loop, no permission
+        msg = f"{file} cannot be read ({e.strerror or e}); replace it with the real weights file."
+        raise CheckpointError(msg) from e
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         msg = f"{file} is not a valid safetensors file ({e}); delete it and download it again."
         raise CheckpointError(msg) from e
     if 8 + header_len + end != size:
@@ -190,6 +310,82 @@ def safetensors_header(file: Path) -> dict[str, Any]:
         )
         raise CheckpointError(msg)
     return header
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def check_weights_match_config(
+    path: Path, config: dict[str, Any], headers: dict[Path, dict[str, Any]]
+) -> None:
+    """Compare config.json with the safetensors headers, so a mismatch fails before the model is built.
+
+    Building first would allocate what the config says (1e5 layers: minutes and gigabytes) only to
+    find the weights do not fit. Quantized (packed uint32) weights keep their output dimension only.
+    """
+    tensors = {name: (file, info) for file, header in headers.items() for name, info in header.items()}
+    args = starcoder2.ModelArgs.from_dict(config)
+    config_file = path / "config.json"
+    layers = {int(m[1]) for name in tensors if (m := _LAYER.match(name))}
+    n = args.num_hidden_layers
+    if len(layers) != n or max(layers, default=-1) != n - 1:  # i.e. layers 0 to n - 1, without a set of n
+        found = f"layers {min(layers)} to {max(layers)}" if layers else "no layers"
+        msg = (
+            f"{config_file} says num_hidden_layers is {n}, but the weights in "
+            f"{path} hold {found} ({len(layers)} in all): config.json does not belong to these "
+            "weights. Use the config.json that came with them, or re-download the checkpoint."
+        )
+        raise CheckpointError(msg)
+    if "quantization_config" in config and "quantization" not in config:
+        return  # AWQ/GPTQ layouts, renamed and repacked by mlx-lm while loading: names differ
+
+    h, kv = args.hidden_size, args.num_key_value_heads * args.head_dim
+    linears = {  # the projections of a layer: (output, input) sizes
+        "self_attn.q_proj": (h, h),
+        "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, h),
+        "mlp.c_fc": (args.intermediate_size, h),
+        "mlp.c_proj": (h, args.intermediate_size),
+    }
+    per_layer = {f"{name}.weight": shape for name, shape in linears.items()}
+    if args.use_bias:
+        per_layer |= {f"{name}.bias": shape[:1] for name, shape in linears.items()}
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        per_layer |= {f"{norm}.weight": (h,), f"{norm}.bias": (h,)}
+    expected = {
+        "model.embed_tokens.weight": (args.vocab_size, h),
+        "model.norm.weight": (h,),
+        "model.norm.bias": (h,),
+    }
+    if not args.tie_word_embeddings:
+        expected["lm_head.weight"] = (args.vocab_size, h)
+    for i in range(n):
+        expected |= {f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()}
+
+    sizes = ", ".join(f"{key} {getattr(args, key)}" for key in _SIZE_KEYS)
+    for name, shape in expected.items():
+        if name not in tensors:
+            msg = f"The weights in {path} have no {name}, which {config_file} implies; re-download them."
+            raise CheckpointError(msg)
+        file, info = tensors[name]
+        found = tuple(info["shape"]) if isinstance(info.get("shape"), list) else ()
+        if not _fits(found, shape, packed=info.get("dtype") == "U32"):
+            msg = (
+                f"{file.name} holds {name} of shape {list(found)}, but {config_file} ({sizes}) implies "
+                f"{list(shape)}: config.json does not belong to these weights. Use the config.json "
+                "that came with them, or re-download the checkpoint."
+            )
+            raise CheckpointError(msg)
+
+
+_SIZE_KEYS = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+def _fits(found: tuple[int, ...], shape: tuple[int, ...], *, packed: bool) -> bool:
+    """Quantized weights pack their input dimension into uint32 words: compare the others only."""
+    keep = -1 if packed else None
+    return len(found) == len(shape) and found[:keep] == shape[:keep]
 
 
 def check_tokenizer_files(path: Path) -> None:
@@ -219,7 +415,9 @@ def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str)
     from mlx_lm.utils import quantize_model
 
     config = read_config(path)
-    files = weight_files(path)
+    headers = weight_headers(path)
+    files = list(headers)
+    check_weights_match_config(path, config, headers)
     if quantize is not None and "quantization" in config:
         q = config["quantization"]
         msg = (
@@ -268,6 +466,13 @@ def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
     check_tokenizer_files(path)
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except _config_errors() as e:
+        # transformers 5 reads and type-checks config.json too, keys we do not use included.
+        msg = (
+            f"{path / 'config.json'} does not pass transformers' checks ({e}); it reads the config "
+            f"to build the tokenizer. {_FIX}"
+        )
+        raise CheckpointError(msg) from e
     except Exception as e:  # transformers raises many types for a broken tokenizer
         msg = f"Could not load the tokenizer in {path}: {e}"
         raise CheckpointError(msg) from e
@@ -282,3 +487,12 @@ def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
         CodeDetokenizer if byte_level else NaiveStreamingDetokenizer,
         eos_token_ids=eos_ids,
     )
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a config.json field of the wrong type (huggingface_hub >= 1.0)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older versions do not type-check configs
+        return ()
+    return (StrictDataclassError,)

@@ -16,6 +16,9 @@ import mlx.nn as nn
 from mlx.utils import tree_map
 from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_product_attention
 
+from ..errors import UnsupportedModelError
+
+#: The ``hidden_act`` values this module runs, and their MLX functions.
 _ACTIVATIONS = {
     "gelu_pytorch_tanh": nn.gelu_approx,
     "gelu_new": nn.gelu_approx,
@@ -26,6 +29,8 @@ _ACTIVATIONS = {
 
 @dataclass
 class ModelArgs(BaseModelArgs):
+    """A StarCoder2 config.json's settings; ``loading.read_config`` checks their types and ranges."""
+
     model_type: str
     hidden_size: int
     num_hidden_layers: int
@@ -45,11 +50,11 @@ class ModelArgs(BaseModelArgs):
     def __post_init__(self) -> None:
         if self.hidden_act not in _ACTIVATIONS:
             msg = f"Unsupported hidden_act {self.hidden_act!r}; expected one of {sorted(_ACTIVATIONS)}."
-            raise ValueError(msg)
+            raise UnsupportedModelError(msg)
         rope_type = (self.rope_parameters or {}).get("rope_type", "default")
         if rope_type != "default":
             msg = f"Unsupported RoPE scaling {rope_type!r}: StarCoder2 checkpoints use plain RoPE."
-            raise ValueError(msg)
+            raise UnsupportedModelError(msg)
 
     @property
     def rope_base(self) -> float:

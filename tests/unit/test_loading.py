@@ -152,6 +152,61 @@ def test_garbage_weights(tmp_path: Path, tiny_path: Path) -> None:
         StarCoderEngine.load(path)
 
 
+@pytest.mark.parametrize("damage", ["folder", "symlink loop", "dangling symlink"])
+def test_weights_that_are_not_files(tmp_path: Path, tiny_path: Path, damage: str) -> None:
+    path = copy_checkpoint(tiny_path, tmp_path / "notfile")
+    weights = path / "model.safetensors"
+    weights.unlink()
+    if damage == "folder":
+        weights.mkdir()
+    else:
+        weights.symlink_to(weights if damage == "symlink loop" else path / "gone.safetensors")
+    match = "is a folder" if damage == "folder" else "cannot be read"
+    with pytest.raises(CheckpointError, match=match) as err:
+        StarCoderEngine.load(path)
+    assert str(weights) in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def sharded_path(checkpoints: Path) -> Path:
+    return build_starcoder2(checkpoints / "tiny-sharded", max_shard_bytes=200_000)
+
+
+@pytest.mark.parametrize("damage", ["folder", "symlink loop"])
+def test_shards_that_are_not_files(tmp_path: Path, sharded_path: Path, damage: str) -> None:
+    path = copy_checkpoint(sharded_path, tmp_path / "shards")
+    shard = sorted(path.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    if damage == "folder":
+        shard.mkdir()
+    else:
+        shard.symlink_to(shard)
+    with pytest.raises(
+        CheckpointError, match="is a folder" if damage == "folder" else "cannot be read"
+    ) as err:
+        StarCoderEngine.load(path)
+    assert str(shard) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        {"weight_map": ["model-00001-of-00002.safetensors"]},
+        {"weight_map": {"model.norm.weight": 3}},
+        {"metadata": {}},
+        ["model-00001-of-00002.safetensors"],
+    ],
+    ids=["weight_map list", "file name not a string", "no weight_map", "index list"],
+)
+def test_damaged_shard_index(tmp_path: Path, sharded_path: Path, index: object) -> None:
+    path = copy_checkpoint(sharded_path, tmp_path / "index")
+    index_file = path / "model.safetensors.index.json"
+    index_file.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="weight_map") as err:
+        StarCoderEngine.load(path)
+    assert str(index_file) in str(err.value)
+
+
 def test_pickled_weights_are_refused(tmp_path: Path, tiny_path: Path) -> None:
     path = copy_checkpoint(tiny_path, tmp_path / "pickled")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
