@@ -106,9 +106,11 @@ def _named_roles(template: str) -> frozenset[str]:
     from jinja2 import TemplateSyntaxError, nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    # transformers adds a {% generation %} block tag to Jinja; its contents parse as plain Jinja.
+    source = re.sub(r"{%-?\s*(end)?generation\s*-?%}", "", template)
     try:
-        tree = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
-    except TemplateSyntaxError:  # e.g. transformers' own {% generation %} tag: the standard roles only
+        tree = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    except TemplateSyntaxError:  # rendering will say what is wrong; until then, the standard roles only
         return frozenset()
 
     def is_role(node: nodes.Node) -> bool:

@@ -141,3 +141,43 @@ def test_chat_model_refuses_a_hostile_role(chat_path: Path, engine: StarCoderEng
     filtered = ChatStarCoder(model=str(chat_path), engine=engine, chat_template=trim, max_tokens=4)
     with pytest.raises(InvalidParameterError, match="alters message contents"):
         filtered.invoke([HumanMessage("  hi  ")])
+
+
+# The shape of starcoder2-15b-instruct's own template: `{%-` whitespace control, a fixed preamble,
+# system messages refused by the template itself, and every role but "user" rendered as a response.
+SC2_INSTRUCT_SHAPED = """{{ bos_token }}{{ 'You answer coding questions.\\n\\n' }}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {{ raise_exception('System messages are not allowed in this template.') }}
+    {%- elif message['role'] == 'user' %}
+{{ '### Instruction\\n' + message['content'] + '\\n\\n' }}
+    {%- else %}
+{{ '### Response\\n' + message['content'] + eos_token + '\\n\\n' }}
+    {%- endif %}
+{%- endfor %}
+{{ '### Response\\n' }}"""
+
+
+def test_instruct_shaped_template_works_as_written(engine: StarCoderEngine) -> None:
+    messages = [("user", "\n  Sort xs.\n"), ("assistant", "  sorted(xs)\n"), ("user", "<|endoftext|> ")]
+    ids = chat_prompt_ids(engine, messages, SC2_INSTRUCT_SHAPED)
+    text = rendered(engine, SC2_INSTRUCT_SHAPED, messages)
+    assert text.startswith("<|endoftext|>You answer coding questions.\n\n### Instruction\n\n  Sort xs.\n\n\n")
+    assert engine.decode(ids) == text
+    eos = engine.token_id("<|endoftext|>")
+    assert ids.count(eos) == 2  # bos and the one response's end; the quoted one is text
+    with pytest.raises(InvalidParameterError, match="System messages are not allowed"):
+        chat_prompt_ids(engine, [("system", "Be brief."), ("user", "hi")], SC2_INSTRUCT_SHAPED)
+
+
+def test_template_with_a_generation_tag(engine: StarCoderEngine) -> None:
+    """transformers' ``{% generation %}`` tag is not plain Jinja; the roles the template names still count."""
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ m['content'] }}{% else %}"
+        "{{ m['role'] + ':' }}{%- generation -%}{{ m['content'] + eos_token }}{% endgeneration %}{% endif %}"
+        "{% endfor %}"
+    )
+    messages = [("user", "hi"), ("assistant", "hello"), ("tool", "42")]
+    assert engine.decode(chat_prompt_ids(engine, messages, template)) == rendered(engine, template, messages)
+    with pytest.raises(InvalidParameterError, match="does not know the role 'ipython'"):
+        chat_prompt_ids(engine, [("ipython", "42")], template)
