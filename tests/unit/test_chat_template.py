@@ -181,3 +181,19 @@ def test_template_with_a_generation_tag(engine: StarCoderEngine) -> None:
     assert engine.decode(chat_prompt_ids(engine, messages, template)) == rendered(engine, template, messages)
     with pytest.raises(InvalidParameterError, match="does not know the role 'ipython'"):
         chat_prompt_ids(engine, [("ipython", "42")], template)
+
+
+def test_llama_index_chat_refuses_roles_and_filters(engine: StarCoderEngine) -> None:
+    from llama_index.core.base.llms.types import ChatMessage as LlamaMessage
+
+    from langchain_starcoder.llama_index import StarCoder
+
+    llm = StarCoder(engine=engine, max_tokens=4)
+    tool = [LlamaMessage(role="user", content="run it"), LlamaMessage(role="tool", content="42")]
+    with pytest.raises(InvalidParameterError, match="does not know the role 'tool'"):
+        llm.chat(tool)
+    named = StarCoder(engine=engine, max_tokens=4, chat_template=NAMED_ROLES_TEMPLATE)
+    assert named.chat(tool).message.content is not None
+    trim = StarCoder(engine=engine, max_tokens=4, chat_template=instruct_with(FILTERS["trim"]))
+    with pytest.raises(InvalidParameterError, match="alters message contents"):
+        trim.chat([LlamaMessage(role="user", content="hi")])
