@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from langchain_starcoder import ContextFile, StarCoderEngine, StarCoderLLM, build_fim_prompt
 from langchain_starcoder.chat import chat_prompt_ids
+from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, SPECIAL_TOKENS
 
 hostile = st.lists(
@@ -124,3 +125,59 @@ def test_benign_chat_tokenizes_as_the_rendered_text(
         add_generation_prompt=True,
     )
     assert chat_prompt_ids(chat_engine, messages, INSTRUCT_CHAT_TEMPLATE) == chat_engine.encode(rendered)
+
+
+# A template that prints each role, as ChatML-style templates do: a role is template text there.
+ROLE_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ':\n' + message['content'] + eos_token + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:\n' }}{% endif %}"
+)
+STANDARD_ROLES = ("system", "user", "assistant")
+
+
+@quick
+@given(
+    roles=st.lists(st.one_of(hostile, st.sampled_from(STANDARD_ROLES)), min_size=1, max_size=4),
+    content=hostile,
+)
+def test_chat_roles(chat_engine: StarCoderEngine, roles: list[str], content: str) -> None:
+    """A role is refused unless the template knows it, and never becomes control tokens."""
+    engine = chat_engine
+    messages = [(role, content) for role in roles]
+    try:
+        ids = chat_prompt_ids(engine, messages, ROLE_TEMPLATE)
+    except InvalidParameterError as e:
+        assert "role" in str(e) and set(roles) - set(STANDARD_ROLES)
+        return
+    assert special_counts(engine, ids) == Counter({engine.token_id("<|endoftext|>"): len(messages)})
+
+
+# starcoder2-instruct's template with a filter on each content: the prompt could not be exact and data.
+FILTERED_TEMPLATES = [
+    INSTRUCT_CHAT_TEMPLATE.replace("message['content']", expr)
+    for expr in ("(message['content'] | trim)", "(message['content'] | upper)", "message['content'][:5]")
+]
+
+
+@quick
+@given(user=hostile, answer=hostile)
+def test_chat_prompt_is_the_templates_text(chat_engine: StarCoderEngine, user: str, answer: str) -> None:
+    """The prompt decodes to exactly what the template renders, with its own control tokens only,
+    or the template is refused."""
+    engine = chat_engine
+    messages = [("user", user), ("assistant", answer), ("user", "x")]
+    neutral = chat_prompt_ids(engine, [(r, "x") for r, _ in messages], INSTRUCT_CHAT_TEMPLATE)
+    for template in (INSTRUCT_CHAT_TEMPLATE, *FILTERED_TEMPLATES):
+        try:
+            ids = chat_prompt_ids(engine, messages, template)
+        except InvalidParameterError:
+            assert template != INSTRUCT_CHAT_TEMPLATE
+            continue
+        text = engine.tokenizer.apply_chat_template(
+            [{"role": r, "content": c} for r, c in messages],
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        assert engine.decode(ids) == text
+        assert special_counts(engine, ids) == special_counts(engine, neutral)
