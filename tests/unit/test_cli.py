@@ -233,6 +233,66 @@ def test_infill_write_fills_the_file_and_keeps_a_backup(capsys, tiny_path, tiny_
     assert hidden_entries(project) == []  # no temporary file left behind
 
 
+def test_infill_write_goes_through_a_symlink(capsys, tiny_path, tiny_engine, project):
+    prefix, suffix = SOURCE.split("<FILL>")
+    middle = tiny_engine.infill(prefix, suffix, max_tokens=10).text
+    real = project / "src" / "geometry.py"
+    real.parent.mkdir()
+    Path("geometry.py").rename(real)
+    Path("geometry.py").symlink_to(Path("src") / "geometry.py")
+    code, out, err = run(
+        capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--write", "--max-tokens", 10
+    )
+    assert code == 0 and out == ""
+    assert Path("geometry.py").is_symlink()  # still the link, and the file it points to is filled
+    assert real.read_text(encoding="utf-8") == prefix + middle + suffix
+    assert (real.parent / "geometry.py.bak").read_text(encoding="utf-8") == SOURCE
+    assert str(real.parent / "geometry.py.bak") in err
+    assert hidden_entries(project) == [] and hidden_entries(real.parent) == []
+
+
+def read_only(path: Path) -> None:
+    path.chmod(path.stat().st_mode & ~0o222)
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("file", "geometry.py is read-only"),
+        ("folder", "Cannot write in the folder"),
+        ("backup file", "geometry.py.bak exists and cannot be replaced"),
+        ("backup folder", "geometry.py.bak exists and cannot be replaced"),
+    ],
+)
+def test_infill_write_refuses_what_it_cannot_write_before_generating(
+    capsys, tiny_path, project, what, message
+):
+    """Checked before the model is loaded. By permission bits, not only os.access: root may write
+    anything, and these tests run as root and as other users alike."""
+    backup = Path("geometry.py.bak")
+    if what == "backup folder":
+        backup.mkdir()
+    elif what == "backup file":
+        backup.write_text("an older backup")
+    target = {"file": Path("geometry.py"), "folder": project, "backup file": backup}.get(what)
+    if target is not None:
+        read_only(target)
+    try:
+        code, out, err = run(capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--write")
+    finally:
+        project.chmod(0o755)
+    assert code == 1 and out == ""
+    assert message in one_line(err)  # and no "Loaded ..." or statistics line: nothing was generated
+    assert Path("geometry.py").read_text(encoding="utf-8") == SOURCE
+    if what == "backup folder":
+        assert backup.is_dir() and not any(backup.iterdir())
+    elif what == "backup file":
+        assert backup.read_text() == "an older backup"
+    else:
+        assert not backup.exists()
+    assert hidden_entries(project) == []
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [("def f():\n    pass\n", "no <FILL> marker"), ("<FILL>\nx = 1\n<FILL>\n", "2 <FILL> markers")],
