@@ -11,11 +11,8 @@
 
 Generated text goes to stdout and nothing else does: progress, statistics and errors go to stderr, so
 ``langchain-starcoder generate ... > out.py`` captures just the code. An error prints one line and
-exits non-zero; ``--verbose`` adds the traceback.
-
-This module is argparse and commands only; the library behind ``quantize``, ``info`` and safe folder writes
-is :mod:`langchain_starcoder.checkpoints`. It imports nothing heavy at module level (MLX, mlx-lm and the
-engine load inside the commands that need them), so ``--help`` and argument errors answer at once.
+exits non-zero; ``--verbose`` adds the traceback. Argparse and commands only (the library behind them is
+:mod:`langchain_starcoder.checkpoints`); MLX loads inside the commands that need it, so ``--help`` is instant.
 """
 
 from __future__ import annotations
@@ -25,11 +22,12 @@ import contextlib
 import importlib.machinery
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,16 +42,6 @@ PROG = "langchain-starcoder"
 #: Read by the CLI, the examples and the notebooks: the model to use when none is given.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
-
-# Files of a checkpoint besides its weights and config that a quantized copy needs (tokenizer,
-# generation settings, chat template).
-_EXTRA_FILE_PATTERNS = ("*.json", "*.txt", "*.jinja", "tokenizer.model")
-_NOT_COPIED = {"config.json", "model.safetensors.index.json"}
-_SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "U32": "uint32",
-    "I32": "int32", "U8": "uint8", "I8": "int8", "I64": "int64", "BOOL": "bool",
-}  # fmt: skip
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "I64": 8}
 
 
 class CommandError(StarCoderError):
@@ -102,27 +90,26 @@ def _stats(chunk: Any) -> str:
 # --- shared arguments ------------------------------------------------------------------------------
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
 def _unescape(text: str) -> str:
     r"""Turn the escapes ``\n``, ``\t``, ``\r`` and ``\\`` typed on a command line into characters."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "ntr\\":
-            out.append({"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[text[i + 1]])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model")
+def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
         help=f"hub id or local checkpoint folder (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
     )
     group.add_argument("--revision", help="hub branch, tag or commit")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    _model_option(group)
     group.add_argument(
         "--quantize", type=int, choices=(4, 8), help="quantize a full-precision checkpoint on load"
     )
@@ -157,16 +144,9 @@ def _generation(args: argparse.Namespace) -> dict[str, Any]:
     """The generation settings, validated before any model is loaded."""
     from .engine import GenerationParams
 
-    settings = {
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
-        "stop": [_unescape(s) for s in args.stop],
-    }
+    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+    settings = {name: getattr(args, name) for name in names}
+    settings["stop"] = [_unescape(s) for s in args.stop]
     GenerationParams.create(**settings)
     return settings
 
@@ -191,18 +171,33 @@ def _read_text(path: Path, what: str) -> str:
     try:
         with open(path, encoding="utf-8", newline="") as f:
             return f.read()
-    except FileNotFoundError as e:
-        msg = f"The {what} {path} does not exist."
-        raise CommandError(msg) from e
-    except IsADirectoryError as e:
-        msg = f"The {what} {path} is a folder; give a file."
-        raise CommandError(msg) from e
     except UnicodeDecodeError as e:
         msg = f"The {what} {path} is not UTF-8 text ({e.reason} at byte {e.start})."
         raise CommandError(msg) from e
-    except OSError as e:
+    except OSError as e:  # missing, a folder, not readable...
         msg = f"Cannot read the {what} {path}: {e.strerror or e}."
         raise CommandError(msg) from e
+
+
+def _stream(engine: Any, chunks: Iterator[Any], echo: bool) -> str:
+    """Consume ``chunks`` (closing the engine after), echoing the text to stdout as it arrives if asked;
+    the speeds go to stderr. Returns the whole text."""
+    pieces: list[str] = []
+    last = None
+    try:
+        for chunk in chunks:
+            if chunk.text:
+                pieces.append(chunk.text)
+                if echo:
+                    _out(chunk.text)
+            last = chunk
+    finally:
+        engine.close()
+    if echo and sys.stdout.isatty() and pieces and not pieces[-1].endswith("\n"):
+        _out("\n")  # keep the shell prompt and the speeds off the last line of code; only on a terminal
+    if last is not None:
+        _err(_stats(last))
+    return "".join(pieces)
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -215,20 +210,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     settings = _generation(args)
     engine = _load_engine(args)
-    try:
-        last = None
-        text_ended_with_newline = True
-        for chunk in engine.stream(prompt, **settings):
-            if chunk.text:
-                _out(chunk.text)
-                text_ended_with_newline = chunk.text.endswith("\n")
-            last = chunk
-        if sys.stdout.isatty() and not text_ended_with_newline:
-            _out("\n")  # keep the shell prompt off the last line of code; only on a terminal
-        if last is not None:
-            _err(_stats(last))
-    finally:
-        engine.close()
+    _stream(engine, engine.stream(prompt, **settings), echo=True)
     return 0
 
 
@@ -274,25 +256,12 @@ def _cmd_infill(args: argparse.Namespace) -> int:
         file_path = args.file.as_posix()
     settings = _generation(args)
     engine = _load_engine(args)
-    try:
-        pieces: list[str] = []
-        last = None
-        chunks = engine.stream_infill(
-            prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
-            mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, **settings,
-        )  # fmt: skip
-        for chunk in chunks:
-            if chunk.text:
-                pieces.append(chunk.text)
-                if not args.write:
-                    _out(chunk.text)
-            last = chunk
-        if last is not None:
-            _err(_stats(last))
-    finally:
-        engine.close()
+    chunks = engine.stream_infill(
+        prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
+        mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, **settings,
+    )  # fmt: skip
+    middle = _stream(engine, chunks, echo=not args.write)
     if args.write:
-        middle = "".join(pieces)
         try:
             write_in_place(target, backup, prefix + middle + suffix)
         except OSError as e:
@@ -464,12 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="describe a checkpoint",
         description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint.",
     )
-    p.add_argument(
-        "--model",
-        default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
-        help=f"hub id or local checkpoint folder (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
-    )
-    p.add_argument("--revision", help="hub branch, tag or commit")
+    _model_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
 
@@ -491,10 +455,9 @@ def _split_bench(argv: list[str]) -> tuple[bool, list[str]] | None:
     return None
 
 
-def _dispatch(argv: list[str]) -> int:
-    bench = _split_bench(argv)
+def _dispatch(argv: list[str], bench: list[str] | None) -> int:
     if bench is not None:
-        return _run_bench(bench[1])
+        return _run_bench(bench)
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
@@ -513,31 +476,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = _split_bench(argv)
     verbose = bench[0] if bench is not None else any(a in ("-v", "--verbose") for a in argv)
     try:
-        return _dispatch(argv)
+        return _dispatch(argv, bench[1] if bench is not None else None)
     except _ArgumentError as e:
         _err(f"{e.prog}: error: {e} (see {e.prog} --help)")
         return 2
-    except SystemExit as e:  # --help, or a benchmark that exits itself
+    except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        if verbose:
-            traceback.print_exc()
-        _err(f"{PROG}: interrupted.")
-        return 130
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 0
-    except StarCoderError as e:
+    except (KeyboardInterrupt, Exception) as e:
         if verbose:
             traceback.print_exc()
-        _err(f"{PROG}: error: {e}")
-        return 1
-    except Exception as e:
-        if verbose:
-            traceback.print_exc()
-            _err(f"{PROG}: unexpected error: {type(e).__name__}: {e}")
+        if isinstance(e, KeyboardInterrupt):
+            _err(f"{PROG}: interrupted.")
+            return 130
+        if isinstance(e, StarCoderError):
+            _err(f"{PROG}: error: {e}")
         else:
-            _err(f"{PROG}: unexpected error: {type(e).__name__}: {e} (run with --verbose for the traceback)")
+            hint = "" if verbose else " (run with --verbose for the traceback)"
+            _err(f"{PROG}: unexpected error: {type(e).__name__}: {e}{hint}")
         return 1
 
 
