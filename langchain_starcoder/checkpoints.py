@@ -114,6 +114,7 @@ def staged_folder(dst: Path, force: bool, *, source: Path | None = None, command
     """Yield a temporary folder beside ``dst``; on success it gets the marker and becomes ``dst``, on
     any failure (Ctrl-C included) it is deleted, so a half-written ``dst`` never exists."""
     check_destination(dst, force, source)
+    given, dst = dst, dst.resolve()  # "." or "a/.." have no usable name or parent; links were checked
     dst.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its folders are private (0700), and this one becomes dst.
     tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
@@ -122,7 +123,7 @@ def staged_folder(dst: Path, force: bool, *, source: Path | None = None, command
         yield tmp
         marker = {"written_by": _WRITTEN_BY, "command": command}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        check_destination(dst, force, source)  # someone may have written dst meanwhile
+        check_destination(given, force, source)  # someone may have written dst meanwhile
         old = None
         if dst.exists():
             old = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.old"
