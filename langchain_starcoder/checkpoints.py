@@ -160,7 +160,7 @@ def check_in_place(path: Path) -> tuple[Path, Path]:
     text is written beside it, then renamed) and an existing ``.bak``."""
     target = path.resolve()
     backup = target.with_name(target.name + ".bak")
-    what = f"{path} (a link to {target})" if target != path.absolute() else str(path)
+    what = f"{path} (a link to {target})" if path.is_symlink() else str(path)
     if not _writable(target):
         msg = f"{what} is read-only; make it writable (chmod u+w) or leave out --write to print the middle."
         raise DestinationError(msg)
