@@ -5,21 +5,49 @@ from .blas import configure_from_env as _configure_blas
 
 _configure_blas()
 
-from .chat_models import ChatStarCoder
-from .engine import StarCoderEngine
-from .errors import (
-    CheckpointError,
-    ContextLengthError,
-    EngineClosedError,
-    InvalidParameterError,
-    ModelNotFoundError,
-    StarCoderError,
-    UnsupportedModelError,
-)
-from .fim import FIMPrompt, build_fim_prompt
-from .llms import StarCoderLLM
-from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
-from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .chat_models import ChatStarCoder
+    from .engine import StarCoderEngine
+    from .errors import (
+        CheckpointError,
+        ContextLengthError,
+        EngineClosedError,
+        InvalidParameterError,
+        ModelNotFoundError,
+        StarCoderError,
+        UnsupportedModelError,
+    )
+    from .fim import FIMPrompt, build_fim_prompt
+    from .llms import StarCoderLLM
+    from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
+    from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
+
+# Public name -> the module that defines it. Imported on first use (PEP 562), so that `import
+# langchain_starcoder` and the command line's --help do not pay for MLX, LangChain and LlamaIndex.
+_EXPORTS = {
+    "ChatStarCoder": "chat_models",
+    "CheckpointError": "errors",
+    "Completion": "types",
+    "CompletionChunk": "types",
+    "ContextFile": "types",
+    "ContextLengthError": "errors",
+    "EngineClosedError": "errors",
+    "FIMPrompt": "fim",
+    "FIMPromptTemplate": "prompts",
+    "FIMRequest": "types",
+    "GenerationParams": "types",
+    "InvalidParameterError": "errors",
+    "ModelNotFoundError": "errors",
+    "StarCoderEngine": "engine",
+    "StarCoderError": "errors",
+    "StarCoderLLM": "llms",
+    "StarCoderPromptTemplate": "prompts",
+    "UnsupportedModelError": "errors",
+    "build_fim_prompt": "fim",
+}
 
 __all__ = [
     "ChatStarCoder",
@@ -42,3 +70,17 @@ __all__ = [
     "UnsupportedModelError",
     "build_fim_prompt",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -11,44 +11,37 @@
 
 Generated text goes to stdout and nothing else does: progress, statistics and errors go to stderr, so
 ``langchain-starcoder generate ... > out.py`` captures just the code. An error prints one line and
-exits non-zero; ``--verbose`` adds the traceback.
+exits non-zero; ``--verbose`` adds the traceback. Argparse and commands only (the library behind them is
+:mod:`langchain_starcoder.checkpoints`); MLX loads inside the commands that need it, so ``--help`` is instant.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import importlib
+import importlib.machinery
 import json
 import os
-import shutil
+import re
+import subprocess
 import sys
 import time
 import traceback
-import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .checkpoints import check_in_place, folder_bytes, format_info, human_bytes, staged_folder, write_in_place
 from .errors import InvalidParameterError, StarCoderError
-from .registry import DEFAULT_MODEL
 
+#: The same as ``registry.DEFAULT_MODEL``, repeated because importing the registry imports MLX.
+DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
+#: ``testing.PRESETS``'s names, repeated because importing it imports numpy (checked by a test).
+PRESET_NAMES = ("tiny", "small", "3b", "7b", "15b")
 PROG = "langchain-starcoder"
 #: Read by the CLI, the examples and the notebooks: the model to use when none is given.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
-
-# Files of a checkpoint besides its weights and config that a quantized copy needs (tokenizer,
-# generation settings, chat template).
-_EXTRA_FILE_PATTERNS = ("*.json", "*.txt", "*.jinja", "tokenizer.model")
-_NOT_COPIED = {"config.json", "model.safetensors.index.json"}
-_SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "U32": "uint32",
-    "I32": "int32", "U8": "uint8", "I8": "int8", "I64": "int64", "BOOL": "bool",
-}  # fmt: skip
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "I64": 8}
 
 
 class CommandError(StarCoderError):
@@ -94,46 +87,29 @@ def _stats(chunk: Any) -> str:
     )
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} GB"  # unreachable; keeps type checkers calm
-
-
-def _human_count(n: int) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f} B"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f} M"
-    return f"{n / 1e3:.1f} K" if n >= 1e3 else str(n)
-
-
 # --- shared arguments ------------------------------------------------------------------------------
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 
 
 def _unescape(text: str) -> str:
     r"""Turn the escapes ``\n``, ``\t``, ``\r`` and ``\\`` typed on a command line into characters."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "ntr\\":
-            out.append({"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[text[i + 1]])
-            i += 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model")
+def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
         help=f"hub id or local checkpoint folder (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
     )
     group.add_argument("--revision", help="hub branch, tag or commit")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    _model_option(group)
     group.add_argument(
         "--quantize", type=int, choices=(4, 8), help="quantize a full-precision checkpoint on load"
     )
@@ -166,18 +142,11 @@ def _generation_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 
 def _generation(args: argparse.Namespace) -> dict[str, Any]:
     """The generation settings, validated before any model is loaded."""
-    from .engine import GenerationParams
+    from .types import GenerationParams
 
-    settings = {
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
-        "stop": [_unescape(s) for s in args.stop],
-    }
+    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+    settings = {name: getattr(args, name) for name in names}
+    settings["stop"] = [_unescape(s) for s in args.stop]
     GenerationParams.create(**settings)
     return settings
 
@@ -188,9 +157,11 @@ def _load_engine(args: argparse.Namespace) -> Any:
 
     validate_load_options(args.quantize, 64, args.dtype, args.kv_bits)
     started = time.perf_counter()
-    engine = StarCoderEngine.load(
-        args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits, revision=args.revision
-    )
+    # mlx-lm prints "[INFO] Quantized model ..." when quantizing on load; stdout is only for the text.
+    with contextlib.redirect_stdout(sys.stderr):
+        engine = StarCoderEngine.load(
+            args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits, revision=args.revision
+        )
     _err(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s.")
     return engine
 
@@ -200,18 +171,33 @@ def _read_text(path: Path, what: str) -> str:
     try:
         with open(path, encoding="utf-8", newline="") as f:
             return f.read()
-    except FileNotFoundError as e:
-        msg = f"The {what} {path} does not exist."
-        raise CommandError(msg) from e
-    except IsADirectoryError as e:
-        msg = f"The {what} {path} is a folder; give a file."
-        raise CommandError(msg) from e
     except UnicodeDecodeError as e:
         msg = f"The {what} {path} is not UTF-8 text ({e.reason} at byte {e.start})."
         raise CommandError(msg) from e
-    except OSError as e:
+    except OSError as e:  # missing, a folder, not readable...
         msg = f"Cannot read the {what} {path}: {e.strerror or e}."
         raise CommandError(msg) from e
+
+
+def _stream(engine: Any, chunks: Iterator[Any], echo: bool) -> str:
+    """Consume ``chunks`` (closing the engine after), echoing the text to stdout as it arrives if asked;
+    the speeds go to stderr. Returns the whole text."""
+    pieces: list[str] = []
+    last = None
+    try:
+        for chunk in chunks:
+            if chunk.text:
+                pieces.append(chunk.text)
+                if echo:
+                    _out(chunk.text)
+            last = chunk
+    finally:
+        engine.close()
+    if echo and sys.stdout.isatty() and pieces and not pieces[-1].endswith("\n"):
+        _out("\n")  # keep the shell prompt and the speeds off the last line of code; only on a terminal
+    if last is not None:
+        _err(_stats(last))
+    return "".join(pieces)
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -224,20 +210,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     settings = _generation(args)
     engine = _load_engine(args)
-    try:
-        last = None
-        text_ended_with_newline = True
-        for chunk in engine.stream(prompt, **settings):
-            if chunk.text:
-                _out(chunk.text)
-                text_ended_with_newline = chunk.text.endswith("\n")
-            last = chunk
-        if sys.stdout.isatty() and not text_ended_with_newline:
-            _out("\n")  # keep the shell prompt off the last line of code; only on a terminal
-        if last is not None:
-            _err(_stats(last))
-    finally:
-        engine.close()
+    _stream(engine, engine.stream(prompt, **settings), echo=True)
     return 0
 
 
@@ -258,24 +231,8 @@ def split_marker(text: str, marker: str = FILL_MARKER, source: str = "the file")
     return prefix, suffix
 
 
-def _write_in_place(path: Path, text: str) -> Path:
-    """Replace ``path``'s contents with ``text``, keeping the original as ``path.bak``."""
-    backup = path.with_name(path.name + ".bak")
-    shutil.copy2(path, backup)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        shutil.copymode(path, tmp)
-        os.replace(tmp, path)  # atomic: the file is never half-written
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return backup
-
-
 def _cmd_infill(args: argparse.Namespace) -> int:
-    from .fim import ContextFile
+    from .types import ContextFile
 
     if args.file is not None and (args.prefix is not None or args.suffix is not None):
         msg = "give either --file (with a marker) or --prefix/--suffix, not both."
@@ -290,6 +247,8 @@ def _cmd_infill(args: argparse.Namespace) -> int:
         prefix, suffix = split_marker(_read_text(args.file, "file"), args.marker, str(args.file))
     else:
         prefix, suffix = _unescape(args.prefix), _unescape(args.suffix or "")
+    if args.write:
+        target, backup = check_in_place(args.file)  # before generating, not after
     context = [ContextFile(p.as_posix(), _read_text(p, "context file")) for p in args.context]
     # The hole's own path is metadata of the repository layout; plain PSM needs none.
     file_path = args.file_path
@@ -297,165 +256,28 @@ def _cmd_infill(args: argparse.Namespace) -> int:
         file_path = args.file.as_posix()
     settings = _generation(args)
     engine = _load_engine(args)
-    try:
-        pieces: list[str] = []
-        last = None
-        chunks = engine.stream_infill(
-            prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
-            mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, **settings,
-        )  # fmt: skip
-        for chunk in chunks:
-            if chunk.text:
-                pieces.append(chunk.text)
-                if not args.write:
-                    _out(chunk.text)
-            last = chunk
-        if last is not None:
-            _err(_stats(last))
-    finally:
-        engine.close()
+    chunks = engine.stream_infill(
+        prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
+        mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, **settings,
+    )  # fmt: skip
+    middle = _stream(engine, chunks, echo=not args.write)
     if args.write:
-        middle = "".join(pieces)
-        backup = _write_in_place(args.file, prefix + middle + suffix)
-        _err(f"Filled {args.marker} in {args.file} ({len(middle)} characters); the original is in {backup}.")
-    return 0
-
-
-# --- writing a checkpoint folder safely -------------------------------------------------------------
-
-
-def _check_destination(dst: Path, force: bool) -> None:
-    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
-        msg = f"{dst} exists and is not a folder; choose another destination."
-        raise CommandError(msg)
-    if dst.is_dir() and any(dst.iterdir()) and not force:
-        msg = f"{dst} already exists; pass --force to replace it."
-        raise CommandError(msg)
-
-
-@contextlib.contextmanager
-def _staged_folder(dst: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary folder beside ``dst``; on success it becomes ``dst``, on any failure
-    (Ctrl-C included) it is deleted, so a half-written ``dst`` never exists."""
-    _check_destination(dst, force)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    # Not tempfile.mkdtemp: its folders are private (0700), and this one becomes dst.
-    tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
-    tmp.mkdir()
-    try:
-        yield tmp
-        _check_destination(dst, force)  # someone may have written dst meanwhile
-        old = None
-        if dst.exists():
-            old = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.old"
-            os.rename(dst, old)
         try:
-            os.rename(tmp, dst)
-        except BaseException:
-            if old is not None:
-                os.rename(old, dst)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            write_in_place(target, backup, prefix + middle + suffix)
+        except OSError as e:
+            _out(middle)  # the generated code is not lost
+            msg = f"Cannot write {target}: {e.strerror or e}; the middle went to stdout instead."
+            raise CommandError(msg) from e
+        _err(f"Filled {args.marker} in {target} ({len(middle)} characters); the original is in {backup}.")
+    return 0
 
 
 # --- quantize --------------------------------------------------------------------------------------
 
 
-def quantize_checkpoint(
-    src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
-    *,
-    bits: int = 4,
-    group_size: int = 64,
-    revision: str | None = None,
-    force: bool = False,
-    verify: bool = True,
-    progress: bool = True,
-) -> Path:
-    """Write an MLX-quantized copy of the StarCoder2 checkpoint ``src`` to the folder ``dst``.
-
-    The layout is mlx-community's (``mlx_lm.convert``): packed weights with float16 scales and
-    biases, a ``quantization`` entry in config.json, the tokenizer files copied. ``dst`` appears
-    only when it is complete (written beside it, then renamed); with ``verify`` it is first loaded
-    with :class:`~langchain_starcoder.StarCoderEngine` and generates one token.
-    """
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import quantize_model, save_config, save_model
-    from tqdm import tqdm
-
-    from .loading import load_model, read_config, resolve_model_path, validate_load_options
-
-    validate_load_options(bits, group_size, "float16", None)
-    dst = Path(dst).expanduser()
-    _check_destination(dst, force)
-    src_path = resolve_model_path(src, revision)
-    config = read_config(src_path)
-    if "quantization" in config:
-        q = config["quantization"]
-        msg = (
-            f"{src_path} is already quantized ({q.get('bits')}-bit, group size {q.get('group_size')}); "
-            "quantize the full-precision checkpoint it came from."
-        )
-        raise CommandError(msg)
-    if dst.exists() and dst.resolve() == src_path.resolve():
-        msg = "The destination is the source checkpoint; write the quantized copy elsewhere."
-        raise CommandError(msg)
-
-    with _staged_folder(dst, force) as tmp:
-        _err(f"Loading {src} ...")
-        # float16 like mlx-community checkpoints: the quantization scales take the weights' dtype.
-        loaded = load_model(src_path, quantize=None, group_size=group_size, dtype="float16")
-        # mlx-lm reports the bits per weight on stdout; stdout is only for generated text here.
-        with contextlib.redirect_stdout(sys.stderr):
-            model, qconfig = quantize_model(loaded.model, loaded.config, group_size=group_size, bits=bits)
-        del loaded
-        # Quantizing is lazy: evaluating tensor by tensor does the work and drives the bar.
-        tensors = tree_flatten(model.parameters())
-        for _, array in tqdm(
-            tensors, desc=f"Quantizing to {bits}-bit", unit="tensor", file=sys.stderr, disable=not progress
-        ):
-            mx.eval(array)
-        del tensors
-        _err(f"Saving to {dst} ...")
-        save_model(tmp, model, donate_model=True)
-        del model
-        qconfig["torch_dtype"] = "float16"
-        save_config(qconfig, tmp / "config.json")
-        for pattern in _EXTRA_FILE_PATTERNS:
-            for file in src_path.glob(pattern):
-                if file.name not in _NOT_COPIED and file.is_file():
-                    shutil.copy2(file, tmp / file.name)
-        gc.collect()
-        mx.clear_cache()
-        if verify:
-            _verify_checkpoint(tmp)
-        written = _folder_bytes(tmp)
-    _err(f"Wrote {dst}: {bits}-bit, group size {group_size}, {_human_bytes(written)}.")
-    return dst
-
-
-def _verify_checkpoint(path: Path) -> None:
-    """Load a written checkpoint with the engine and generate one token."""
-    from .engine import StarCoderEngine
-
-    engine = StarCoderEngine.load(path)
-    try:
-        engine.generate("def main():", max_tokens=1)
-    finally:
-        engine.close()
-    _err("Checked: the quantized checkpoint loads and generates.")
-
-
 def _cmd_quantize(args: argparse.Namespace) -> int:
+    from .checkpoints import quantize_checkpoint
+
     quantize_checkpoint(
         args.src, args.dst, bits=args.bits, group_size=args.group_size, revision=args.revision,
         force=args.force, verify=not args.no_verify,
@@ -473,14 +295,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.layers is not None and args.layers < 1:
         msg = f"--layers must be at least 1, not {args.layers}."
         raise InvalidParameterError(msg)
-    with _staged_folder(dst, args.force) as tmp:
+    with staged_folder(dst, args.force, command="build-test-model") as tmp:
         build_starcoder2(
             tmp, preset=args.preset, num_layers=args.layers, sliding_window=args.sliding_window,
             seed=args.seed, dtype=args.dtype, quantize=args.quantize,
             chat_template=INSTRUCT_CHAT_TEMPLATE if args.instruct else None,
         )  # fmt: skip
-        written = _folder_bytes(tmp)
-    _err(f"Built a {args.preset} StarCoder2 checkpoint with random weights ({_human_bytes(written)}):")
+        written = folder_bytes(tmp)
+    _err(f"Built a {args.preset} StarCoder2 checkpoint with random weights ({human_bytes(written)}):")
     print(dst)
     return 0
 
@@ -488,126 +310,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
 # --- info ------------------------------------------------------------------------------------------------
 
 
-def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) -> dict[str, Any]:
-    """What a checkpoint is, read from its config and safetensors headers (the weights stay on disk)."""
-    import mlx.core as mx
-
-    from .loading import read_config, resolve_model_path, safetensors_header, weight_files
-    from .models.starcoder2 import ModelArgs
-
-    path = resolve_model_path(model, revision)
-    config = read_config(path)
-    args = ModelArgs.from_dict(config)
-    quant = config.get("quantization")
-    tensors: dict[str, dict[str, Any]] = {}
-    files = weight_files(path)
-    for file in files:
-        tensors.update(safetensors_header(file))
-
-    def numel(shape: Sequence[int]) -> int:
-        n = 1
-        for d in shape:
-            n *= d
-        return n
-
-    parameters = 0
-    float_bytes: Counter[str] = Counter()
-    for name, tensor in tensors.items():
-        stem = name.rsplit(".", 1)[0]
-        packed = tensors.get(stem + ".weight", {}).get("dtype") == "U32"
-        if packed and name.endswith((".scales", ".biases")):
-            continue  # quantization metadata, not parameters
-        count = numel(tensor["shape"])
-        if tensor["dtype"] == "U32" and quant:
-            layer_bits = (quant.get(stem) or {}).get("bits", quant.get("bits", 4))
-            count = count * 32 // layer_bits
-        else:
-            float_bytes[tensor["dtype"]] += count * _DTYPE_BYTES.get(tensor["dtype"], 4)
-        parameters += count
-    stored = _SAFETENSORS_DTYPES.get(float_bytes.most_common(1)[0][0], "?") if float_bytes else "?"
-    tokenizer_config: dict[str, Any] = {}
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    added = {t.get("content") for t in tokenizer_config.get("added_tokens_decoder", {}).values()}
-    with contextlib.suppress(OSError, json.JSONDecodeError):
-        tok = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
-        added |= {t.get("content") for t in tok.get("added_tokens", [])}
-    on_cpu = mx.default_device() == mx.cpu
-    return {
-        "model": str(model),
-        "path": str(path),
-        "architecture": config.get("model_type"),
-        "layers": args.num_hidden_layers,
-        "hidden_size": args.hidden_size,
-        "attention_heads": args.num_attention_heads,
-        "kv_heads": args.num_key_value_heads,
-        "head_dim": args.head_dim,
-        "intermediate_size": args.intermediate_size,
-        "vocab_size": args.vocab_size,
-        "tied_embeddings": bool(config.get("tie_word_embeddings", True)),
-        "parameters": parameters,
-        "dtype": stored,
-        "compute_dtype": "float32" if on_cpu else stored,
-        "quantization": (
-            {
-                "bits": quant.get("bits"),
-                "group_size": quant.get("group_size"),
-                "mode": quant.get("mode", "affine"),
-            }
-            if quant
-            else None
-        ),
-        "context_window": args.max_position_embeddings,
-        "sliding_window": args.sliding_window,
-        "rope_theta": args.rope_theta,
-        "weight_files": len(files),
-        "weight_bytes": sum(f.stat().st_size for f in files),
-        "fim": {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"} <= added,
-        "repo_level_fim": {"<repo_name>", "<file_sep>"} <= added,
-        "chat_template": (
-            bool(tokenizer_config.get("chat_template")) or (path / "chat_template.jinja").is_file()
-        ),
-    }
-
-
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
-
-
-def _format_info(info: dict[str, Any]) -> str:
-    q = info["quantization"]
-    window = info["sliding_window"]
-    rows = [
-        ("model", info["model"] if info["model"] == info["path"] else f"{info['model']} ({info['path']})"),
-        (
-            "architecture",
-            f"{info['architecture']}: {info['layers']} layers, hidden {info['hidden_size']}, "
-            f"{info['attention_heads']} heads ({info['kv_heads']} KV, head dim {info['head_dim']}), "
-            f"MLP {info['intermediate_size']}, vocab {info['vocab_size']}"
-            + (", tied embeddings" if info["tied_embeddings"] else ""),
-        ),
-        ("parameters", f"{_human_count(info['parameters'])} ({info['parameters']:,})"),
-        ("dtype", f"{info['dtype']} on disk; computes in {info['compute_dtype']} here (dtype='auto')"),
-        ("quantization", f"{q['bits']}-bit, group size {q['group_size']} ({q['mode']})" if q else "none"),
-        (
-            "context",
-            f"{info['context_window']} tokens, "
-            + (f"sliding window {window}" if window else "full attention (no sliding window)"),
-        ),
-        ("rope theta", f"{info['rope_theta']:g}"),
-        ("weights", f"{_human_bytes(info['weight_bytes'])} in {info['weight_files']} file(s)"),
-        (
-            "tokens",
-            f"FIM {_yes(info['fim'])}, repository FIM {_yes(info['repo_level_fim'])}, "
-            f"chat template {_yes(info['chat_template'])}",
-        ),
-    ]
-    return "\n".join(f"{k + ':':<14}{v}" for k, v in rows)
-
-
 def _cmd_info(args: argparse.Namespace) -> int:
+    from .checkpoints import checkpoint_info
+
     info = checkpoint_info(args.model, args.revision)
-    print(json.dumps(info, indent=2) if args.json else _format_info(info))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
 
@@ -615,23 +322,18 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """Run ``benchmarks.__main__.main(argv)``. The benchmarks live in the repository, not the wheel."""
-    # The console script's sys.path lacks the working directory; a checkout's benchmarks are there.
-    if (Path.cwd() / "benchmarks" / "__main__.py").is_file() and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        bench = importlib.import_module("benchmarks.__main__")
-    except ModuleNotFoundError as e:
-        if e.name not in ("benchmarks", "benchmarks.__main__"):
-            raise
+    """Run ``python -m benchmarks ARGS`` in a child process. The benchmarks live in the repository, not the
+    wheel, and the package never imports them."""
+    # The child's sys.path starts with the working directory, as `python -m` does.
+    spec = importlib.machinery.PathFinder.find_spec("benchmarks", [os.getcwd(), *sys.path])
+    if spec is None or not spec.submodule_search_locations:
         msg = (
             "The benchmarks are not installed with the package. Run them from a checkout of the "
             "repository: `git clone <repo> && cd langchain-starcoder && pip install -e '.[test]' && "
             f"{PROG} bench` (or `python -m benchmarks`) from its root folder."
         )
-        raise CommandError(msg) from e
-    result = bench.main(argv)
-    return int(result or 0)
+        raise CommandError(msg)
+    return subprocess.call([sys.executable, "-m", "benchmarks", *argv])
 
 
 # --- the parser --------------------------------------------------------------------------------------------
@@ -702,11 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bits", type=int, choices=(4, 8), default=4)
     p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=64)
     p.add_argument("--revision", help="hub branch, tag or commit of SRC")
-    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument(
+        "--force", action="store_true", help="replace DST if it is a checkpoint this command wrote"
+    )
     p.add_argument("--no-verify", action="store_true", help="skip loading the result to check it")
     p.set_defaults(func=_cmd_quantize)
-
-    from .testing import PRESETS
 
     p = sub.add_parser(
         "build-test-model",
@@ -715,14 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
     )
     p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
     p.add_argument("--layers", type=int, help="number of layers (keeps a big preset small)")
     p.add_argument("--sliding-window", type=int, help="attention window (0: full attention)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     p.add_argument("--quantize", type=int, choices=(4, 8), help="write it quantized (float16 scales)")
     p.add_argument("--instruct", action="store_true", help="give it an instruct chat template")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p.add_argument("--force", action="store_true", help="replace DST if it is a checkpoint built here")
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser(
@@ -731,12 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="describe a checkpoint",
         description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint.",
     )
-    p.add_argument(
-        "--model",
-        default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
-        help=f"hub id or local checkpoint folder (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
-    )
-    p.add_argument("--revision", help="hub branch, tag or commit")
+    _model_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
 
@@ -758,10 +455,9 @@ def _split_bench(argv: list[str]) -> tuple[bool, list[str]] | None:
     return None
 
 
-def _dispatch(argv: list[str]) -> int:
-    bench = _split_bench(argv)
+def _dispatch(argv: list[str], bench: list[str] | None) -> int:
     if bench is not None:
-        return _run_bench(bench[1])
+        return _run_bench(bench)
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     return func(args)
@@ -780,31 +476,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = _split_bench(argv)
     verbose = bench[0] if bench is not None else any(a in ("-v", "--verbose") for a in argv)
     try:
-        return _dispatch(argv)
+        return _dispatch(argv, bench[1] if bench is not None else None)
     except _ArgumentError as e:
         _err(f"{e.prog}: error: {e} (see {e.prog} --help)")
         return 2
-    except SystemExit as e:  # --help, or a benchmark that exits itself
+    except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        if verbose:
-            traceback.print_exc()
-        _err(f"{PROG}: interrupted.")
-        return 130
     except BrokenPipeError:
         _quiet_broken_pipe()
         return 0
-    except StarCoderError as e:
+    except (KeyboardInterrupt, Exception) as e:
         if verbose:
             traceback.print_exc()
-        _err(f"{PROG}: error: {e}")
-        return 1
-    except Exception as e:
-        if verbose:
-            traceback.print_exc()
-            _err(f"{PROG}: unexpected error: {type(e).__name__}: {e}")
+        if isinstance(e, KeyboardInterrupt):
+            _err(f"{PROG}: interrupted.")
+            return 130
+        if isinstance(e, StarCoderError):
+            _err(f"{PROG}: error: {e}")
         else:
-            _err(f"{PROG}: unexpected error: {type(e).__name__}: {e} (run with --verbose for the traceback)")
+            hint = "" if verbose else " (run with --verbose for the traceback)"
+            _err(f"{PROG}: unexpected error: {type(e).__name__}: {e}{hint}")
         return 1
 
 

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
 
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.fim import ContextFile
@@ -40,12 +36,6 @@ def stats(err: str) -> dict[str, int]:
         "cached": int(m.group(3) or 0),
         "completion": int(m.group(4)),
     }
-
-
-def safetensors_header(file: Path) -> dict:
-    with open(file, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n))
 
 
 def hidden_entries(folder: Path) -> list[str]:
@@ -234,6 +224,66 @@ def test_infill_write_fills_the_file_and_keeps_a_backup(capsys, tiny_path, tiny_
     assert hidden_entries(project) == []  # no temporary file left behind
 
 
+def test_infill_write_goes_through_a_symlink(capsys, tiny_path, tiny_engine, project):
+    prefix, suffix = SOURCE.split("<FILL>")
+    middle = tiny_engine.infill(prefix, suffix, max_tokens=10).text
+    real = project / "src" / "geometry.py"
+    real.parent.mkdir()
+    Path("geometry.py").rename(real)
+    Path("geometry.py").symlink_to(Path("src") / "geometry.py")
+    code, out, err = run(
+        capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--write", "--max-tokens", 10
+    )
+    assert code == 0 and out == ""
+    assert Path("geometry.py").is_symlink()  # still the link, and the file it points to is filled
+    assert real.read_text(encoding="utf-8") == prefix + middle + suffix
+    assert (real.parent / "geometry.py.bak").read_text(encoding="utf-8") == SOURCE
+    assert str(real.parent / "geometry.py.bak") in err
+    assert hidden_entries(project) == [] and hidden_entries(real.parent) == []
+
+
+def read_only(path: Path) -> None:
+    path.chmod(path.stat().st_mode & ~0o222)
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("file", "geometry.py is read-only"),
+        ("folder", "Cannot write in the folder"),
+        ("backup file", "geometry.py.bak exists and cannot be replaced"),
+        ("backup folder", "geometry.py.bak exists and cannot be replaced"),
+    ],
+)
+def test_infill_write_refuses_what_it_cannot_write_before_generating(
+    capsys, tiny_path, project, what, message
+):
+    """Checked before the model is loaded. By permission bits, not only os.access: root may write
+    anything, and these tests run as root and as other users alike."""
+    backup = Path("geometry.py.bak")
+    if what == "backup folder":
+        backup.mkdir()
+    elif what == "backup file":
+        backup.write_text("an older backup")
+    target = {"file": Path("geometry.py"), "folder": project, "backup file": backup}.get(what)
+    if target is not None:
+        read_only(target)
+    try:
+        code, out, err = run(capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--write")
+    finally:
+        project.chmod(0o755)
+    assert code == 1 and out == ""
+    assert message in one_line(err)  # and no "Loaded ..." or statistics line: nothing was generated
+    assert Path("geometry.py").read_text(encoding="utf-8") == SOURCE
+    if what == "backup folder":
+        assert backup.is_dir() and not any(backup.iterdir())
+    elif what == "backup file":
+        assert backup.read_text() == "an older backup"
+    else:
+        assert not backup.exists()
+    assert hidden_entries(project) == []
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [("def f():\n    pass\n", "no <FILL> marker"), ("<FILL>\nx = 1\n<FILL>\n", "2 <FILL> markers")],
@@ -267,168 +317,44 @@ def test_infill_custom_marker(capsys, tiny_path, tiny_engine, project):
     assert (code, out) == (0, expected)
 
 
-# --- quantize --------------------------------------------------------------------------------------------
-
-
-def test_quantize_writes_a_checkpoint_that_loads_and_runs(capsys, tiny_path, tmp_path):
-    dst = tmp_path / "models" / "tiny-4bit"
-    code, out, err = run(capsys, "quantize", tiny_path, dst, "--bits", 4, "--group-size", 64)
-    assert code == 0 and out == ""
-    assert "Quantizing to 4-bit" in err and "100%" in err  # the progress bar
-    config = json.loads((dst / "config.json").read_text())
-    assert config["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
-    header = safetensors_header(dst / "model.safetensors")
-    assert header["model.layers.0.mlp.c_fc.weight"]["dtype"] == "U32"
-    scales = [v["dtype"] for k, v in header.items() if k.endswith(".scales")]
-    assert scales and set(scales) == {"F16"}  # float16 scales, like mlx-community checkpoints
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        assert (dst / name).read_bytes() == (tiny_path / name).read_bytes()
-    assert hidden_entries(dst.parent) == []
-
-    engine = StarCoderEngine.load(dst)
-    try:
-        completion = engine.generate(PROMPT, max_tokens=8)
-        assert completion.completion_tokens == 8
-        # The 4-bit model still sits close to the float one: the same first token, greedily.
-        float_engine = StarCoderEngine.load(tiny_path)
-        ids = float_engine.encode(PROMPT)
-        q, f = engine.logits(ids)[-1], float_engine.logits(ids)[-1]
-        float_engine.close()
-        assert abs(q - f).max() < 0.5 * abs(f).max()
-    finally:
-        engine.close()
-
-
-def test_quantize_8bit_group_32(capsys, tiny_path, tmp_path):
-    dst = tmp_path / "tiny-8bit"
-    assert run(capsys, "quantize", tiny_path, dst, "--bits", 8, "--group-size", 32, "--no-verify")[0] == 0
-    assert json.loads((dst / "config.json").read_text())["quantization"]["bits"] == 8
-    engine = StarCoderEngine.load(dst)
-    assert engine.generate(PROMPT, max_tokens=3).completion_tokens == 3
-    engine.close()
-
-
-def test_quantize_refuses_to_overwrite_without_force(capsys, tiny_path, tmp_path):
-    dst = tmp_path / "taken"
-    dst.mkdir()
-    (dst / "keep.txt").write_text("mine")
-    code, _, err = run(capsys, "quantize", tiny_path, dst, "--no-verify")
-    assert code == 1 and "--force" in one_line(err)
-    assert [p.name for p in dst.iterdir()] == ["keep.txt"]
-    assert run(capsys, "quantize", tiny_path, dst, "--force", "--no-verify")[0] == 0
-    assert not (dst / "keep.txt").exists() and (dst / "config.json").exists()
-    assert hidden_entries(tmp_path) == []
-
-
-def test_quantize_refuses_a_quantized_source(capsys, tiny_path, tmp_path):
-    dst = tmp_path / "q"
-    assert run(capsys, "quantize", tiny_path, dst, "--no-verify")[0] == 0
-    code, _, err = run(capsys, "quantize", dst, tmp_path / "qq")
-    assert code == 1 and "already quantized" in one_line(err)
-    assert not (tmp_path / "qq").exists()
-
-
-@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError])
-def test_quantize_leaves_nothing_behind_on_failure(capsys, tiny_path, tmp_path, monkeypatch, failure):
-    import mlx_lm.utils
-
-    def broken_save(path, model, **kwargs):
-        (Path(path) / "model.safetensors").write_bytes(b"half")  # a partial write, then the failure
-        raise failure("disk full" if failure is OSError else "")
-
-    monkeypatch.setattr(mlx_lm.utils, "save_model", broken_save)
-    code, _, _ = run(capsys, "quantize", tiny_path, tmp_path / "new")
-    assert code == (130 if failure is KeyboardInterrupt else 1)
-    assert not (tmp_path / "new").exists()
-    assert hidden_entries(tmp_path) == []
-
-    # Replacing with --force: the old folder survives a failed run untouched.
-    old = tmp_path / "old"
-    old.mkdir()
-    (old / "keep.txt").write_text("mine")
-    code, _, _ = run(capsys, "quantize", tiny_path, old, "--force")
-    assert code != 0
-    assert [p.name for p in old.iterdir()] == ["keep.txt"]
-    assert hidden_entries(tmp_path) == []
-
-
-# --- build-test-model and info ---------------------------------------------------------------------------
-
-
-def test_build_test_model(capsys, tmp_path):
-    dst = tmp_path / "built"
-    code, out, _ = run(capsys, "build-test-model", dst, "--preset", "tiny", "--layers", 1, "--instruct")
-    assert code == 0 and out.strip() == str(dst)
-    assert json.loads((dst / "config.json").read_text())["num_hidden_layers"] == 1
-    assert json.loads((dst / "tokenizer_config.json").read_text())["chat_template"]
-    engine = StarCoderEngine.load(dst)
-    assert engine.generate("def f():", max_tokens=2).completion_tokens == 2
-    engine.close()
-    code, _, err = run(capsys, "build-test-model", dst)
-    assert code == 1 and "--force" in one_line(err)
-    assert run(capsys, "build-test-model", dst, "--force", "--sliding-window", 0)[0] == 0
-    assert json.loads((dst / "config.json").read_text())["sliding_window"] is None
-    assert hidden_entries(tmp_path) == []
-
-
-def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_engine, tmp_path):
-    code, out, _ = run(capsys, "info", "--model", tiny_path, "--json")
-    assert code == 0
-    info = json.loads(out)
-    parameters = sum(a.size for _, a in tree_flatten(tiny_engine.backend.model.parameters()))
-    assert info["parameters"] == parameters
-    config = json.loads((tiny_path / "config.json").read_text())
-    assert info["layers"] == config["num_hidden_layers"]
-    assert info["context_window"] == config["max_position_embeddings"]
-    assert info["sliding_window"] == config["sliding_window"]
-    assert info["quantization"] is None
-    assert info["dtype"] == "float32"
-    assert info["weight_bytes"] == (tiny_path / "model.safetensors").stat().st_size
-    assert info["fim"] and info["repo_level_fim"] and not info["chat_template"]
-
-    dst = tmp_path / "q4"
-    assert run(capsys, "quantize", tiny_path, dst, "--no-verify")[0] == 0
-    code, out, _ = run(capsys, "info", "--model", dst, "--json")
-    quantized = json.loads(out)
-    # The same architecture counts the same parameters, though they are packed 8 to a uint32.
-    assert quantized["parameters"] == parameters
-    assert quantized["quantization"] == {"bits": 4, "group_size": 64, "mode": "affine"}
-    assert quantized["dtype"] == "float16"
-    assert quantized["weight_bytes"] < info["weight_bytes"] / 3
-
-    code, out, _ = run(capsys, "info", "--model", dst)
-    assert code == 0
-    assert re.search(r"quantization:\s+4-bit, group size 64", out)
-    assert re.search(r"context:\s+2048 tokens, sliding window 512", out)
-    assert "parameters:" in out and "weights:" in out and "architecture:" in out
-
-
-def test_info_reads_the_model_from_the_environment(capsys, tiny_path, monkeypatch):
-    monkeypatch.setenv(cli.MODEL_ENV, str(tiny_path))
-    code, out, _ = run(capsys, "info", "--json")
-    assert code == 0 and json.loads(out)["path"] == str(tiny_path)
-
-
 # --- bench -----------------------------------------------------------------------------------------------
 
 
 def test_bench_without_the_benchmarks_package_says_how_to_run_it(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not a checkout
-    # As in an installed wheel: not importable (also when an earlier test imported it).
-    monkeypatch.setitem(sys.modules, "benchmarks", None)
-    monkeypatch.setitem(sys.modules, "benchmarks.__main__", None)
+    # As in an installed wheel: no checkout on the path either (an editable install puts one there).
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p or ".") / "benchmarks").is_dir()])
     code, _, err = run(capsys, "bench", "--help")
     assert code == 1
     assert "checkout" in one_line(err)
 
 
-def test_bench_passes_its_arguments_to_the_benchmarks(capsys):
-    code, out, _ = run(capsys, "bench", "--help")
+def test_bench_passes_its_arguments_to_the_benchmarks(capfd, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code = cli.main(["bench", "--help"])  # a child process writes straight to the file descriptors
+    out, _ = capfd.readouterr()
     assert code == 0
     assert "usage: python -m benchmarks" in out and "--quick" in out
-    code, _, err = run(capsys, "--verbose", "bench", "--no-such-option", "value")
+    code = cli.main(["--verbose", "bench", "--no-such-option", "value"])
+    _, err = capfd.readouterr()
     assert code == 2  # the benchmarks' own parser saw the options untouched
     assert "--no-such-option" in err
+
+
+def test_bench_runs_the_benchmarks_in_a_child_process():
+    """The package never imports the checkout's benchmarks/ (it used to, through sys.path)."""
+    code = (
+        "import sys\n"
+        "from langchain_starcoder.cli import main\n"
+        "code = main(['bench', '--help'])\n"
+        "sys.stdout.flush()\n"
+        "print('RESULT', code, 'benchmarks' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert "usage: python -m benchmarks" in result.stdout, result.stderr
+    assert result.stdout.splitlines()[-1] == "RESULT 0 False"
 
 
 # --- as a program ----------------------------------------------------------------------------------------
@@ -440,6 +366,19 @@ def program(*argv: str, cwd: Path | None = None, **env: str) -> subprocess.Compl
         [sys.executable, "-m", "langchain_starcoder", *map(str, argv)],
         capture_output=True, text=True, cwd=cwd, env=environment, timeout=300,
     )  # fmt: skip
+
+
+def test_generate_quantizing_on_load_keeps_stdout_for_the_text(capsys, tiny_path):
+    engine = StarCoderEngine.load(tiny_path, quantize=8)
+    expected = engine.generate(PROMPT, max_tokens=6).text
+    engine.close()
+    capsys.readouterr()
+    code, out, err = run(
+        capsys, "generate", "--model", tiny_path, "--quantize", 8, "--prompt", PROMPT, "--max-tokens", 6
+    )
+    assert code == 0
+    assert out == expected  # mlx-lm's "[INFO] Quantized model ..." went to stderr
+    assert "Quantized model" in err
 
 
 def test_python_m_generate_stdout_is_just_the_text(tiny_path, tiny_engine):
@@ -459,15 +398,3 @@ def test_console_script_exits_non_zero_with_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stdout == ""
     assert one_line(result.stderr).startswith("langchain-starcoder: error:")
-
-
-def test_quantized_float_round_trip_dtype(tiny_path, tmp_path):
-    """The CPU upcast happens at load time: quantized scales are float32 in memory, float16 on disk."""
-    dst = cli.quantize_checkpoint(tiny_path, tmp_path / "q", verify=False, progress=False)
-    engine = StarCoderEngine.load(dst)
-    try:
-        scales = [a for k, a in tree_flatten(engine.backend.model.parameters()) if k.endswith(".scales")]
-        expected = mx.float32 if mx.default_device() == mx.cpu else mx.float16
-        assert scales and {s.dtype for s in scales} == {expected}
-    finally:
-        engine.close()
