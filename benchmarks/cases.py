@@ -146,13 +146,13 @@ def bench_overhead(ctx: Context) -> Section:
         def run() -> float:
             start, count = time.perf_counter(), 0
             for _ in stream_generate(
-                engine.model, engine.tokenizer, ids, max_tokens=n, sampler=make_sampler(0.0)
+                engine.backend.model, engine.tokenizer, ids, max_tokens=n, sampler=make_sampler(0.0)
             ):
                 count += 1
             return count / (time.perf_counter() - start)
 
         engine.clear_cache()
-        return engine._call(run)
+        return engine.backend.call(run)
 
     def ours() -> float:
         engine.clear_cache()  # no prompt-cache head start over the raw loop
@@ -737,7 +737,7 @@ def bench_baselines(ctx: Context) -> Section:
         return prefill
 
     def mlx_run() -> float:
-        prefill = engine._call(lambda: prefill_rate(engine.model, mx.array(prompt)))
+        prefill = engine.backend.call(lambda: prefill_rate(engine.backend.model, mx.array(prompt)))
         engine.clear_cache()
         rate = _decode_rate(engine.stream(prompt[:16], max_tokens=n), lambda c: len(c.token_ids))
         decode.setdefault("mlx", []).append(rate)
@@ -777,7 +777,7 @@ def bench_baselines(ctx: Context) -> Section:
                     samples["transformers"], "tok/s", shape.describe())
             )  # fmt: skip
 
-    weight_bytes = _param_bytes(engine.model)
+    weight_bytes = _param_bytes(engine.backend.model)
     bandwidth = read_bandwidth()
     roofline = bandwidth / weight_bytes
     fractions = {labels[k]: statistics.median(v) / roofline for k, v in decode.items()}

@@ -53,7 +53,7 @@ def task_blas(args: dict[str, Any], info: dict[str, Any] | None) -> dict[str, An
     from langchain_starcoder import StarCoderEngine
 
     engine = StarCoderEngine.load(args["checkpoint"], dtype="float32")
-    vocab = engine.config.vocab_size
+    vocab = engine.backend.config.vocab_size
     prompt = [(17 * i + 100) % (vocab - 100) + 50 for i in range(args["prompt_tokens"])]
     engine.generate(prompt[:8], max_tokens=2)  # warm up: allocations, first-call costs
     engine.clear_cache()
@@ -63,9 +63,9 @@ def task_blas(args: dict[str, Any], info: dict[str, Any] | None) -> dict[str, An
 
         from benchmarks.cases import prefill_rate
 
-        return prefill_rate(engine.model, mx.array(prompt))
+        return prefill_rate(engine.backend.model, mx.array(prompt))
 
-    prefill_tps = engine._call(prefill)
+    prefill_tps = engine.backend.call(prefill)
 
     clock = Clock()
     for chunk in engine.stream(prompt[: args["decode_prompt_tokens"]], max_tokens=args["decode_tokens"]):

@@ -387,3 +387,10 @@ def test_streamed_message_chunks(chat: ChatStarCoder) -> None:
     chunks = list(chat.stream("Hello"))
     assert all(isinstance(c, AIMessageChunk) for c in chunks)
     assert chunks[-1].chunk_position == "last"
+
+
+def test_bind_tools_says_why_not() -> None:
+    chat = ChatStarCoder(model=HUB_MODEL)
+    for call in (lambda: chat.bind_tools([]), lambda: chat.with_structured_output({"title": "x"})):
+        with pytest.raises(NotImplementedError, match="StarCoder models have no tool calling"):
+            call()

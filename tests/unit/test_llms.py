@@ -501,3 +501,23 @@ def test_lcel_example_runs(tiny_path: Path) -> None:
     for task, body in zip(example.TASKS, bodies, strict=True):
         assert f"-- {task['name']} --\n{body}\n" in out
     assert out.endswith(f"== fill in the middle ==\n{middle}\n")
+
+
+def test_streams_never_end_on_an_empty_piece(llm: StarCoderLLM) -> None:
+    recorder = Recorder()
+    pieces = list(llm.stream(PROMPTS[0], config={"callbacks": [recorder]}))
+    assert pieces and all(pieces)
+    assert "".join(pieces) == llm.invoke(PROMPTS[0])
+    # The counts still reach the callbacks, with the last chunk.
+    assert recorder.chunks[-1].generation_info["finish_reason"] == "length"
+    # The engine's own stream ends with the last token's text when it stops at max_tokens.
+    chunks = list(llm.engine.stream(PROMPTS[0], max_tokens=8))
+    assert chunks[-1].finish_reason == "length" and chunks[-1].text and chunks[-1].token_ids
+
+
+def test_streaming_field_sends_tokens_to_callbacks_during_invoke(tiny_path: Path) -> None:
+    recorder = Recorder()
+    text = StarCoderLLM(model=tiny_path, max_tokens=8, streaming=True).invoke(
+        PROMPTS[1], config={"callbacks": [recorder]}
+    )
+    assert len(recorder.tokens) > 1 and "".join(recorder.tokens) == text
