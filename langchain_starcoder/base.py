@@ -13,13 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from langchain_core.language_models import LangSmithParams
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import registry
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError
 from .registry import DEFAULT_MODEL
-from .types import GENERATION_KEYS, FIMRequest, GenerationParams
+from .types import GENERATION_KEYS, GenerationParams
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -95,6 +96,31 @@ class StarCoderSettings(BaseModel):
     given_engine: StarCoderEngine | None = Field(default=None, alias="engine", exclude=True, repr=False)
     """An already loaded :class:`StarCoderEngine` to use instead of loading ``model``
     (pass it as ``engine=``)."""
+
+    _ls_model_type = "llm"  # LangSmith's model type: "llm" or "chat"
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        """``["langchain_starcoder", <module>]``: where LangChain's ``load`` finds the class."""
+        return ["langchain_starcoder", cls.__module__.rsplit(".", 1)[-1]]
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        """LangSmith's tracing parameters of one call."""
+        params = LangSmithParams(
+            ls_provider="mlx",
+            ls_model_name=kwargs.get("model") or self.model,
+            ls_model_type=self._ls_model_type,  # type: ignore[typeddict-item]
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        stops = merge_stops(self.stop, stop)
+        if stops:
+            params["ls_stop"] = stops
+        return params
 
     @field_validator("model", mode="before")
     @classmethod
@@ -188,8 +214,3 @@ def _same_checkpoint(model: str, engine: StarCoderEngine) -> bool:
     if path.exists() and engine.path is not None:
         return path.resolve() == Path(engine.path).resolve()
     return model == engine.name
-
-
-def fim_text_token_ids(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> list[int]:
-    """The exact prompt ids of a FIM request (what ``get_token_ids`` counts)."""
-    return list(engine.fim_prompt(request, max_tokens).token_ids)

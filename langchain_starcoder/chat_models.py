@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -20,7 +20,6 @@ from .base import MODEL_CONFIG, StarCoderSettings
 from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
-from .llms import ls_params
 from .types import Completion, CompletionChunk, counts
 
 DEFAULT_CHAT_MODEL = "mlx-community/starcoder2-15b-instruct-v0.1-4bit"
@@ -199,13 +198,7 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     chat_template: str | None = None
     """A Jinja chat template that replaces the checkpoint's own (required if it has none)."""
 
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return True
-
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return ["langchain_starcoder", "chat_models"]
+    _ls_model_type = "chat"
 
     @property
     def _llm_type(self) -> str:
@@ -214,9 +207,6 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {**self._identifying_settings(), "chat_template": self.chat_template}
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return LangSmithParams(**ls_params(self, "chat", stop, kwargs))
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
         """Not available: StarCoder models were not trained for tool calling."""
@@ -382,13 +372,12 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         shared = _shared_config(inputs, config, return_exceptions)
         if shared is None:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        out: list[AIMessage] = []
-        for group in _groups(inputs, shared):
-            result = self.generate(
-                [self._convert_input(i).to_messages() for i in group], **_generate_args(shared, kwargs)
-            )
-            out += [g[0].message for g in result.generations]  # type: ignore[attr-defined]
-        return out
+        args = _generate_args(shared, kwargs)
+        return [
+            m
+            for group in _groups(inputs, shared)
+            for m in _answers(self.generate(self._lists(group), **args))
+        ]
 
     async def abatch(
         self,
@@ -401,13 +390,16 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         shared = _shared_config(inputs, config, return_exceptions)
         if shared is None:
             return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        out: list[AIMessage] = []
-        for group in _groups(inputs, shared):
-            result = await self.agenerate(
-                [self._convert_input(i).to_messages() for i in group], **_generate_args(shared, kwargs)
-            )
-            out += [g[0].message for g in result.generations]  # type: ignore[attr-defined]
-        return out
+        args = _generate_args(shared, kwargs)
+        groups = _groups(inputs, shared)
+        return [m for group in groups for m in _answers(await self.agenerate(self._lists(group), **args))]
+
+    def _lists(self, inputs: list[LanguageModelInput]) -> list[list[BaseMessage]]:
+        return [self._convert_input(i).to_messages() for i in inputs]
+
+
+def _answers(result: LLMResult) -> list[AIMessage]:
+    return [g[0].message for g in result.generations]  # type: ignore[attr-defined]
 
 
 def _settings_of(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from .types import (
     join_chunks,
 )
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | FIMRequest
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,8 @@ class StarCoderEngine:
     # --- generation ------------------------------------------------------------------------------
 
     def generate(self, prompt: Prompt, **settings: Any) -> Completion:
-        """Generate a completion of ``prompt`` (text, or token ids).
+        """Generate a completion of ``prompt``: text, token ids, or a :class:`FIMRequest` (then
+        the middle, as :meth:`infill` answers it).
 
         Keyword args: the generation settings of :class:`~langchain_starcoder.GenerationParams`
         (``max_tokens=256``, ``temperature=0.0`` (greedy), ``top_p``, ``top_k``, ``min_p``,
@@ -253,7 +254,8 @@ class StarCoderEngine:
         return AsyncChunkStream(lambda: self._prepare(prompt, settings), self._submit_one)
 
     def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
-        """Generate for several prompts at once (truly batched), each as it would alone (greedy)."""
+        """Generate for several prompts at once (truly batched), each as it would alone (greedy).
+        Prompts of every kind (text, ids, :class:`FIMRequest`) may share one batch."""
         return self._collect(self._prepare_batch(prompts, settings))
 
     async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
@@ -290,7 +292,7 @@ class StarCoderEngine:
         """:meth:`infill`, streamed. Text that may turn out to repeat the suffix is held back until
         the next chunk settles it (or the end trims it)."""
         request, rest = _fim_request(prefix, suffix, settings)
-        return self._stream(self._prepare_fim(request, rest))
+        return self.stream(request, **rest)
 
     async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
         """Async :meth:`infill` (the prompt is built in a thread)."""
@@ -301,17 +303,15 @@ class StarCoderEngine:
     ) -> AsyncIterator[CompletionChunk]:
         """Async :meth:`stream_infill`: the prompt is built in a thread, off the event loop."""
         request, rest = _fim_request(prefix, suffix, settings)
-        self._split_settings(dict(rest))
-        return AsyncChunkStream(lambda: self._prepare_fim(request, rest), self._submit_one)
+        return self.astream(request, **rest)
 
     def infill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
-        """Several :class:`FIMRequest`\\ s as one batch, each as :meth:`infill` would answer it (greedy)."""
-        return self._collect(self._prepare_fim_batch(requests, settings))
+        """Several :class:`FIMRequest`\\ s as one batch (:meth:`generate_batch` takes them too)."""
+        return self.generate_batch(requests, **settings)
 
     async def ainfill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
         """Async :meth:`infill_batch`; cancelling the task cancels the batch."""
-        jobs = await asyncio.to_thread(self._prepare_fim_batch, requests, settings)
-        return await self._acollect(jobs)
+        return await self.agenerate_batch(requests, **settings)
 
     def fim_prompt(self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens) -> fim.FIMPrompt:
         """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``."""
@@ -370,7 +370,9 @@ class StarCoderEngine:
             )
             raise ContextLengthError(msg)
 
-    def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> _Job:
+    def _prepare(self, prompt: Prompt | FIMRequest, settings: dict[str, Any]) -> _Job:
+        if isinstance(prompt, FIMRequest):
+            return self._prepare_fim(prompt, settings)
         params, parse = self._split_settings(dict(settings))
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -398,6 +400,7 @@ class StarCoderEngine:
         return _Job(ids, params)
 
     def _prepare_fim(self, request: FIMRequest, settings: dict[str, Any]) -> _Job:
+        # FIM parts are always data: parse_special_tokens does not apply.
         params, _ = self._split_settings(dict(settings))
         prompt = self.fim_prompt(request, params.max_tokens)
         params = dataclasses.replace(
@@ -409,16 +412,9 @@ class StarCoderEngine:
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
             msg = "A batch is a non-empty list of prompts."
             raise InvalidParameterError(msg)
-        return [self._prepare(p, settings) for p in prompts]
-
-    def _prepare_fim_batch(self, requests: Sequence[FIMRequest], settings: dict[str, Any]) -> list[_Job]:
-        if not isinstance(requests, Sequence) or not requests:
-            msg = "A batch is a non-empty list of FIMRequests."
-            raise InvalidParameterError(msg)
-        jobs = [self._prepare_fim(_as_request(r), settings) for r in requests]
-        stops = frozenset().union(*(j.params.stop_token_ids for j in jobs))  # one setting for the batch
         return [
-            dataclasses.replace(j, params=dataclasses.replace(j.params, stop_token_ids=stops)) for j in jobs
+            self._prepare_fim(p, settings) if isinstance(p, FIMRequest) else self._prepare(p, settings)
+            for p in prompts
         ]
 
     def _check_ids(self, token_ids: Sequence[int]) -> list[int]:
@@ -476,13 +472,6 @@ class StarCoderEngine:
                 g.cancelled.set()
             raise
         return [join_chunks(c) for c in chunks]
-
-
-def _as_request(request: Any) -> FIMRequest:
-    if not isinstance(request, FIMRequest):
-        msg = f"A FIM batch is a list of FIMRequest, not of {type(request).__name__}."
-        raise InvalidParameterError(msg)
-    return request
 
 
 def _fim_request(prefix: str | FIMRequest, suffix: str, settings: dict[str, Any]) -> tuple[FIMRequest, dict]:

@@ -9,12 +9,12 @@ from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseLLM, LangSmithParams, LanguageModelInput
+from langchain_core.language_models import BaseLLM, LanguageModelInput
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import RunnableConfig
 
-from .base import MODEL_CONFIG, StarCoderSettings, merge_stops
+from .base import MODEL_CONFIG, StarCoderSettings
 from .engine import StarCoderEngine
 from .prompts import CarriedText, FIMText, fim_value
 from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks, usage
@@ -128,13 +128,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     # Set here too: LangChain's base classes would otherwise turn extra="forbid" back to "ignore".
     model_config = MODEL_CONFIG
 
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return True
-
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return ["langchain_starcoder", "llms"]
+    _ls_model_type = "llm"
 
     @property
     def _llm_type(self) -> str:
@@ -162,9 +156,6 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
         finally:
             _CALL_KEY.reset(token)
 
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return LangSmithParams(**ls_params(self, "llm", stop, kwargs))
-
     def _convert_input(self, model_input: LanguageModelInput) -> PromptValue:
         # A prompt handed over as text (``FIMPromptTemplate().format(...)``) keeps its parts.
         if isinstance(model_input, CarriedText):
@@ -177,7 +168,15 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
         or ``StarCoderPromptTemplate`` gives its exact ids."""
         if self.custom_get_token_ids is not None:
             return self.custom_get_token_ids(text)
-        return _prompt(self.engine, text, self.max_tokens, self.parse_special_tokens)
+        engine = self.engine
+        if isinstance(text, FIMText):
+            return list(engine.fim_prompt(text.fim, self.max_tokens).token_ids)
+        prompt = _engine_prompt(engine, text)
+        return (
+            prompt
+            if isinstance(prompt, list)
+            else engine.encode(prompt, special_tokens=self.parse_special_tokens)
+        )
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -193,13 +192,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
             chunks = self._stream(prompts[0], stop=stop, run_manager=run_manager, **kwargs)
             return self._result([_join(chunks)], model)
         engine = self._engine_for(model)
-        plain, fim = _split(engine, prompts, settings)
-        done: dict[int, Completion] = {}
-        if fim:
-            done.update(zip(fim, engine.infill_batch(list(fim.values()), **settings), strict=True))
-        if plain:
-            done.update(zip(plain, engine.generate_batch(list(plain.values()), **settings), strict=True))
-        return self._result([done[i] for i in range(len(prompts))], model)
+        return self._result(engine.generate_batch(_engine_prompts(engine, prompts), **settings), model)
 
     async def _agenerate(
         self,
@@ -213,15 +206,8 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
             chunks = self._astream(prompts[0], stop=stop, run_manager=run_manager, **kwargs)
             return self._result([_join([c async for c in chunks])], model)
         engine = await self._aengine_for(model)
-        plain, fim = await asyncio.to_thread(_split, engine, prompts, settings)
-        jobs = []
-        if fim:
-            jobs.append(engine.ainfill_batch(list(fim.values()), **settings))
-        if plain:
-            jobs.append(engine.agenerate_batch(list(plain.values()), **settings))
-        results = await asyncio.gather(*jobs)
-        done = dict(zip([*fim, *plain], [c for group in results for c in group], strict=True))
-        return self._result([done[i] for i in range(len(prompts))], model)
+        ready = await asyncio.to_thread(_engine_prompts, engine, prompts)
+        return self._result(await engine.agenerate_batch(ready, **settings), model)
 
     def _stream(
         self,
@@ -232,10 +218,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     ) -> Iterator[GenerationChunk]:
         model, settings = self._call(stop, kwargs)
         engine = self._engine_for(model)
-        if isinstance(prompt, FIMText):
-            chunks = engine.stream_infill(prompt.fim, **settings)
-        else:
-            chunks = engine.stream(_prompt(engine, prompt, None, None), **settings)
+        chunks = engine.stream(_engine_prompt(engine, prompt), **settings)
         # Leaving the loop early closes the engine's stream, which cancels the request.
         with contextlib.closing(chunks):
             for piece in chunks:
@@ -253,12 +236,10 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     ) -> AsyncIterator[GenerationChunk]:
         model, settings = self._call(stop, kwargs)
         engine = await self._aengine_for(model)
-        if isinstance(prompt, FIMText):
-            chunks = engine.astream_infill(prompt.fim, **settings)
-        elif isinstance(prompt, CarriedText):
-            chunks = engine.astream(await asyncio.to_thread(prompt.token_ids, engine), **settings)
+        if isinstance(prompt, CarriedText) and not isinstance(prompt, FIMText):  # ids: in a thread
+            chunks = engine.astream(await asyncio.to_thread(_engine_prompt, engine, prompt), **settings)
         else:
-            chunks = engine.astream(str(prompt), **settings)
+            chunks = engine.astream(_engine_prompt(engine, prompt), **settings)
         async with contextlib.aclosing(chunks):
             async for piece in chunks:
                 chunk = _as_chunk(piece)
@@ -360,42 +341,18 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
         return self.astream(value, config=config, **kwargs)
 
 
-def ls_params(llm: StarCoderSettings, model_type: str, stop: Sequence[str] | None, kwargs: dict) -> dict:
-    """LangSmith's tracing parameters of one call."""
-    params: dict[str, Any] = {
-        "ls_provider": "mlx",
-        "ls_model_name": kwargs.get("model") or llm.model,
-        "ls_model_type": model_type,
-        "ls_temperature": kwargs.get("temperature", llm.temperature),
-        "ls_max_tokens": kwargs.get("max_tokens", llm.max_tokens),
-    }
-    stops = merge_stops(llm.stop, stop)
-    if stops:
-        params["ls_stop"] = stops
-    return params
-
-
-def _prompt(engine: StarCoderEngine, prompt: str, max_tokens: int | None, parse: bool | None) -> Any:
-    """A prompt as the engine takes it: a FIM or template prompt as its exact ids, else the text.
-
-    With ``max_tokens`` and ``parse`` given (token counting) plain text is encoded too.
-    """
+def _engine_prompt(engine: StarCoderEngine, prompt: str) -> Any:
+    """What the engine is given for a LangChain prompt: a FIM prompt's request, a template
+    prompt's exact ids, else the text."""
     if isinstance(prompt, FIMText):
-        return list(engine.fim_prompt(prompt.fim, max_tokens or engine.context_window // 2).token_ids)
+        return prompt.fim
     if isinstance(prompt, CarriedText):
         return prompt.token_ids(engine)
-    if parse is None:
-        return str(prompt)
-    return engine.encode(str(prompt), special_tokens=parse)
+    return str(prompt)
 
 
-def _split(
-    engine: StarCoderEngine, prompts: Sequence[str], settings: dict[str, Any]
-) -> tuple[dict[int, Any], dict[int, FIMRequest]]:
-    """The plain prompts (text, or ids of template prompts) and the FIM requests, by index."""
-    plain = {i: _prompt(engine, p, None, None) for i, p in enumerate(prompts) if not isinstance(p, FIMText)}
-    fim = {i: p.fim for i, p in enumerate(prompts) if isinstance(p, FIMText)}
-    return plain, fim
+def _engine_prompts(engine: StarCoderEngine, prompts: Sequence[str]) -> list[Any]:
+    return [_engine_prompt(engine, p) for p in prompts]
 
 
 def _as_chunk(chunk: CompletionChunk) -> GenerationChunk:

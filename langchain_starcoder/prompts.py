@@ -142,7 +142,15 @@ def to_context_files(files: Any) -> tuple[ContextFile, ...]:
     return tuple(out)
 
 
-class FIMPromptValue(PromptValue):
+class _InPrompts:
+    """Where LangChain's ``load`` finds these classes."""
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["langchain_starcoder", "prompts"]
+
+
+class FIMPromptValue(_InPrompts, PromptValue):
     """A fill-in-the-middle prompt. ``to_string()`` gives a :class:`FIMText`."""
 
     prefix: str
@@ -164,10 +172,6 @@ class FIMPromptValue(PromptValue):
     type: Literal["FIMPromptValue"] = "FIMPromptValue"
 
     @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return ["langchain_starcoder", "prompts"]
-
-    @classmethod
     def from_request(cls, request: FIMRequest) -> FIMPromptValue:
         data = asdict(request)
         data["context_files"] = [(f.path, f.text) for f in request.context_files]
@@ -184,7 +188,7 @@ class FIMPromptValue(PromptValue):
         return [HumanMessage(content=str(self.to_string()))]
 
 
-class FIMPromptTemplate(StringPromptTemplate):
+class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
     """A prompt template for fill-in-the-middle: ``FIMPromptTemplate() | StarCoderLLM(...)`` returns
     the middle only.
 
@@ -258,10 +262,6 @@ class FIMPromptTemplate(StringPromptTemplate):
     trim_suffix_overlap: bool = True
     """Drop the end of the middle that repeats the start of the suffix."""
 
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return ["langchain_starcoder", "prompts"]
-
     @property
     def _prompt_type(self) -> str:
         return "starcoder-fim"
@@ -304,16 +304,12 @@ def fim_value(prefix: str | FIMRequest, suffix: str, kwargs: dict[str, Any]) -> 
     return FIMPromptValue.from_request(FIMRequest(prefix, suffix, **options)), kwargs
 
 
-class TemplatePromptValue(PromptValue):
+class TemplatePromptValue(_InPrompts, PromptValue):
     """A ``StarCoderPromptTemplate`` prompt. ``to_string()`` gives a :class:`TemplateText`."""
 
     segments: list[tuple[str, bool]]
     """The prompt in pieces ``(text, is_data)``."""
     type: Literal["StarCoderTemplatePromptValue"] = "StarCoderTemplatePromptValue"
-
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return ["langchain_starcoder", "prompts"]
 
     def to_string(self) -> str:
         return TemplateText(self.segments)
@@ -322,7 +318,7 @@ class TemplatePromptValue(PromptValue):
         return [HumanMessage(content=str(self.to_string()))]
 
 
-class StarCoderPromptTemplate(PromptTemplate):
+class StarCoderPromptTemplate(_InPrompts, PromptTemplate):
     """A drop-in ``PromptTemplate`` whose variables are data: control-token strings in them
     (``<|endoftext|>``, ``<file_sep>``...) stay plain text, while the template's own text may hold
     control tokens, as hand-written prompts do.
@@ -369,10 +365,6 @@ class StarCoderPromptTemplate(PromptTemplate):
             )
             raise ValueError(msg)
         return self
-
-    @classmethod
-    def get_lc_namespace(cls) -> list[str]:
-        return ["langchain_starcoder", "prompts"]
 
     def segments(self, **kwargs: Any) -> Segments:
         """The prompt for these variables in pieces ``(text, is_data)``."""

@@ -16,48 +16,35 @@ from .engine import StarCoderEngine
 #: The model the wrappers and the command line use when none is named.
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
+_LOAD_DEFAULTS = {"quantize": None, "dtype": "auto", "kv_bits": None, "revision": None}
 _lock = threading.Lock()
 _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 
 
-def _key(
-    model: str | os.PathLike[str], quantize: Any, dtype: Any, kv_bits: Any, revision: Any = None
-) -> tuple[Any, ...]:
+def _key(model: str | os.PathLike[str], settings: dict[str, Any]) -> tuple[Any, ...]:
+    """The registry key: the checkpoint (a folder by its real path) and the load settings
+    (``quantize``, ``dtype``, ``kv_bits``, ``revision``: keywords of ``StarCoderEngine.load``)."""
     path = Path(model).expanduser()
     name = str(path.resolve()) if path.exists() else str(model)
-    return (name, quantize, dtype, kv_bits, revision)
+    return (name, *sorted({**_LOAD_DEFAULTS, **settings}.items()))
 
 
-def peek_engine(
-    model: str | os.PathLike[str],
-    *,
-    quantize: int | None = None,
-    dtype: str = "auto",
-    kv_bits: int | None = None,
-    revision: str | None = None,
-) -> StarCoderEngine | None:
+def peek_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngine | None:
     """The shared engine for these settings if it is loaded already; never loads."""
     with _lock:
-        future = _engines.get(_key(model, quantize, dtype, kv_bits, revision))
+        future = _engines.get(_key(model, settings))
     if future is None or not future.done() or future.exception() is not None:
         return None
     return future.result()
 
 
-def get_engine(
-    model: str | os.PathLike[str],
-    *,
-    quantize: int | None = None,
-    dtype: str = "auto",
-    kv_bits: int | None = None,
-    revision: str | None = None,
-) -> StarCoderEngine:
+def get_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngine:
     """The shared engine for these settings, loading it on first use.
 
     Callers asking for an engine that is being loaded wait for that load; other engines stay
     available meanwhile.
     """
-    key = _key(model, quantize, dtype, kv_bits, revision)
+    key = _key(model, settings)
     with _lock:
         future = _engines.get(key)
         loading = future is None
@@ -65,9 +52,7 @@ def get_engine(
             future = _engines[key] = Future()
     if loading:
         try:
-            engine = StarCoderEngine.load(
-                model, quantize=quantize, dtype=dtype, kv_bits=kv_bits, revision=revision
-            )
+            engine = StarCoderEngine.load(model, **settings)
         except BaseException as e:
             with _lock:
                 del _engines[key]  # a failed load is not remembered: the next call tries again

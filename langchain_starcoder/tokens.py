@@ -43,11 +43,15 @@ def data_tokenizer(backend: Any) -> Any:
     return data
 
 
+# ``encode_batch`` lets other Python threads run while it works (``encode`` holds the GIL): a long
+# prompt tokenized in a helper thread then never stalls an event loop or the engine's worker.
+
+
 def _fast_encoder(data: Any) -> Callable[[str], Encoded]:
     def encode(text: str) -> Encoded:
         if not text:
             return [], []
-        encoding = data.encode(text, add_special_tokens=False)
+        [encoding] = data.encode_batch([text], add_special_tokens=False)
         return list(encoding.ids), list(encoding.offsets)
 
     return encode
@@ -91,7 +95,7 @@ def parsing_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
 
     inner = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
     backend = getattr(inner, "backend_tokenizer", inner)
-    return lambda text: backend.encode(text, add_special_tokens=False).ids
+    return lambda text: backend.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def encode_segments(

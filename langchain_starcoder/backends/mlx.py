@@ -228,13 +228,11 @@ class MLXBackend:
 
     def _run_batch(self, gens: list[Generation]) -> None:
         """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""
-        params = gens[0].params  # the front batches only generations with the same settings
+        params = gens[0].params  # sampling settings are one per batch; stops and lengths per prompt
         if params.seed is not None:
             mx.random.seed(params.seed)
-        generator = BatchGenerator(
+        generator = BatchGenerator(  # each row ends when its sink says so, or at its max_tokens
             self.model,
-            max_tokens=params.max_tokens,
-            stop_tokens=[[t] for t in sorted(params.stop_token_ids)],
             sampler=_sampler(params),
             logits_processors=_logits_processors(params, ()),
             prefill_batch_size=len(gens),
@@ -243,7 +241,7 @@ class MLXBackend:
         )
         try:
             prompts = [g.prompt for g in gens]
-            uids = generator.insert(prompts, max_tokens=[params.max_tokens] * len(gens))
+            uids = generator.insert(prompts, max_tokens=[g.params.max_tokens for g in gens])
             live = dict(zip(uids, gens, strict=True))
             for gen in gens:
                 gen.sink.start(0)

@@ -6,6 +6,7 @@ import asyncio
 import random
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -394,3 +395,91 @@ def test_kv_bits_reuse_does_not_depend_on_history(small_path: Path, kv_bits: int
     finally:
         fresh.close()
         shared.close()
+
+
+# --- the event loop is never blocked by work that grows with the input --------------------------------
+
+BIG = "def f(x):\n    return x + 1  # <file_sep>\n" * 16000  # 650 kB: about a second to tokenize here
+
+
+async def _max_stall(call: object) -> float:
+    """The longest the event loop went without running a 1 ms ticker while ``call()`` ran."""
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.005)  # ticking before the call starts: a stall at its very start counts too
+    try:
+        await call()  # type: ignore[operator]
+    except (ContextLengthError, InvalidParameterError):
+        pass  # a prompt this long does not fit: the point is what happened before the error
+    finally:
+        done.set()
+        await ticker
+    return max(gaps)
+
+
+async def _drain(stream: object) -> None:
+    async for _ in stream:  # type: ignore[attr-defined]
+        pass
+
+
+@pytest.mark.timeout(600)
+async def test_no_async_entry_point_blocks_the_loop(tiny_engine: StarCoderEngine, chat_path: Path) -> None:
+    from langchain_core.messages import HumanMessage
+    from llama_index.core.llms import ChatMessage
+
+    from langchain_starcoder import (
+        ChatStarCoder,
+        FIMPromptTemplate,
+        StarCoderLLM,
+        StarCoderPromptTemplate,
+    )
+    from langchain_starcoder.llama_index import StarCoder
+
+    start = time.perf_counter()
+    tiny_engine.encode(BIG)
+    blocking = time.perf_counter() - start  # what tokenizing on the loop would stall it for
+    e = tiny_engine
+    llm = StarCoderLLM(engine=e, max_tokens=2)
+    chat = ChatStarCoder(model=chat_path, max_tokens=2)
+    index = StarCoder(engine=e, max_tokens=2)
+    index_chat = StarCoder(model=chat_path, max_tokens=2)
+    await chat._aengine_for(None)  # loaded once, in a thread, before the clock matters
+    fim = {"prefix": BIG, "suffix": BIG}
+    template = StarCoderPromptTemplate.from_template("<file_sep>a.py\n{code}")
+    entries = {
+        "engine.agenerate": lambda: e.agenerate(BIG),
+        "engine.astream": lambda: _drain(e.astream(BIG)),
+        "engine.agenerate_batch": lambda: e.agenerate_batch([BIG, BIG]),
+        "engine.ainfill": lambda: e.ainfill(BIG, BIG, max_tokens=2),
+        "engine.astream_infill": lambda: _drain(e.astream_infill(BIG, BIG, max_tokens=2)),
+        "llm.ainvoke": lambda: llm.ainvoke(BIG),
+        "llm.astream": lambda: _drain(llm.astream(BIG)),
+        "llm.abatch": lambda: llm.abatch([BIG, BIG]),
+        "fim | llm .astream": lambda: _drain((FIMPromptTemplate() | llm).astream(fim)),
+        "fim | llm .abatch": lambda: (FIMPromptTemplate() | llm).abatch([fim, fim]),
+        "llm.ainfill": lambda: llm.ainfill(BIG, BIG),
+        "template | llm .ainvoke": lambda: (template | llm).ainvoke({"code": BIG}),
+        "template | llm .astream": lambda: _drain((template | llm).astream({"code": BIG})),
+        "chat.ainvoke": lambda: chat.ainvoke([HumanMessage(BIG)]),
+        "chat.astream": lambda: _drain(chat.astream([HumanMessage(BIG)])),
+        "chat.abatch": lambda: chat.abatch([[HumanMessage(BIG)], [HumanMessage(BIG)]]),
+        "index.acomplete": lambda: index.acomplete(BIG),
+        "index.astream_complete": lambda: index.astream_complete(BIG),
+        "index.ainfill": lambda: index.ainfill(BIG, BIG),
+        "index.achat": lambda: index_chat.achat([ChatMessage(role="user", content=BIG)]),
+        "index.astream_chat": lambda: index_chat.astream_chat([ChatMessage(role="user", content=BIG)]),
+    }
+    stalls = {name: await _max_stall(call) for name, call in entries.items()}
+    assert blocking > 0.2, "the input is too small to show a stall here"
+    # Tokenizing on the loop would stall it for ``blocking`` or more; what is left is bookkeeping.
+    assert {name: s for name, s in stalls.items() if s > blocking / 2} == {}

@@ -246,10 +246,10 @@ def test_fim_batch_is_one_engine_batch(llm: StarCoderLLM, monkeypatch: pytest.Mo
     assert (FIMPromptTemplate() | llm).batch(inputs) == singles
     assert spy.calls == [3]
     assert spy.take() == [expected_ids(llm.engine, i) for i in inputs]
-    # Raw prompts and FIM prompts in one batch: one engine batch each, each with its own encoding.
+    # Raw prompts and FIM prompts in one batch: one engine batch, each with its own encoding.
     values = [*(FIMPromptTemplate().invoke(i) for i in inputs), "def main():", "class A:"]
     assert llm.batch(values)[:3] == singles
-    assert spy.calls == [3, 2]
+    assert spy.calls == [5]
     assert spy.prompts[3:] == [llm.engine.encode("def main():"), llm.engine.encode("class A:")]
 
 

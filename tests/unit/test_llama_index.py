@@ -341,7 +341,7 @@ def test_a_released_engine_is_loaded_again(tiny_path, tmp_path):
     first = llm.get_engine()
     assert llm.complete(PROMPT).additional_kwargs["completion_tokens"] == 3
     first.close()  # as registry.release_engines() does, for this engine only
-    registry._engines.pop(registry._key(fresh, None, "auto", None, None))
+    registry._engines.pop(registry._key(fresh, {}))
     assert llm.complete(PROMPT).additional_kwargs["completion_tokens"] == 3
     assert llm.get_engine() is not first
 

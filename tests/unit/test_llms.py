@@ -439,7 +439,7 @@ def test_llm_cache_key_covers_every_fim_setting(tiny_path: Path, monkeypatch: py
     for another budget or trim was returned)."""
     cache = InMemoryCache()
     llm = StarCoderLLM(model=tiny_path, max_tokens=6, cache=cache)
-    calls = spy(monkeypatch, llm.engine, "infill_batch")
+    calls = spy(monkeypatch, llm.engine, "generate_batch")
     parts = {"prefix": "def total(xs):\n    ", "suffix": "\n    return t\n"}
     for template in (
         FIMPromptTemplate(),
