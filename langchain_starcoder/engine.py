@@ -143,18 +143,24 @@ class StarCoderEngine:
                 steps. None: 2048 on a GPU, about 4 GFLOP of work on the CPU (16 to 2048 tokens).
         """
         from .backends.mlx import MLXBackend, kv_group_size
-        from .loading import load_tokenizer, read_config, resolve_model_path, validate_load_options
-        from .models.starcoder2 import ModelArgs
+        from .loading import (
+            load_model,
+            load_tokenizer,
+            model_args,
+            read_config,
+            resolve_model_path,
+            validate_load_options,
+        )
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
         path = resolve_model_path(model, revision)
         config = read_config(path)
-        kv_group_size(ModelArgs.from_dict(config), kv_bits)  # refuse a bad kv_bits before loading
+        kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
         tokenizer = load_tokenizer(path, config)
         backend = MLXBackend(
-            path, name=str(model), quantize=quantize, group_size=group_size, dtype=dtype, kv_bits=kv_bits,
-            max_prompt_caches=max_prompt_caches, max_prompt_cache_bytes=max_prompt_cache_bytes,
-            prefill_step_size=prefill_step_size,
+            lambda: load_model(path, quantize=quantize, group_size=group_size, dtype=dtype),
+            name=str(model), path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
+            max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
         )  # fmt: skip
         return cls(backend, tokenizer)
 

@@ -400,6 +400,11 @@ def check_tokenizer_files(path: Path) -> None:
     raise CheckpointError(msg)
 
 
+def model_args(config: dict[str, Any]) -> starcoder2.ModelArgs:
+    """The model's settings from a validated config (the one place that picks the family's class)."""
+    return starcoder2.ModelArgs.from_dict(config)
+
+
 def default_compute_dtype() -> mx.Dtype | None:
     """float32 on the CPU, None (the checkpoint's dtype) on a GPU.
 
@@ -446,7 +451,7 @@ def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str)
     if quantize is not None:
         model, config = quantize_model(model, config, group_size=group_size, bits=quantize)
     mx.eval(model.parameters())
-    return LoadedModel(model, starcoder2.ModelArgs.from_dict(config), config)
+    return LoadedModel(model, model_args(config), config)
 
 
 class CodeDetokenizer(BPEStreamingDetokenizer):

@@ -22,8 +22,7 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from ..errors import EngineClosedError, InvalidParameterError
-from ..loading import load_model
-from ..models.starcoder2 import ModelArgs
+from ..loading import LoadedModel
 from ..types import GenerationParams, is_int
 from . import Generation
 from .prompt_cache import PromptCacheStore
@@ -71,8 +70,8 @@ class MLXBackend:
     """A StarCoder2 checkpoint loaded into MLX, run on its own worker thread.
 
     Args:
-        path: The checkpoint folder.
-        quantize, group_size, dtype: Load settings (see ``StarCoderEngine.load``).
+        load: Builds the model (``loading.load_model`` with its settings); run on the worker.
+        name, path: The checkpoint, for messages (and the folder, when there is one).
         kv_bits: 4 or 8 to keep the KV cache quantized, from the first token on, so a reused
             cache gives exactly what a fresh one would.
         max_prompt_caches, max_prompt_cache_bytes: Bounds of the prompt-cache store.
@@ -81,12 +80,10 @@ class MLXBackend:
 
     def __init__(
         self,
-        path: Path,
+        load: Callable[[], LoadedModel],
         *,
-        name: str | None = None,
-        quantize: int | None = None,
-        group_size: int = 64,
-        dtype: str = "auto",
+        name: str,
+        path: Path | None = None,
         kv_bits: int | None = None,
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
@@ -96,8 +93,8 @@ class MLXBackend:
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
             msg = f"prefill_step_size must be a positive integer or None, not {prefill_step_size!r}."
             raise InvalidParameterError(msg)
-        self.path = Path(path)
-        self.name = name or str(path)
+        self.name = name
+        self.path = path
         self.kv_bits = kv_bits
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         _start_worker(self._jobs)
@@ -108,14 +105,12 @@ class MLXBackend:
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         try:
-            loaded = self.call(
-                lambda: load_model(self.path, quantize=quantize, group_size=group_size, dtype=dtype)
-            )
+            loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
         except BaseException:
             self.close()
             raise
         self.model = loaded.model
-        self.config: ModelArgs = loaded.args
+        self.config = loaded.args
         self.raw_config: dict[str, Any] = loaded.config
         self.kv_group_size = kv_group_size(self.config, kv_bits)
         self.context_window = self.config.max_position_embeddings
@@ -302,7 +297,7 @@ def _prefill_chunk(model: Any) -> int:
     return int(min(2048, max(16, 2e9 // max(params, 1))))
 
 
-def kv_group_size(config: ModelArgs, kv_bits: int | None) -> int:
+def kv_group_size(config: Any, kv_bits: int | None) -> int:
     """MLX quantizes in groups of 32, 64 or 128 along the head dimension."""
     group = next((g for g in (64, 32) if config.head_dim % g == 0), None)
     if kv_bits is not None and group is None:
