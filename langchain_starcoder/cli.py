@@ -192,6 +192,7 @@ def _stream(engine: Any, chunks: Iterator[Any], echo: bool) -> str:
                     _out(chunk.text)
             last = chunk
     finally:
+        chunks.close()  # type: ignore[attr-defined]  # Ctrl-C: stop the generation, also mid-prefill
         engine.close()
     if echo and sys.stdout.isatty() and pieces and not pieces[-1].endswith("\n"):
         _out("\n")  # keep the shell prompt and the speeds off the last line of code; only on a terminal
