@@ -10,6 +10,12 @@ LlamaIndex ``RetrieverQueryEngine``.
 ``--model`` takes a hub id (default ``mlx-community/starcoder2-3b-4bit``, downloaded once) or a
 local checkpoint folder, e.g. one made with ``langchain_starcoder.testing.build_starcoder2`` (random
 weights: the pipeline runs, the answer is nonsense).
+
+With no hub access it says so and runs on a small checkpoint with random weights, built offline
+(its output is nonsense, but every step is real): see ``_offline.py``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``
+(``llama-index-retrievers-bm25`` is in it).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from _offline import model_or_offline
 from llama_index.core import SimpleDirectoryReader
 from llama_index.core.node_parser import SentenceSplitter
 from llama_index.core.prompts import PromptTemplate
@@ -61,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=2, help="code chunks to retrieve")
     args = parser.parse_args(argv)
 
-    llm = StarCoder(model=args.model, max_tokens=args.max_tokens, stop=["\n# Question:"])
+    llm = StarCoder(
+        model=model_or_offline(args.model, DEFAULT_MODEL), max_tokens=args.max_tokens, stop=["\n# Question:"]
+    )
     query_engine = build_query_engine(args.folder, llm, args.top_k)
     response = query_engine.query(args.question)
 
