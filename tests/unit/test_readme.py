@@ -99,3 +99,18 @@ def test_every_install_command_works_from_the_checkout() -> None:
     assert not found
     extras = re.findall(r'pip install -e "\.\[(\w+)\]"', README)
     assert {"openblas", "examples", "test"} <= set(extras)
+
+
+def test_the_speed_tables_say_which_shape_each_figure_is_for() -> None:
+    section = README.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    tables = re.findall(r"((?:^\|.*\|\n)+)", section, flags=re.M)
+    default_model, comparisons = tables
+    # The default model's own figures, at its real depth, and the command that measured them.
+    assert "30 layers (the real depth)" in default_model.splitlines()[0]
+    assert {"decode tokens/s", "prefill tokens/s"} <= {row.split(" | ")[0].strip("| ") for row in
+                                                      default_model.splitlines()[2:]}  # fmt: skip
+    assert "`python -m benchmarks --only fullmodel`" in section
+    # Every comparison row names its shape.
+    header, _, *rows = comparisons.splitlines()
+    assert header.split(" | ")[1] == "Shape"
+    assert all(re.search(r"narrow|layers? of 3b", row.split(" | ")[1]) for row in rows)
