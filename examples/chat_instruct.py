@@ -10,7 +10,8 @@ first exchange, which the engine's prompt cache already holds: its usage shows t
 ``--chat-template FILE``; an instruct one answers far better.
 
 With no hub access it says so and runs on a small instruct-shaped checkpoint with random weights,
-built offline (its answers are nonsense, but every step is real): see ``_offline.py``.
+built offline (its answers are nonsense, but every step is real): see ``model_or_offline`` in
+``langchain_starcoder.registry``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
@@ -20,11 +21,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from _offline import model_or_offline
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
 
 from langchain_starcoder import ChatStarCoder
 from langchain_starcoder.chat_models import DEFAULT_CHAT_MODEL
+from langchain_starcoder.registry import model_or_offline
 
 SYSTEM = "You are a careful Python programmer. Answer with short, working code."
 QUESTIONS = (

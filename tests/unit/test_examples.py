@@ -15,17 +15,15 @@ from types import ModuleType
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from langchain_starcoder import ChatStarCoder, UnsupportedModelError
+from langchain_starcoder import ChatStarCoder, ModelNotFoundError, UnsupportedModelError
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
 
 
 def load_example(name: str) -> ModuleType:
-    """Import an example script afresh, as ``python examples/NAME.py`` would (its helper is beside it)."""
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
+    """Import an example script afresh."""
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -200,16 +198,25 @@ def test_every_example_falls_back_offline_the_same_way(script: str, offline_home
     assert (offline / "config.json").is_file()
 
 
-def test_a_named_model_that_is_missing_ends_with_one_line(tmp_path: Path) -> None:
-    missing = tmp_path / "no-such-checkpoint"
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "lcel_chain.py"), "--model", str(missing)],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert result.stderr.startswith(f"error: No model folder at {missing}")
-    assert not result.stdout
+def test_only_the_default_falls_back(tmp_path: Path, tmp_home: Path, capsys) -> None:
+    from langchain_starcoder.registry import DEFAULT_MODEL, model_or_offline
+
+    folder = tmp_path / "no-such-checkpoint"
+    with pytest.raises(ModelNotFoundError, match="No model folder at"):
+        model_or_offline(str(folder))
+    with pytest.raises(ModelNotFoundError, match="Could not download 'owner/other'"):
+        model_or_offline("owner/other")
+    assert not (tmp_home / ".cache").exists() and not capsys.readouterr().out
+    assert model_or_offline(DEFAULT_MODEL) == str(
+        tmp_home / ".cache" / "langchain-starcoder" / "offline-tiny"
+    )
+
+
+def test_a_model_that_can_be_had_is_returned_as_named(tiny_path: Path, capsys) -> None:
+    from langchain_starcoder.registry import model_or_offline
+
+    assert model_or_offline(str(tiny_path)) == str(tiny_path)
+    assert not capsys.readouterr().out
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -248,7 +255,7 @@ def third_party_imports() -> dict[str, set[str]]:
     for where, source in sources.items():
         for module in _imports(source):
             top = module.split(".")[0]
-            if top in sys.stdlib_module_names or top in ("langchain_starcoder", "_offline", "__future__"):
+            if top in sys.stdlib_module_names or top in ("langchain_starcoder", "__future__"):
                 continue
             found.setdefault(module, set()).add(where)
     return found

@@ -20,8 +20,6 @@ SAMPLE_REPO = EXAMPLES / "sample_repo"
 
 
 def load_example(name: str) -> ModuleType:
-    if str(EXAMPLES) not in sys.path:  # as `python examples/NAME.py` has it: its helper is beside it
-        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
