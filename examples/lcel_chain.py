@@ -1,7 +1,12 @@
 """StarCoder2 in LangChain chains (LCEL): prompt | llm | parser, streaming, batching, fill-in-the-middle.
 
-python examples/lcel_chain.py                      # mlx-community/starcoder2-3b-4bit from the hub
-python examples/lcel_chain.py --model ./my-ckpt    # a local checkpoint folder
+    python examples/lcel_chain.py                      # mlx-community/starcoder2-3b-4bit from the hub
+    python examples/lcel_chain.py --model ./my-ckpt    # a local checkpoint folder
+
+With no hub access it says so and runs on a small checkpoint with random weights, built offline
+(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 
 from langchain_starcoder import FIMPromptTemplate, StarCoderLLM
+from langchain_starcoder.registry import model_or_offline
 
 PROMPT = PromptTemplate.from_template('def {name}({args}):\n    """{doc}"""\n')
 TASKS = [
@@ -33,7 +39,9 @@ def main() -> None:
     args = parser.parse_args()
 
     # Nothing loads here; the weights load once, on first use, and all three chains share them.
-    llm = StarCoderLLM(model=args.model, max_tokens=args.max_tokens, stop=["\ndef ", "\nclass "])
+    llm = StarCoderLLM(
+        model=model_or_offline(args.model), max_tokens=args.max_tokens, stop=["\ndef ", "\nclass "]
+    )
     chain = PROMPT | llm | StrOutputParser()
 
     print("== stream ==")
