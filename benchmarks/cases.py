@@ -823,7 +823,7 @@ def bench_fullmodel(ctx: Context) -> Section:
         prompt = code_ids(engine, prompt_tokens)
 
         def prefill(engine: Any = engine, prompt: list[int] = prompt) -> float:
-            return engine._call(lambda: prefill_rate(engine.model, mx.array(prompt)))
+            return engine.backend.call(lambda: prefill_rate(engine.backend.model, mx.array(prompt)))
 
         def decode(engine: Any = engine, prompt: list[int] = prompt) -> float:
             engine.clear_cache()
@@ -832,7 +832,7 @@ def bench_fullmodel(ctx: Context) -> Section:
         # One process, one engine at a time (the 30-layer one holds 1.8 GB): not interleaved.
         samples = interleave([("prefill", prefill), ("decode", decode)], max(1, min(ctx.reps, 2)), 0)
         rates[label] = samples
-        section.data[label] = {"layers": len(engine.model.layers), **samples}
+        section.data[label] = {"layers": len(engine.backend.model.layers), **samples}
         engine.close()
         mx.clear_cache()
     for metric in ("decode", "prefill"):

@@ -94,30 +94,31 @@ def _download(repo_id: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
+    # Raised "from None": the hub's chained errors (50 lines of httpx) would bury the message.
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS))
-    except RevisionNotFoundError as e:
+    except RevisionNotFoundError:
         msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
-        raise ModelNotFoundError(msg) from e
-    except GatedRepoError as e:
+        raise ModelNotFoundError(msg) from None
+    except GatedRepoError:
         msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
-        raise ModelNotFoundError(msg) from e
-    except RepositoryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except RepositoryNotFoundError:
         msg = f"Hub model {repo_id!r} does not exist (or is private: log in with `hf auth login`)."
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
     except HFValidationError as e:
         msg = f"{repo_id!r} is neither a local folder nor a valid hub id: {e}"
-        raise ModelNotFoundError(msg) from e
-    except LocalEntryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except LocalEntryNotFoundError:
         msg = (
             f"Could not download {repo_id!r}: the hub cannot be reached (or HF_HUB_OFFLINE is set) "
             "and the model is not in the local cache. Connect once to download it, or pass a local "
             "folder (`langchain-starcoder build-test-model DST` builds one offline)."
         )
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
     except OSError as e:
         msg = f"Download of {repo_id!r} failed: {e}. Nothing was loaded; run again to resume it."
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -209,7 +209,7 @@ def test_layerwise_build_matches_build_starcoder2(tmp_path: Path) -> None:
     assert index["weight_map"]["model.layers.2.mlp.c_fc.scales"] == "model-layer-002.safetensors"
     engine = StarCoderEngine.load(ours)
     try:
-        assert len(engine.model.layers) == 3
+        assert len(engine.backend.model.layers) == 3
         assert engine.generate("def f(x):", max_tokens=4).completion_tokens >= 1
     finally:
         engine.close()

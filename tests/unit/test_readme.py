@@ -71,11 +71,6 @@ def test_command_line_block(tmp_path: Path) -> None:
 MAX_TRACEBACK_LINES = 45
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs langchain_starcoder/loading.py _download to `raise ModelNotFoundError(msg) from None` "
-    "(the hub error stays in __context__); loading.py belongs to another branch",
-)
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_python_block_verbatim_offline_ends_in_a_short_traceback(index: int, tmp_path: Path) -> None:
     code = python_blocks()[index]
