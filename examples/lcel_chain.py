@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.prompts import PromptTemplate
 
-from langchain_starcoder import FIMPromptTemplate, StarCoderLLM
+from langchain_starcoder import FIMPromptTemplate, StarCoderLLM, StarCoderPromptTemplate
 from langchain_starcoder.registry import model_or_offline
 
-PROMPT = PromptTemplate.from_template('def {name}({args}):\n    """{doc}"""\n')
+# StarCoderPromptTemplate is LangChain's PromptTemplate, except that the variables stay data: a
+# docstring that quotes "<|endoftext|>" cannot end the prompt.
+PROMPT = StarCoderPromptTemplate.from_template('def {name}({args}):\n    """{doc}"""\n')
 TASKS = [
     {"name": "slugify", "args": "title: str", "doc": "Lowercase the title and join its words with dashes."},
     {"name": "mean", "args": "values: list[float]", "doc": "The arithmetic mean of values."},

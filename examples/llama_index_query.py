@@ -68,8 +68,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=2, help="code chunks to retrieve")
     args = parser.parse_args(argv)
 
+    # The prompt holds retrieved files: parse_special_tokens=False keeps every character of it data,
+    # so a file that contains "<|endoftext|>" or "<file_sep>" cannot end or reshape the prompt.
     llm = StarCoder(
-        model=model_or_offline(args.model, DEFAULT_MODEL), max_tokens=args.max_tokens, stop=["\n# Question:"]
+        model=model_or_offline(args.model, DEFAULT_MODEL),
+        max_tokens=args.max_tokens,
+        stop=["\n# Question:"],
+        parse_special_tokens=False,
     )
     query_engine = build_query_engine(args.folder, llm, args.top_k)
     response = query_engine.query(args.question)
