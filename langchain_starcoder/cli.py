@@ -1,5 +1,7 @@
 """The ``langchain-starcoder`` command: generate, fill in the middle, quantize, inspect and benchmark.
 
+One file: argparse and one function per command; the library work is in checkpoints.py.
+
 .. code-block:: bash
 
     langchain-starcoder generate --model mlx-community/starcoder2-3b-4bit --prompt "def fib(n):"

@@ -207,7 +207,7 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
             suffix_kept = _largest(
                 len(near_suffix),
                 lambda n: len(encode(near_suffix[:n])[0]) <= s_limit,
-                _guess_start(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
+                _guess_chars(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
             )
             suffix_ids = encode(suffix[:suffix_kept])[0]
         p_limit = room - len(suffix_ids)  # what the suffix leaves, header included
@@ -216,7 +216,13 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
             prefix_kept = _largest(
                 n_near,
                 lambda n: len(encode(header + near_prefix[n_near - n :])[0]) <= p_limit,
-                _guess_end(prefix_offsets, len(header) + n_near, len(prefix_ids), p_limit - len(header_ids)),
+                _guess_chars(
+                    prefix_offsets,
+                    len(header) + n_near,
+                    len(prefix_ids),
+                    p_limit - len(header_ids),
+                    from_end=True,
+                ),
             )
             prefix_ids = encode(header + prefix[len(prefix) - prefix_kept :])[0]
 
@@ -286,7 +292,7 @@ def _fit_file(
         ends.append(len(text))  # the unterminated last line (or the window's end): known not to fit
     if len(ends) < 2:
         return None
-    guess_chars = _guess_start(offsets, len(head + text), len(ids), limit) - len(head)
+    guess_chars = _guess_chars(offsets, len(head + text), len(ids), limit) - len(head)
     lines = _largest(
         len(ends),
         lambda k: k == 0 or 1 + len(encode(head + text[: ends[k - 1]])[0]) <= left,
@@ -320,26 +326,20 @@ def _encode_window(
     return text, ids, offsets
 
 
-def _guess_start(offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int) -> int:
-    """About how many leading characters of a text fit ``budget`` tokens (from its encoding)."""
+def _guess_chars(
+    offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int, *, from_end: bool = False
+) -> int:
+    """About how many leading (or, ``from_end``, trailing) characters of a text fit ``budget``
+    tokens, from its encoding."""
     if budget <= 0 or tokens == 0:
         return 0
     if budget >= tokens:
         return chars
-    if offsets:
-        return offsets[budget][0]  # where the first token that does not fit starts
-    return chars * budget // tokens
-
-
-def _guess_end(offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int) -> int:
-    """About how many trailing characters of a text fit ``budget`` tokens."""
-    if budget <= 0 or tokens == 0:
-        return 0
-    if budget >= tokens:
-        return chars
-    if offsets:
+    if not offsets:
+        return chars * budget // tokens
+    if from_end:
         return chars - offsets[tokens - budget - 1][1]  # after the last token that does not fit
-    return chars * budget // tokens
+    return offsets[budget][0]  # where the first token that does not fit starts
 
 
 def _largest(n: int, fits: Callable[[int], bool], guess: int) -> int:

@@ -1,4 +1,7 @@
-"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes."""
+"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes.
+
+One file: the config rules sit beside the loader that relies on them, checked before anything is built.
+"""
 
 from __future__ import annotations
 
