@@ -10,7 +10,7 @@ the event loop stays free while tokens are computed: a heartbeat task keeps tick
 several prompts in one batched pass instead.)
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
@@ -21,7 +21,7 @@ import argparse
 import asyncio
 
 from langchain_starcoder import StarCoderLLM
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 

@@ -25,7 +25,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, Huma
 
 from langchain_starcoder import ChatStarCoder
 from langchain_starcoder.chat_models import DEFAULT_CHAT_MODEL
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 SYSTEM = "You are a careful Python programmer. Answer with short, working code."
 QUESTIONS = (

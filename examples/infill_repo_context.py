@@ -7,7 +7,7 @@ The hole is in ``shop/reports.py``; the files it uses go in as context, so the m
     python examples/infill_repo_context.py --model ./my-local-checkpoint --show-prompt
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 REPO = Path(__file__).resolve().parent / "sample_repo"
 

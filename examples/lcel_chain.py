@@ -4,7 +4,7 @@
     python examples/lcel_chain.py --model ./my-ckpt    # a local checkpoint folder
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
@@ -16,7 +16,7 @@ import argparse
 from langchain_core.output_parsers import StrOutputParser
 
 from langchain_starcoder import FIMPromptTemplate, StarCoderLLM, StarCoderPromptTemplate
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 # StarCoderPromptTemplate is LangChain's PromptTemplate, except that the variables stay data: a
 # docstring that quotes "<|endoftext|>" cannot end the prompt.

@@ -12,7 +12,7 @@ local checkpoint folder, e.g. one made with ``langchain_starcoder.testing.build_
 weights: the pipeline runs, the answer is nonsense).
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``
 (``llama-index-retrievers-bm25`` is in it).
@@ -30,7 +30,7 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from langchain_starcoder.llama_index import DEFAULT_MODEL, StarCoder
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 CODE_EXTENSIONS = [".py", ".js", ".ts", ".rs", ".go", ".java", ".c", ".h", ".cpp", ".md", ".toml", ".txt"]
 

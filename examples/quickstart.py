@@ -4,7 +4,7 @@
     python examples/quickstart.py --model ./my-ckpt    # a local checkpoint folder
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from langchain_starcoder import StarCoderEngine
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 

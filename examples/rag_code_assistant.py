@@ -15,7 +15,7 @@ By default the hole is the body of ``Order.total`` in ``shop/orders.py``: the li
 holding ``--marker`` up to the next blank line are cut out, and the model writes them again.
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real): see ``langchain_starcoder.registry.model_or_offline``.
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``
 (``bm25s`` is in it).
@@ -35,7 +35,7 @@ import numpy as np
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
-from langchain_starcoder.registry import model_or_offline
+from langchain_starcoder.testing import model_or_offline
 
 SAMPLE_REPO = Path(__file__).resolve().parent / "sample_repo"
 

@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from .engine import StarCoderEngine
-from .errors import ModelNotFoundError
-from .loading import resolve_model_path
 
 #: The model the wrappers and the command line use when none is named.
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
@@ -72,28 +70,3 @@ def release_engines() -> None:
     for future in futures:
         if future.done() and future.exception() is None:
             future.result().close()
-
-
-def model_or_offline(model: str, default: str = DEFAULT_MODEL, *, instruct: bool = False) -> str:
-    """``model`` if it can be had, else, for ``default`` only, a small offline checkpoint (examples, demos).
-
-    A folder is used as it is; a hub id is downloaded here (once; then it is in the local hub cache). With
-    no hub access (offline, or ``HF_HUB_OFFLINE=1``) and no cached copy, ``default`` is replaced by a
-    checkpoint with random weights built offline once under ``~/.cache/langchain-starcoder`` (its output
-    is nonsense, but every step is real), and two lines on stdout say why and where. Any other model that
-    cannot be had raises :class:`ModelNotFoundError`. ``instruct`` builds the stand-in with a chat template.
-    """
-    try:
-        resolve_model_path(model)
-    except ModelNotFoundError as err:
-        if model != default:
-            raise
-        from .testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
-
-        kind = "instruct " if instruct else ""
-        path = Path.home() / ".cache" / "langchain-starcoder" / f"offline-tiny{'-instruct' * instruct}"
-        print(f"{err}\n-> Using an offline {kind}checkpoint with random weights at {path}.\n", flush=True)
-        if not (path / "config.json").is_file():  # config.json is written last
-            build_starcoder2(path, chat_template=INSTRUCT_CHAT_TEMPLATE if instruct else None)
-        return str(path)
-    return model

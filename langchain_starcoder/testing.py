@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, ModelNotFoundError
+from .loading import resolve_model_path
+from .registry import DEFAULT_MODEL
 
 #: StarCoder2's special tokens, in the order (and so with the ids) of the real tokenizer.
 SPECIAL_TOKENS = (
@@ -384,3 +386,26 @@ def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> 
 def copy_checkpoint(src: str | Path, dst: str | Path) -> Path:
     """Copy a built checkpoint folder (tests that damage a checkpoint work on a copy)."""
     return Path(shutil.copytree(src, dst, dirs_exist_ok=True))
+
+
+def model_or_offline(model: str, default: str = DEFAULT_MODEL, *, instruct: bool = False) -> str:
+    """``model`` if it can be had, else, for ``default`` only, a small offline checkpoint (examples, demos).
+
+    A folder is used as it is; a hub id is downloaded here (once; then it is in the local hub cache). With
+    no hub access (offline, or ``HF_HUB_OFFLINE=1``) and no cached copy, ``default`` is replaced by a
+    checkpoint with random weights built offline once under ``~/.cache/langchain-starcoder`` (its output
+    is nonsense, but every step is real), and two lines on stdout say why and where. Any other model that
+    cannot be had raises :class:`ModelNotFoundError`. ``instruct`` builds the stand-in with a chat template.
+    """
+    try:
+        resolve_model_path(model)
+    except ModelNotFoundError as err:
+        if model != default:
+            raise
+        kind = "instruct " if instruct else ""
+        path = Path.home() / ".cache" / "langchain-starcoder" / f"offline-tiny{'-instruct' * instruct}"
+        print(f"{err}\n-> Using an offline {kind}checkpoint with random weights at {path}.\n", flush=True)
+        if not (path / "config.json").is_file():  # config.json is written last
+            build_starcoder2(path, chat_template=INSTRUCT_CHAT_TEMPLATE if instruct else None)
+        return str(path)
+    return model

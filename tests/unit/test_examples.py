@@ -199,7 +199,8 @@ def test_every_example_falls_back_offline_the_same_way(script: str, offline_home
 
 
 def test_only_the_default_falls_back(tmp_path: Path, tmp_home: Path, capsys) -> None:
-    from langchain_starcoder.registry import DEFAULT_MODEL, model_or_offline
+    from langchain_starcoder.registry import DEFAULT_MODEL
+    from langchain_starcoder.testing import model_or_offline
 
     folder = tmp_path / "no-such-checkpoint"
     with pytest.raises(ModelNotFoundError, match="No model folder at"):
@@ -213,7 +214,7 @@ def test_only_the_default_falls_back(tmp_path: Path, tmp_home: Path, capsys) -> 
 
 
 def test_a_model_that_can_be_had_is_returned_as_named(tiny_path: Path, capsys) -> None:
-    from langchain_starcoder.registry import model_or_offline
+    from langchain_starcoder.testing import model_or_offline
 
     assert model_or_offline(str(tiny_path)) == str(tiny_path)
     assert not capsys.readouterr().out
