@@ -155,9 +155,7 @@ def _generation(args: argparse.Namespace) -> dict[str, Any]:
 
 def _load_engine(args: argparse.Namespace) -> Any:
     from .engine import StarCoderEngine
-    from .loading import validate_load_options
 
-    validate_load_options(args.quantize, 64, args.dtype, args.kv_bits)
     started = time.perf_counter()
     # mlx-lm prints "[INFO] Quantized model ..." when quantizing on load; stdout is only for the text.
     with contextlib.redirect_stdout(sys.stderr):
