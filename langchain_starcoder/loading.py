@@ -494,7 +494,8 @@ def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str)
         raise InvalidParameterError(msg)
     try:
         family = _family(config)
-        model, config = mlx_load_model(path, get_model_classes=lambda config: (family.Model, family.ModelArgs))
+        classes = (family.Model, family.ModelArgs)
+        model, config = mlx_load_model(path, get_model_classes=lambda config: classes)
     except ValueError as e:
         if "Received parameters not in model" in str(e) or "Missing parameters" in str(e):
             msg = f"The weights in {path} do not match its config.json: {e}"
