@@ -286,7 +286,8 @@ def build_gpt_bigcode(
         seed: Seed of the weights; the same seed gives the same checkpoint.
         dtype: Weight dtype on disk: "float32", "float16" or "bfloat16".
         chat_template: A Jinja chat template for tokenizer_config.json; with
-            :data:`STARCHAT_CHAT_TEMPLATE` the vocabulary also gets starchat's chat tokens.
+            :data:`STARCHAT_CHAT_TEMPLATE` the vocabulary also gets starchat's chat tokens, and
+            ``<|end|>`` is the tokenizer's eos token (as in starchat).
         tie_word_embeddings: True shares ``wte`` with the output layer, as the real checkpoints do;
             untied by default (random tied weights tend to repeat their input token).
     """
@@ -322,10 +323,10 @@ def build_gpt_bigcode(
     }
     if n_positions is not None:
         config["n_positions"] = n_positions
-    specials = STARCODER_SPECIAL_TOKENS
-    if chat_template is not None and "<|end|>" in chat_template:
-        specials += STARCHAT_TOKENS
-    _write_tokenizer(path, config["vocab_size"], chat_template, specials)
+    starchat = chat_template == STARCHAT_CHAT_TEMPLATE
+    specials = STARCODER_SPECIAL_TOKENS + (STARCHAT_TOKENS if starchat else ())
+    eos = "<|end|>" if starchat else "<|endoftext|>"
+    _write_tokenizer(path, config["vocab_size"], chat_template, specials, eos)
     _write_safetensors(path, _random_gpt_bigcode_weights(config, seed), dtype, None)
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2))
@@ -459,7 +460,11 @@ def _corpus(seed: int = 1234, documents: int = 3000) -> list[str]:
 
 
 def _write_tokenizer(
-    path: Path, vocab_size: int, chat_template: str | None, special_tokens: tuple[str, ...] = SPECIAL_TOKENS
+    path: Path,
+    vocab_size: int,
+    chat_template: str | None,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    eos_token: str = "<|endoftext|>",
 ) -> None:
     """A byte-level BPE shaped like StarCoder's (digits split, no prefix space), trained in seconds."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -502,7 +507,7 @@ def _write_tokenizer(
         "added_tokens_decoder": added,
         "additional_special_tokens": list(special_tokens),
         "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>",
+        "eos_token": eos_token,
         "unk_token": "<|endoftext|>",
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1000000000000000019884624838656,
@@ -512,7 +517,8 @@ def _write_tokenizer(
         tokenizer_config["chat_template"] = chat_template
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     special_map = {
-        **{name: "<|endoftext|>" for name in ("bos_token", "eos_token", "unk_token")},
+        **{name: "<|endoftext|>" for name in ("bos_token", "unk_token")},
+        "eos_token": eos_token,
         "additional_special_tokens": list(special_tokens),
     }
     (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
