@@ -175,3 +175,22 @@ def test_bad_configs(
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(error, match=names):
         StarCoderEngine.load(path)
+
+
+def test_quantized_copy_and_info(tmp_path: Path) -> None:
+    """``quantize`` writes an mlx-community-style GPTBigCode checkpoint that loads; ``info`` reads both."""
+    from langchain_starcoder.checkpoints import checkpoint_info, format_info, quantize_checkpoint
+
+    src = build_gpt_bigcode(tmp_path / "src", preset="small")
+    dst = quantize_checkpoint(src, tmp_path / "q4", bits=4, group_size=64, progress=False)
+    info = checkpoint_info(dst)
+    assert (info["architecture"], info["kv_heads"], info["context_window"]) == ("gpt_bigcode", 1, 1024)
+    assert info["quantization"]["bits"] == 4 and info["rope_theta"] is None
+    assert "learned positions" in format_info(info) and "learned positions" in format_info(
+        checkpoint_info(src)
+    )
+    engine = StarCoderEngine.load(dst)
+    try:
+        assert engine.generate("def f(x):", max_tokens=4).completion_tokens == 4
+    finally:
+        engine.close()
