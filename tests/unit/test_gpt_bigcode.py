@@ -194,3 +194,22 @@ def test_quantized_copy_and_info(tmp_path: Path) -> None:
         assert engine.generate("def f(x):", max_tokens=4).completion_tokens == 4
     finally:
         engine.close()
+
+
+def test_tied_checkpoint_with_stored_head_and_mask_buffers(tmp_path: Path) -> None:
+    """Older GPTBigCode files also store the tied ``lm_head`` and the causal-mask buffers: dropped."""
+    from safetensors.numpy import load_file, save_file
+
+    path = build_gpt_bigcode(tmp_path / "tied", tie_word_embeddings=True, seed=9)
+    weights = load_file(str(path / "model.safetensors"))
+    assert "lm_head.weight" not in weights
+    weights["lm_head.weight"] = weights["transformer.wte.weight"].copy()
+    weights["transformer.bias"] = np.tril(np.ones((8, 8), dtype=bool))
+    weights["transformer.h.0.attn.masked_bias"] = np.array(-1e4, dtype=np.float32)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    engine = StarCoderEngine.load(path)
+    try:
+        ids = prompt_ids(100, seed=2)
+        assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
+    finally:
+        engine.close()
