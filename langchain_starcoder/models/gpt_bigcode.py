@@ -177,8 +177,9 @@ class GPTBigCodeModel(nn.Module):
         batch cache, whose offset is per row (tokens so far minus that row's left padding)."""
         offset = cache[0].offset if cache and cache[0] is not None else 0
         if isinstance(offset, mx.array):
-            # Left padding has negative positions; its keys are masked, so any valid id will do.
-            return mx.maximum(offset[:, None] + mx.arange(length)[None], 0)
+            # Left padding has negative positions (its keys are masked), and a finished row may run
+            # past the table while others go on (its output is dropped): any valid id will do.
+            return mx.clip(offset[:, None] + mx.arange(length)[None], 0, self.args.n_positions - 1)
         if offset + length > self.args.n_positions:  # an embedding lookup past the table is garbage
             msg = (
                 f"{offset + length} positions, but this model has learned {self.args.n_positions} "

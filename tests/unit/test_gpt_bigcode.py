@@ -141,6 +141,12 @@ def test_context_window_is_n_positions(tmp_path: Path) -> None:
         with pytest.raises(ContextLengthError, match=r"60.*8.*64"):
             engine.generate(prompt_ids(60), max_tokens=8)
         assert engine.generate(prompt_ids(56), max_tokens=8).completion_tokens <= 8
+        # A batch whose rows each end at the last position, and one that would pass it.
+        rows = [prompt_ids(56, seed=1), prompt_ids(40, seed=2)]
+        batch = engine.generate_batch(rows, max_tokens=8)
+        assert [b.token_ids for b in batch] == [engine.generate(r, max_tokens=8).token_ids for r in rows]
+        with pytest.raises(ContextLengthError):
+            engine.generate_batch([*rows, prompt_ids(57)], max_tokens=8)
         model = engine.backend.model
         with pytest.raises(ValueError, match="n_positions"):  # a direct call past the table
             engine.backend.call(lambda: model(mx.array(prompt_ids(65))[None]))
@@ -210,6 +216,20 @@ def test_tied_checkpoint_with_stored_head_and_mask_buffers(tmp_path: Path) -> No
     engine = StarCoderEngine.load(path)
     try:
         ids = prompt_ids(100, seed=2)
+        assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("activation", ["gelu_fast", "gelu_new", "gelu", "relu"])
+def test_other_activations_match_transformers(tmp_path: Path, activation: str) -> None:
+    """SantaCoder-era configs name other activations; transformers' gelu_fast is the tanh form too."""
+    path = build_gpt_bigcode(tmp_path / activation, seed=10)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "activation_function": activation}))
+    engine = StarCoderEngine.load(path)
+    try:
+        ids = prompt_ids(100, seed=4)
         assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
     finally:
         engine.close()
