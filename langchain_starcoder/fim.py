@@ -1,5 +1,7 @@
 """Fill-in-the-middle (FIM) prompts for StarCoder models, with token budgets and suffix-overlap trimming.
 
+Why one file: both families' layouts share one budget (what is kept of the hole and the files).
+
 Layouts (``P``, ``S`` are the prefix and suffix of the hole, ``<...>`` are single control tokens):
 
 - PSM: ``<fim_prefix>P<fim_suffix>S<fim_middle>``, the model writes the middle next.

@@ -1,4 +1,8 @@
-"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes."""
+"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes.
+
+Why one file: every check before loading (config, weight files, their shapes) reads the same family
+dispatch, and each error names what the loader would have failed on.
+"""
 
 from __future__ import annotations
 

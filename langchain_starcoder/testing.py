@@ -1,9 +1,11 @@
 """Build StarCoder2 and StarCoder (GPTBigCode) checkpoints offline, for tests, examples and benchmarks.
 
-The checkpoints have the real layout (Hugging Face ``Starcoder2ForCausalLM`` weight names and config, a
-byte-level BPE ``tokenizer.json`` carrying StarCoder2's special tokens with ``<|endoftext|>`` at id 0), so
-transformers, mlx-lm and this package all load them. The weights are random, so the text they generate
-is nonsense, but it is deterministic for a given ``seed``.
+Why one file: both families' builders share the tokenizer trainer, its corpus and the weight writers.
+
+The checkpoints have the real layout (Hugging Face ``Starcoder2ForCausalLM`` / ``GPTBigCodeForCausalLM``
+weight names and config, a byte-level BPE ``tokenizer.json`` carrying the family's special tokens with
+``<|endoftext|>`` at id 0), so transformers, mlx-lm and this package all load them. The weights are
+random, so the text they generate is nonsense, but it is deterministic for a given ``seed``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,12 +150,8 @@ def build_starcoder2(
     return path
 
 
-def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
-    """Random weights of the Hugging Face layout, scaled so that activations stay O(1)."""
-    rng = np.random.default_rng(seed)
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = hidden // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
+def _makers(rng: np.random.Generator) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """Random matrices scaled by 1/sqrt(fan-in), and vectors around ``mean``: activations stay O(1)."""
 
     def dense(rows: int, cols: int) -> np.ndarray:
         return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols**-0.5)
@@ -160,6 +159,17 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     def vector(n: int, scale: float = 0.02, mean: float = 0.0) -> np.ndarray:
         return mean + rng.standard_normal(n, dtype=np.float32) * np.float32(scale)
 
+    return dense, vector
+
+
+def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Random weights of the Hugging Face layout, scaled so that activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+
+    dense, vector = _makers(rng)
     embed = rng.standard_normal((config["vocab_size"], hidden), dtype=np.float32) * np.float32(0.3)
     # Keep special tokens rare in random-weight output, so test generations run on as text.
     embed[: len(SPECIAL_TOKENS)] *= np.float32(0.05)
@@ -288,8 +298,7 @@ def build_gpt_bigcode(
         chat_template: A Jinja chat template for tokenizer_config.json; with
             :data:`STARCHAT_CHAT_TEMPLATE` the vocabulary also gets starchat's chat tokens, and
             ``<|end|>`` is the tokenizer's eos token (as in starchat).
-        tie_word_embeddings: True shares ``wte`` with the output layer, as the real checkpoints do;
-            untied by default (random tied weights tend to repeat their input token).
+        tie_word_embeddings: True shares ``wte`` with the output layer, as real checkpoints do.
     """
     if preset not in GPT_BIGCODE_PRESETS:
         msg = f"Unknown preset {preset!r}; choose one of {sorted(GPT_BIGCODE_PRESETS)}."
@@ -302,25 +311,15 @@ def build_gpt_bigcode(
     for old in path.glob("model*.safetensors*"):
         old.unlink()
     config: dict[str, Any] = {
-        "model_type": "gpt_bigcode",
-        "architectures": ["GPTBigCodeForCausalLM"],
+        "model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"],
         **GPT_BIGCODE_PRESETS[preset],
-        "activation_function": "gelu_pytorch_tanh",
-        "layer_norm_epsilon": 1e-5,
-        "multi_query": multi_query,
-        "scale_attn_weights": True,
-        "attention_softmax_in_fp32": True,
+        "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "multi_query": multi_query,
+        "scale_attn_weights": True, "attention_softmax_in_fp32": True,
         "scale_attention_softmax_in_fp32": True,
-        "tie_word_embeddings": tie_word_embeddings,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        "attn_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "resid_pdrop": 0.0,
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "torch_dtype": dtype,
-    }
+        "tie_word_embeddings": tie_word_embeddings, "bos_token_id": 0, "eos_token_id": 0,
+        "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "initializer_range": 0.02,
+        "use_cache": True, "torch_dtype": dtype,
+    }  # fmt: skip
     if n_positions is not None:
         config["n_positions"] = n_positions
     starchat = chat_template == STARCHAT_CHAT_TEMPLATE
@@ -340,12 +339,7 @@ def _random_gpt_bigcode_weights(config: dict[str, Any], seed: int) -> dict[str, 
     inner = config["n_inner"] or 4 * hidden
     kv = (1 if config["multi_query"] else config["n_head"]) * (hidden // config["n_head"])
 
-    def dense(rows: int, cols: int) -> np.ndarray:
-        return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols**-0.5)
-
-    def vector(n: int, scale: float = 0.02, mean: float = 0.0) -> np.ndarray:
-        return mean + rng.standard_normal(n, dtype=np.float32) * np.float32(scale)
-
+    dense, vector = _makers(rng)
     embed = rng.standard_normal((config["vocab_size"], hidden), dtype=np.float32) * np.float32(0.3)
     embed[: len(STARCODER_SPECIAL_TOKENS)] *= np.float32(0.05)  # keep control tokens rare in output
     weights = {
@@ -374,63 +368,13 @@ def _random_gpt_bigcode_weights(config: dict[str, Any], seed: int) -> dict[str, 
 # --- tokenizer -------------------------------------------------------------------------------
 
 _WORDS = [
-    "self",
-    "value",
-    "index",
-    "count",
-    "total",
-    "result",
-    "items",
-    "data",
-    "config",
-    "model",
-    "token",
-    "prompt",
-    "cache",
-    "engine",
-    "request",
-    "response",
-    "stream",
-    "chunk",
-    "buffer",
-    "parser",
-    "reader",
-    "writer",
-    "file",
-    "path",
-    "name",
-    "user",
-    "client",
-    "server",
-    "query",
-    "table",
-    "row",
-    "column",
-    "key",
-    "node",
-    "tree",
-    "graph",
-    "list",
-    "dict",
-    "string",
-    "number",
-    "error",
-    "message",
-    "window",
-    "layer",
-    "weight",
-    "matrix",
-    "vector",
-    "batch",
-    "queue",
-    "thread",
-    "lock",
-    "event",
-    "state",
-    "handler",
-    "callback",
-    "future",
-]
+    "self", "value", "index", "count", "total", "result", "items", "data", "config", "model", "token",
+    "prompt", "cache", "engine", "request", "response", "stream", "chunk", "buffer", "parser", "reader",
+    "writer", "file", "path", "name", "user", "client", "server", "query", "table", "row", "column", "key",
+    "node", "tree", "graph", "list", "dict", "string", "number", "error", "message", "window", "layer",
+    "weight", "matrix", "vector", "batch", "queue", "thread", "lock", "event", "state", "handler",
+    "callback", "future",
+]  # fmt: skip
 _TEMPLATES = (
     'def {a}_{b}({c}, {d}=None):\n    """Return the {b} of {c}."""\n    if {d} is None:\n'
     "        {d} = {n}\n    return [{c}.{a} for {c} in {d}]\n\n",
