@@ -461,8 +461,9 @@ def _write_tokenizer(
         tokenizer_config["chat_template"] = chat_template
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     special_map = {
-        **{name: "<|endoftext|>" for name in ("bos_token", "unk_token")},
+        "bos_token": "<|endoftext|>",
         "eos_token": eos_token,
+        "unk_token": "<|endoftext|>",
         "additional_special_tokens": list(special_tokens),
     }
     (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
