@@ -61,6 +61,18 @@ def test_batch_equals_each_alone(engine: StarCoderEngine, uncached: StarCoderEng
     assert [b.token_ids for b in batch] == [a.token_ids for a in alone]
 
 
+def test_batch_in_small_prefill_steps(family_path: Path, uncached: StarCoderEngine) -> None:
+    """Rows padded on the right while prefilled in steps, then rolled to the left: same tokens."""
+    stepped = StarCoderEngine.load(family_path, prefill_step_size=5)
+    try:
+        batch = stepped.generate_batch(PROMPTS, max_tokens=10)
+        assert [b.token_ids for b in batch] == [
+            uncached.generate(p, max_tokens=10).token_ids for p in PROMPTS
+        ]
+    finally:
+        stepped.close()
+
+
 def test_batch_stops_each_on_its_own(engine: StarCoderEngine) -> None:
     full = engine.generate_batch(PROMPTS[:3], max_tokens=16)
     stop = full[1].text[4:7]
