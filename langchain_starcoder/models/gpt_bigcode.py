@@ -5,8 +5,9 @@ models: fused ``c_attn``, multi-query attention (one key/value head) or multi-he
 absolute positions (``wpe``), LayerNorm, biases everywhere. mlx-lm 0.32 ships a gpt_bigcode module,
 but it uses erf GELU where checkpoints ask for ``gelu_pytorch_tanh``, cannot build a config whose
 ``n_inner`` is null, splits a multi-head ``c_attn`` as ``[q | k | v]`` where transformers interleaves
-it per head, and gives every row of a left-padded batch the same positions. This module fixes the four;
-the weight names are those of Hugging Face's ``GPTBigCodeForCausalLM``, so its safetensors load as they are.
+it per head, and takes positions from one integer offset, which a batch cache (an offset per left-padded
+row) does not have. This module fixes the four; the weight names are those of Hugging Face's
+``GPTBigCodeForCausalLM`` (and of mlx-lm's conversions), so their safetensors load as they are.
 """
 
 from __future__ import annotations
