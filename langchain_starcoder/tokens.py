@@ -34,13 +34,15 @@ class Codec:
 _codecs: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
 
 
-def data_tokenizer(backend: Any) -> Any:
-    """A copy of a ``tokenizers.Tokenizer`` that reads control-token strings as plain text."""
+def tokenizer_copy(backend: Any, *, parse_special_tokens: bool) -> Any:
+    """A private copy of a ``tokenizers.Tokenizer`` that parses control-token strings, or reads them
+    as plain text. Private: transformers flips the shared one's ``encode_special_tokens`` whenever
+    anyone encodes with ``split_special_tokens=True``."""
     from tokenizers import Tokenizer
 
-    data = Tokenizer.from_str(backend.to_str())
-    data.encode_special_tokens = True
-    return data
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.encode_special_tokens = not parse_special_tokens
+    return copy
 
 
 # ``encode_batch`` lets other Python threads run while it works (``encode`` holds the GIL): a long
@@ -69,7 +71,7 @@ def codec_for(tokenizer: Any) -> Codec:
             return _codecs[inner]
     backend = inner if isinstance(inner, Tokenizer) else getattr(inner, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
-        codec = Codec(_fast_encoder(data_tokenizer(backend)), backend.token_to_id)
+        codec = Codec(_fast_encoder(tokenizer_copy(backend, parse_special_tokens=False)), backend.token_to_id)
     elif callable(getattr(inner, "encode", None)) and callable(getattr(inner, "get_vocab", None)):
         vocab = inner.get_vocab()  # a Python (slow) transformers tokenizer
 
@@ -94,8 +96,8 @@ def parsing_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
     inner = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
-    backend = getattr(inner, "backend_tokenizer", inner)
-    return lambda text: backend.encode_batch([text], add_special_tokens=False)[0].ids
+    parsed = tokenizer_copy(getattr(inner, "backend_tokenizer", inner), parse_special_tokens=True)
+    return lambda text: parsed.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def encode_segments(

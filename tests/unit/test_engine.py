@@ -408,3 +408,16 @@ def test_bad_parameters(tiny_engine: StarCoderEngine, params: dict) -> None:
 def test_bad_prompts(tiny_engine: StarCoderEngine, prompt: object) -> None:
     with pytest.raises(InvalidParameterError):
         tiny_engine.generate(prompt, max_tokens=4)  # type: ignore[arg-type]
+
+
+def test_prompt_parsing_survives_split_special_tokens_elsewhere(tiny_engine: StarCoderEngine) -> None:
+    """transformers flips its shared tokenizer's encode_special_tokens when anyone encodes with
+    split_special_tokens=True; the engine's own encoders do not follow it."""
+    hf = tiny_engine.tokenizer._tokenizer
+    before = tiny_engine.encode("<file_sep>x = 1\n")
+    try:
+        hf.encode("<file_sep>x", split_special_tokens=True)
+        assert tiny_engine.encode("<file_sep>x = 1\n") == before
+        assert before[0] == tiny_engine.token_id("<file_sep>")
+    finally:
+        hf.backend_tokenizer.encode_special_tokens = False
