@@ -21,16 +21,10 @@ import mlx.nn as nn
 from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_product_attention
 
 from ..errors import UnsupportedModelError
+from . import ACTIVATIONS
 
 #: The ``activation_function`` values this module runs, and their MLX functions (transformers'
 #: ``gelu_fast`` and ``gelu_new`` are the tanh approximation, as ``gelu_pytorch_tanh`` is).
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": nn.gelu_approx,
-    "gelu_new": nn.gelu_approx,
-    "gelu_fast": nn.gelu_approx,
-    "gelu": nn.gelu,
-    "relu": nn.relu,
-}
 
 
 @dataclass
@@ -52,10 +46,10 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        if self.activation_function not in _ACTIVATIONS:
+        if self.activation_function not in ACTIVATIONS:
             msg = (
                 f"Unsupported activation_function {self.activation_function!r}; "
-                f"expected one of {sorted(_ACTIVATIONS)}."
+                f"expected one of {sorted(ACTIVATIONS)}."
             )
             raise UnsupportedModelError(msg)
 
@@ -136,7 +130,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(args.n_embd, args.intermediate_size)
         self.c_proj = nn.Linear(args.intermediate_size, args.n_embd)
-        self.act = _ACTIVATIONS[args.activation_function]
+        self.act = ACTIVATIONS[args.activation_function]
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.c_proj(self.act(self.c_fc(x)))

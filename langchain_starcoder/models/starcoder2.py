@@ -17,14 +17,9 @@ from mlx.utils import tree_map
 from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_product_attention
 
 from ..errors import UnsupportedModelError
+from . import ACTIVATIONS
 
 #: The ``hidden_act`` values this module runs, and their MLX functions.
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": nn.gelu_approx,
-    "gelu_new": nn.gelu_approx,
-    "gelu_fast": nn.gelu_fast_approx,
-    "gelu": nn.gelu,
-}
 
 
 @dataclass
@@ -48,8 +43,8 @@ class ModelArgs(BaseModelArgs):
     tie_word_embeddings: bool = True
 
     def __post_init__(self) -> None:
-        if self.hidden_act not in _ACTIVATIONS:
-            msg = f"Unsupported hidden_act {self.hidden_act!r}; expected one of {sorted(_ACTIVATIONS)}."
+        if self.hidden_act not in ACTIVATIONS:
+            msg = f"Unsupported hidden_act {self.hidden_act!r}; expected one of {sorted(ACTIVATIONS)}."
             raise UnsupportedModelError(msg)
         rope_type = (self.rope_parameters or {}).get("rope_type", "default")
         if rope_type != "default":
@@ -122,7 +117,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(args.hidden_size, args.intermediate_size, bias=args.use_bias)
         self.c_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.use_bias)
-        self.act = _ACTIVATIONS[args.hidden_act]
+        self.act = ACTIVATIONS[args.hidden_act]
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.c_proj(self.act(self.c_fc(x)))

@@ -90,10 +90,10 @@ def test_config_that_is_not_an_object(tmp_path: Path, tiny_path: Path, config: A
 @pytest.mark.parametrize(
     ("change", "name"),
     [
-        ({"hidden_act": "relu"}, "'relu'"),
+        ({"hidden_act": "swish"}, "'swish'"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "'yarn'"),
     ],
-    ids=["relu", "yarn"],
+    ids=["swish", "yarn"],
 )
 def test_unsupported_settings(tmp_path: Path, tiny_path: Path, change: dict, name: str) -> None:
     path = damaged(tiny_path, tmp_path / "unsupported", change)
