@@ -123,12 +123,15 @@ class StarCoderEngine:
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
         prefill_step_size: int | None = None,
+        gguf_file: str | None = None,
+        sliding_window: int | None = None,
     ) -> StarCoderEngine:
-        """Load a StarCoder2 checkpoint from a folder or the Hugging Face hub into MLX.
+        """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX.
 
         Args:
-            model: A local folder, or a hub id (downloaded and cached by huggingface_hub; set
-                ``HF_HUB_OFFLINE=1`` to use the cache only).
+            model: A local folder, a hub id (downloaded and cached by huggingface_hub; set
+                ``HF_HUB_OFFLINE=1`` to use the cache only), or a local ``.gguf`` file (llama.cpp,
+                Ollama).
             quantize: None, 4 or 8: quantize a full-precision checkpoint on load. A checkpoint that
                 is already quantized loads as it is; asking to quantize it again is an error.
             group_size: Quantization group size (32, 64 or 128), with ``quantize``.
@@ -141,8 +144,14 @@ class StarCoderEngine:
             max_prompt_caches, max_prompt_cache_bytes: see the class docs.
             prefill_step_size: Prompt tokens per prefill step; a cancelled request stops between
                 steps. None: 2048 on a GPU, about 4 GFLOP of work on the CPU (16 to 2048 tokens).
+            gguf_file: The GGUF file to load from the folder or hub repo ``model`` (the hub
+                download fetches that one file; ``revision`` pins it). Its tokenizer comes from the
+                file itself. Q4_0, Q4_1 and Q8_0 stay quantized; see :mod:`langchain_starcoder.gguf_format`.
+            sliding_window: GGUF files only (they do not record it): the attention window, 0 for full
+                attention. By default StarCoder2's published 4096, with a notice.
         """
         from .backends.mlx import MLXBackend, kv_group_size
+        from .gguf_format import is_gguf
         from .loading import (
             load_model,
             load_tokenizer,
@@ -153,6 +162,16 @@ class StarCoderEngine:
         )
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
+        if is_gguf(model, gguf_file):
+            return cls._load_gguf(
+                model, gguf_file, revision, sliding_window, kv_bits=kv_bits,
+                max_prompt_caches=max_prompt_caches, max_prompt_cache_bytes=max_prompt_cache_bytes,
+                prefill_step_size=prefill_step_size,
+                load=dict(quantize=quantize, group_size=group_size, dtype=dtype),
+            )  # fmt: skip
+        if sliding_window is not None:
+            msg = "sliding_window= applies to GGUF files only; a checkpoint folder's config.json sets it."
+            raise InvalidParameterError(msg)
         path = resolve_model_path(model, revision)
         config = read_config(path)
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
@@ -162,6 +181,37 @@ class StarCoderEngine:
             name=str(model), path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
         )  # fmt: skip
+        return cls(backend, tokenizer)
+
+    @classmethod
+    def _load_gguf(
+        cls,
+        model: str | os.PathLike[str],
+        gguf_file: str | None,
+        revision: str | None,
+        sliding_window: int | None,
+        *,
+        kv_bits: int | None,
+        load: dict[str, Any],
+        **backend_settings: Any,
+    ) -> StarCoderEngine:
+        """:meth:`load` for a GGUF file: config, tokenizer and weights all come from the file."""
+        from .backends.mlx import MLXBackend, kv_group_size
+        from .gguf_format import gguf_tokenizer, load_gguf_model, read_gguf, resolve_gguf_file, warn_notices
+        from .loading import model_args
+
+        file = resolve_gguf_file(model, gguf_file, revision)
+        checkpoint = read_gguf(file, sliding_window=sliding_window)
+        kv_group_size(model_args(checkpoint.config), kv_bits)  # refuse a bad kv_bits before loading
+        tokenizer = gguf_tokenizer(checkpoint)
+        warn_notices(checkpoint)
+        backend = MLXBackend(
+            lambda: load_gguf_model(checkpoint, **load),
+            name=str(model) if gguf_file is None else f"{model}/{gguf_file}",
+            path=file,
+            kv_bits=kv_bits,
+            **backend_settings,
+        )
         return cls(backend, tokenizer)
 
     def close(self) -> None:

@@ -3,8 +3,9 @@
 The header is parsed here (each tensor's own type, shape and extent, so a bad file fails before
 anything is allocated); the weights are read by MLX's own GGUF reader (``mx.load``), which returns
 Q4_0, Q4_1 and Q8_0 as MLX affine group-32 quantized triples (exactly: no dequantize-requantize
-round trip) and the K-quants Q2_K, Q4_K and Q6_K as float16. Those K-quants are dequantized (one
-notice says what it costs); every other quantized type is refused with the list of supported ones.
+round trip) and the K-quants Q2_K and Q6_K as float16 (Q4_K, which it gets wrong, is dequantized
+here). K-quants stay dequantized (one notice says what it costs); every other quantized type is
+refused with the list of supported ones.
 """
 
 from __future__ import annotations
@@ -307,7 +308,11 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
         token = header.metadata.get(f"tokenizer.ggml.{name}_token_id")
         if isinstance(token, int):
             config[key] = token
-    hidden, heads, kv_heads = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hidden, heads, kv_heads = (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    )
     if hidden % heads or heads % kv_heads:
         msg = (
             f"{header.path}: embedding_length {hidden}, head_count {heads} and head_count_kv {kv_heads} "
@@ -381,14 +386,14 @@ def quantized_layers(header: GGUFHeader) -> dict[str, dict[str, int]]:
 
 def warn_notices(checkpoint: GGUFCheckpoint) -> None:
     for notice in checkpoint.notices:
-        warnings.warn(notice, GGUFNotice, stacklevel=3)
+        warnings.warn(notice, GGUFNotice, stacklevel=4)  # at the caller of StarCoderEngine.load
 
 
 # --- weights ---------------------------------------------------------------------------------------------
 
 
 def read_weights(checkpoint: GGUFCheckpoint) -> dict[str, Any]:
-    """The file's tensors under our names, through ``mx.load`` (BF16 read exactly, see below)."""
+    """The file's tensors under our names, through ``mx.load`` (BF16 and Q4_K read here, see below)."""
     import mlx.core as mx
 
     header = checkpoint.header
@@ -400,14 +405,33 @@ def read_weights(checkpoint: GGUFCheckpoint) -> dict[str, Any]:
     weights = {our_name(k): v for k, v in arrays.items()}
     # mx.load turns BF16 into float16, which rounds small values and overflows large ones: read it
     # ourselves (a bfloat16 is the top half of a float32).
-    bf16 = [(n, t) for n, t in header.tensors.items() if t.type_name == "BF16"]
-    if bf16:
-        raw = np.memmap(header.path, dtype="<u2", mode="r")
-        for name, info in bf16:
-            start = info.offset // 2
-            bits = raw[start : start + info.nbytes // 2].astype(np.uint32) << 16
+    # mx.load's Q4_K is wrong for half of each block's values (it disagrees with ggml and the gguf
+    # package): dequantize Q4_K here, like ggml's dequantize_row_q4_K.
+    raw = np.memmap(header.path, dtype=np.uint8, mode="r")
+    for name, info in header.tensors.items():
+        data = raw[info.offset : info.offset + info.nbytes]
+        if info.type_name == "BF16":
+            bits = data.view("<u2").astype(np.uint32) << 16
             weights[our_name(name)] = mx.array(bits.view(np.float32).reshape(info.shape)).astype(mx.bfloat16)
+        elif info.type_name == "Q4_K":
+            weights[our_name(name)] = mx.array(dequantize_q4_k(data).reshape(info.shape))
     return weights
+
+
+def dequantize_q4_k(data: np.ndarray) -> np.ndarray:
+    """ggml's Q4_K blocks (256 weights: float16 d and dmin, 12 bytes of 6-bit scales and mins,
+    128 bytes of 4-bit values) as float16."""
+    blocks = data.reshape(-1, 144)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    s = blocks[:, 4:16].astype(np.int32)
+    # 8 sub-blocks of 32: the first four's scale/min in 6 bits, the last four's split across bytes
+    scales = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mins = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    qs = blocks[:, 16:144].reshape(-1, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
+    values = d[:, :, None] * scales[:, :, None] * q - dmin[:, :, None] * mins[:, :, None]
+    return values.reshape(-1).astype(np.float16)
 
 
 def dequantized_notice(checkpoint: GGUFCheckpoint, itemsize: int) -> str | None:
