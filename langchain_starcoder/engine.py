@@ -151,7 +151,7 @@ class StarCoderEngine:
                 attention. By default StarCoder2's published 4096, with a notice.
         """
         from .backends.mlx import MLXBackend, kv_group_size
-        from .gguf_format import is_gguf
+        from .gguf_format import open_gguf
         from .loading import (
             load_model,
             load_tokenizer,
@@ -162,57 +162,22 @@ class StarCoderEngine:
         )
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
-        if is_gguf(model, gguf_file):
-            return cls._load_gguf(
-                model, gguf_file, revision, sliding_window, kv_bits=kv_bits,
-                max_prompt_caches=max_prompt_caches, max_prompt_cache_bytes=max_prompt_cache_bytes,
-                prefill_step_size=prefill_step_size,
-                load=dict(quantize=quantize, group_size=group_size, dtype=dtype),
-            )  # fmt: skip
-        if sliding_window is not None:
-            msg = "sliding_window= applies to GGUF files only; a checkpoint folder's config.json sets it."
-            raise InvalidParameterError(msg)
-        path = resolve_model_path(model, revision)
-        config = read_config(path)
+        settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
+        # A GGUF file brings its own config, tokenizer and weights loader.
+        gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
+        if gguf is not None:
+            name, path, config, make_tokenizer, loader = gguf
+        else:
+            name, path = str(model), resolve_model_path(model, revision)
+            config = read_config(path)
+            make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
+            loader = lambda: load_model(path, **settings)  # noqa: E731
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
-        tokenizer = load_tokenizer(path, config)
         backend = MLXBackend(
-            lambda: load_model(path, quantize=quantize, group_size=group_size, dtype=dtype),
-            name=str(model), path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
+            loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
         )  # fmt: skip
-        return cls(backend, tokenizer)
-
-    @classmethod
-    def _load_gguf(
-        cls,
-        model: str | os.PathLike[str],
-        gguf_file: str | None,
-        revision: str | None,
-        sliding_window: int | None,
-        *,
-        kv_bits: int | None,
-        load: dict[str, Any],
-        **backend_settings: Any,
-    ) -> StarCoderEngine:
-        """:meth:`load` for a GGUF file: config, tokenizer and weights all come from the file."""
-        from .backends.mlx import MLXBackend, kv_group_size
-        from .gguf_format import gguf_tokenizer, load_gguf_model, read_gguf, resolve_gguf_file, warn_notices
-        from .loading import model_args
-
-        file = resolve_gguf_file(model, gguf_file, revision)
-        checkpoint = read_gguf(file, sliding_window=sliding_window)
-        kv_group_size(model_args(checkpoint.config), kv_bits)  # refuse a bad kv_bits before loading
-        tokenizer = gguf_tokenizer(checkpoint)
-        warn_notices(checkpoint)
-        backend = MLXBackend(
-            lambda: load_gguf_model(checkpoint, **load),
-            name=str(model) if gguf_file is None else f"{model}/{gguf_file}",
-            path=file,
-            kv_bits=kv_bits,
-            **backend_settings,
-        )
-        return cls(backend, tokenizer)
+        return cls(backend, make_tokenizer())
 
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""

@@ -1,5 +1,8 @@
 """GGUF files (llama.cpp, Ollama): metadata -> config, tensors -> our module's weights, tokenizer.
 
+Kept as one file for the one format: header, config, weights, tokenizer, hub download and convert
+share the header's checked view of the file.
+
 The header is parsed here (each tensor's own type, shape and extent, so a bad file fails before
 anything is allocated); the weights are read by MLX's own GGUF reader (``mx.load``), which returns
 Q4_0, Q4_1 and Q8_0 as MLX affine group-32 quantized triples (exactly: no dequantize-requantize
@@ -16,6 +19,7 @@ import os
 import re
 import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -385,8 +389,8 @@ def quantized_layers(header: GGUFHeader) -> dict[str, dict[str, int]]:
 
 
 def warn_notices(checkpoint: GGUFCheckpoint) -> None:
-    for notice in checkpoint.notices:
-        warnings.warn(notice, GGUFNotice, stacklevel=4)  # at the caller of StarCoderEngine.load
+    for notice in checkpoint.notices:  # shown at the caller of StarCoderEngine.load
+        warnings.warn(notice, GGUFNotice, stacklevel=4)
 
 
 # --- weights ---------------------------------------------------------------------------------------------
@@ -569,6 +573,32 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
 
 def is_gguf(model: str | os.PathLike[str], gguf_file: str | None) -> bool:
     return gguf_file is not None or os.fspath(model).lower().endswith(".gguf")
+
+
+def open_gguf(
+    model: str | os.PathLike[str],
+    gguf_file: str | None,
+    revision: str | None,
+    sliding_window: int | None,
+    settings: dict[str, Any],
+) -> tuple[str, Path, dict[str, Any], Callable[[], Any], Callable[[], LoadedModel]] | None:
+    """For ``StarCoderEngine.load``: None if ``model`` is not a GGUF file, else its name, path,
+    config, a tokenizer maker and the weights loader (``settings``: quantize, group_size, dtype)."""
+    if not is_gguf(model, gguf_file):
+        if sliding_window is not None:
+            msg = "sliding_window= applies to GGUF files only; a checkpoint folder's config.json sets it."
+            raise InvalidParameterError(msg)
+        return None
+    checkpoint = read_gguf(resolve_gguf_file(model, gguf_file, revision), sliding_window=sliding_window)
+
+    def make_tokenizer() -> Any:
+        tokenizer = gguf_tokenizer(checkpoint)
+        warn_notices(checkpoint)  # once the file has passed every check
+        return tokenizer
+
+    name = os.fspath(model) if gguf_file is None else f"{os.fspath(model)}/{gguf_file}"
+    loader = lambda: load_gguf_model(checkpoint, **settings)  # noqa: E731
+    return name, checkpoint.path, checkpoint.config, make_tokenizer, loader
 
 
 def resolve_gguf_file(model: str | os.PathLike[str], gguf_file: str | None, revision: str | None) -> Path:
