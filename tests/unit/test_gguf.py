@@ -38,11 +38,14 @@ PROMPT = (
 
 @pytest.fixture(scope="module")
 def ggufs(tmp_path_factory: pytest.TempPathFactory, tiny_path: Path) -> dict[str, Path]:
-    """The tiny checkpoint as GGUF files of each type; "Q4_0" mixes in a Q8_0 token embedding, as
-    llama-quantize's Q4_0 files do."""
+    """The tiny checkpoint as GGUF files of each type; "Q4_0" and "Q4_1" mix in a Q8_0 token
+    embedding, as llama-quantize's files do."""
     out = tmp_path_factory.mktemp("gguf")
     files = {ft: write_gguf(tiny_path, out / f"tiny-{ft}.gguf", ftype=ft) for ft in ("F32", "F16", "Q8_0")}
-    files["Q4_0"] = write_gguf(tiny_path, out / "tiny-Q4_0.gguf", ftype="Q4_0", types={"token_embd": "Q8_0"})
+    for ftype in ("Q4_0", "Q4_1"):
+        files[ftype] = write_gguf(
+            tiny_path, out / f"tiny-{ftype}.gguf", ftype=ftype, types={"token_embd": "Q8_0"}
+        )
     return files
 
 
@@ -102,7 +105,7 @@ def test_float32_gguf_matches_its_safetensors(ggufs: dict[str, Path], tiny_engin
         engine.close()
 
 
-@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0", "Q4_1"])
 def test_quantized_gguf_matches_its_dequantized_weights(
     ggufs: dict[str, Path], tiny_path: Path, tmp_path: Path, ftype: str
 ) -> None:
