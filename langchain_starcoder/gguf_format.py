@@ -259,6 +259,12 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
         msg = f"sliding_window must be a whole number >= 0 (0: full attention), not {sliding_window!r}."
         raise InvalidParameterError(msg)
     header = read_header(Path(path))
+    if not header.tensors:
+        msg = (
+            f"{header.path} holds no weights (a vocab-only GGUF file, as llama.cpp ships for its "
+            "tokenizer tests); use a model file."
+        )
+        raise CheckpointError(msg)
     arch = header.metadata.get("general.architecture")
     if arch not in _ARCHITECTURES:
         hint = " (StarCoder v1 / GPTBigCode GGUF files are not supported yet)" if arch == "starcoder" else ""
@@ -267,12 +273,6 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
             f"architectures {list(_ARCHITECTURES)}."
         )
         raise UnsupportedModelError(msg)
-    if not header.tensors:
-        msg = (
-            f"{header.path} holds no weights (a vocab-only GGUF file, as llama.cpp ships for its "
-            "tokenizer tests); use a model file."
-        )
-        raise CheckpointError(msg)
     embed = header.tensors.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
         msg = f"{header.path} has no 2-D tensor token_embd.weight; it is not a complete model file."

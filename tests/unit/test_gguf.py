@@ -409,7 +409,7 @@ def _edited(tiny_path: Path, tmp_path: Path, edit) -> Path:
 
 
 def _vocab_only(tiny_path: Path, tmp_path: Path) -> Path:
-    writer = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "starcoder2")
+    writer = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "starcoder")  # as ggml-vocab-starcoder.gguf
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(["a", "b"])
     writer.write_header_to_file()
