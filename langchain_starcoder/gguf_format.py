@@ -686,3 +686,8 @@ def convert_gguf(src: str | os.PathLike[str], dst: Path, *, sliding_window: int 
     mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "mlx"})
     (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     tokenizer._tokenizer.save_pretrained(dst)
+    # transformers 5 names the class TokenizersBackend, which transformers 4 does not know
+    settings = json.loads((dst / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    settings.setdefault("additional_special_tokens", settings.get("extra_special_tokens", []))
+    (dst / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False))

@@ -221,7 +221,9 @@ def test_quantize_on_load_of_a_float_file_only(ggufs: dict[str, Path], tiny_path
 # --- K-quants and other types ---------------------------------------------------------------------
 
 
-def test_k_quants_are_dequantized_with_a_notice_of_their_memory(tiny_path: Path, tmp_path: Path) -> None:
+def test_k_quants_are_dequantized_with_a_notice_of_their_memory(
+    tiny_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Q6_K / Q4_K (a Q4_K_M file's types): MLX reads them as float16, we keep that and say what it
     costs. The values are gguf's dequantization, to float16's rounding."""
     file = write_gguf(
@@ -242,6 +244,15 @@ def test_k_quants_are_dequantized_with_a_notice_of_their_memory(tiny_path: Path,
         assert engine.generate(PROMPT, max_tokens=4).completion_tokens >= 1
     finally:
         engine.close()
+    # convert writes them as float16, saying so (and the window it assumed) in one line each
+    assert cli.main(["convert", str(file), str(tmp_path / "out")]) == 0
+    notes = [
+        line for line in capsys.readouterr().err.splitlines() if line.startswith("langchain-starcoder: note:")
+    ]
+    assert len(notes) == 2 and "dequantized" in notes[1] and "4096" in notes[0]
+    written = mx.load(str(tmp_path / "out" / "model.safetensors"))
+    assert written["model.layers.1.mlp.c_proj.weight"].dtype == mx.float16
+    assert "quantization" not in json.loads((tmp_path / "out" / "config.json").read_text())
 
 
 def test_other_types_are_refused_with_the_supported_list(
@@ -504,7 +515,8 @@ def test_convert_writes_an_mlx_checkpoint_that_stays_quantized(
     ours, direct = StarCoderEngine.load(dst), load(ggufs["Q4_0"])
     ids = prompt_ids(32)
     assert np.abs(ours.logits(ids) - direct.logits(ids)).max() < 1e-5
-    assert ours.encode(PROMPT) == direct.encode(PROMPT)
+    digits = "x = [\n    1,\n    22,\n]  16"  # spaces before digits: StarCoder's pre-tokenizer kept
+    assert ours.encode(PROMPT) == direct.encode(PROMPT) and ours.encode(digits) == direct.encode(digits)
     ours.close()
     direct.close()
     # and so does mlx-lm's own loader
@@ -513,7 +525,8 @@ def test_convert_writes_an_mlx_checkpoint_that_stays_quantized(
     model, tokenizer = mlx_lm_load(str(dst))
     assert isinstance(model.model.layers[0].mlp.c_fc, nn.QuantizedLinear)
     assert model.model.embed_tokens.bits == 8
-    assert tokenizer.encode(PROMPT) == ours.encode(PROMPT)
+    assert tokenizer.encode(PROMPT) == ours.encode(PROMPT) and tokenizer.encode(digits) == ours.encode(digits)
+    assert set(tokenizer.all_special_tokens) >= set(SPECIAL_TOKENS)
 
 
 def test_cli_runs_a_gguf_model(ggufs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
