@@ -100,11 +100,12 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
-def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup, gguf: bool = False) -> None:
+    kinds = "hub id, local checkpoint folder or .gguf file" if gguf else "hub id or local checkpoint folder"
     group.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
-        help=f"hub id, local checkpoint folder or .gguf file (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
+        help=f"{kinds} (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
     )
     group.add_argument("--revision", help="hub branch, tag or commit")
 
@@ -123,7 +124,7 @@ def _gguf_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
-    _model_option(group)
+    _model_option(group, gguf=True)
     _gguf_options(group)
     group.add_argument(
         "--quantize", type=int, choices=(4, 8), help="quantize a full-precision checkpoint on load"
