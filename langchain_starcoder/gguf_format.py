@@ -535,7 +535,12 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
         )
         raise CheckpointError(msg)
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    bpe = models.BPE(vocab, [tuple(m.split(" ", 1)) for m in merges], fuse_unk=False, byte_fallback=False)
+    try:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        bpe = models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False)
+    except Exception as e:  # tokenizers raises a bare Exception for a merge of unknown tokens
+        msg = f"{path}: the tokenizer's merges do not fit its tokens ({e}); re-convert the file."
+        raise CheckpointError(msg) from e
     tokenizer = Tokenizer(bpe)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [

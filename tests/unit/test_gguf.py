@@ -453,6 +453,15 @@ def _header_cut(tiny_path: Path, tmp_path: Path) -> Path:
     return tmp_path / "cut.gguf"
 
 
+def _bad_merges(tiny_path: Path, tmp_path: Path) -> Path:
+    source = shutil.copytree(tiny_path, tmp_path / "src")
+    spec = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    merges = spec["model"]["merges"]
+    merges.append("zzz qqq" if isinstance(merges[0], str) else ["zzz", "qqq"])
+    (source / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return write_gguf(source, tmp_path / "merges.gguf")
+
+
 def _not_gguf(tiny_path: Path, tmp_path: Path) -> Path:
     (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04" + bytes(100))
     return tmp_path / "x.gguf"
@@ -464,6 +473,7 @@ BAD_FILES = {
     "header cut": (_header_cut, CheckpointError, "truncated or not a valid GGUF file"),
     "not gguf": (_not_gguf, CheckpointError, "is not a GGUF file"),
     "vocab only": (_vocab_only, CheckpointError, "holds no weights"),
+    "bad merges": (_bad_merges, CheckpointError, "the tokenizer's merges do not fit its tokens"),
     "missing tensor": (
         lambda p, t: _edited(p, t, lambda w: w.pop("model.layers.1.mlp.c_fc.bias")),
         CheckpointError,
