@@ -466,9 +466,7 @@ def load_gguf_model(
 
     config = dict(checkpoint.config)
     layers = quantized_layers(checkpoint.header)
-    if quantize is not None and layers:
-        msg = f"{checkpoint.path} is already quantized (Q4_0/Q4_1/Q8_0 tensors); load it with quantize=None."
-        raise InvalidParameterError(msg)
+    _check_quantize(checkpoint, quantize)
     model = starcoder2.Model(starcoder2.ModelArgs.from_dict(config))
     if layers:
         nn.quantize(model, class_predicate=lambda path, _: layers.get(path, False))
@@ -481,15 +479,18 @@ def load_gguf_model(
     target = default_compute_dtype() if dtype == "auto" else getattr(mx, dtype)
     if target is not None:
         model.set_dtype(target)  # floats only: packed quantized weights stay as they are
-    itemsize = (target or mx.float16).size
-    if notice := dequantized_notice(checkpoint, itemsize):
-        warnings.warn(notice, GGUFNotice, stacklevel=2)
     if layers:
         config["quantization"] = {"group_size": GROUP_SIZE, **_quantization_entries(layers)}
     if quantize is not None:
         model, config = quantize_model(model, config, group_size=group_size, bits=quantize)
     mx.eval(model.parameters())
     return LoadedModel(model, model_args(config), config)
+
+
+def _check_quantize(checkpoint: GGUFCheckpoint, quantize: int | None) -> None:
+    if quantize is not None and quantized_layers(checkpoint.header):
+        msg = f"{checkpoint.path} is already quantized (Q4_0/Q4_1/Q8_0 tensors); load it with quantize=None."
+        raise InvalidParameterError(msg)
 
 
 def _quantization_entries(layers: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -516,7 +517,10 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
     from .loading import CodeDetokenizer
 
     meta, path = checkpoint.header.metadata, checkpoint.path
-    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "starcoder")
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
+    if pre is None:  # files converted before llama.cpp recorded it (spring 2024)
+        pre = "starcoder"
+        checkpoint.notices.append(f"{path.name} does not name its pre-tokenizer; using StarCoder's.")
     tokens, merges = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges")
     if kind != "gpt2" or not isinstance(tokens, list) or not isinstance(merges, list):
         msg = (
@@ -595,6 +599,12 @@ def open_gguf(
             raise InvalidParameterError(msg)
         return None
     checkpoint = read_gguf(resolve_gguf_file(model, gguf_file, revision), sliding_window=sliding_window)
+    _check_quantize(checkpoint, settings["quantize"])
+    dtype = settings["dtype"]
+    if dtype == "auto":
+        dtype = str(default_compute_dtype() or "float16").removeprefix("mlx.core.")
+    if notice := dequantized_notice(checkpoint, 4 if dtype == "float32" else 2):
+        checkpoint.notices.append(notice)
 
     def make_tokenizer() -> Any:
         tokenizer = gguf_tokenizer(checkpoint)
@@ -674,10 +684,10 @@ def convert_gguf(src: str | os.PathLike[str], dst: Path, *, sliding_window: int 
     import mlx.core as mx
 
     checkpoint = read_gguf(src, sliding_window=sliding_window)
-    warn_notices(checkpoint)
     if notice := dequantized_notice(checkpoint, 2):
-        warnings.warn(notice, GGUFNotice, stacklevel=2)
+        checkpoint.notices.append(notice)
     tokenizer = gguf_tokenizer(checkpoint)
+    warn_notices(checkpoint)
     weights = read_weights(checkpoint)
     config = dict(checkpoint.config)
     layers = quantized_layers(checkpoint.header)
