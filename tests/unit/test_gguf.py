@@ -27,7 +27,8 @@ from langchain_starcoder.errors import (
     UnsupportedModelError,
 )
 from langchain_starcoder.gguf_format import GGUFNotice
-from langchain_starcoder.testing import SPECIAL_TOKENS, build_starcoder2, write_gguf
+from langchain_starcoder.gguf_testing import write_gguf
+from langchain_starcoder.testing import SPECIAL_TOKENS, build_starcoder2
 
 REPO = Path(__file__).resolve().parents[2]
 WINDOW = 512  # the tiny preset's sliding window, which GGUF files do not carry
