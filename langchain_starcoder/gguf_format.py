@@ -288,6 +288,11 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
                 f"{header.path.name} does not record StarCoder2's attention window (llama.cpp's converter "
                 f"drops it); using the published {window}. Pass sliding_window= to override."
             )
+    if f"{arch}.rope.freq_base" not in header.metadata:
+        notices.append(
+            f"{header.path.name} does not record rope.freq_base; using llama.cpp's default 10000 "
+            "(StarCoder2 checkpoints use 100000 to 1000000: check where the file came from)."
+        )
     config = {
         "model_type": arch,
         "architectures": ["Starcoder2ForCausalLM"],

@@ -361,6 +361,21 @@ def test_sliding_window_default_notice_and_override(
         StarCoderEngine.load(ggufs["F32"], sliding_window=-1)
 
 
+def test_missing_rope_base_is_llama_cpps_default_with_a_notice(tiny_path: Path, tmp_path: Path) -> None:
+    source = build_starcoder2(tmp_path / "src", seed=4)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "rope_theta": 1e6}))
+    with pytest.warns(GGUFNotice, match="does not record rope.freq_base; using llama.cpp's default 10000"):
+        engine = load(write_gguf(source, tmp_path / "old.gguf", rope_freq_base=False))
+    assert engine.backend.config.rope_base == 10000.0
+    engine.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GGUFNotice)
+        engine = load(write_gguf(source, tmp_path / "new.gguf"))
+    assert engine.backend.config.rope_base == 1e6  # starcoder2.rope.freq_base, as written
+    engine.close()
+
+
 # --- where the file comes from -------------------------------------------------------------------------
 
 
