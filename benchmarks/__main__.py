@@ -6,13 +6,20 @@ Examples::
     python -m benchmarks --quick              # fewer tokens and runs (a few minutes)
     python -m benchmarks --only cache,dtype   # some benchmarks
     python -m benchmarks --baselines          # add transformers (torch) and the roofline
+    python -m benchmarks --only fullmodel     # the default model at full depth (30 layers, 4-bit)
     python -m benchmarks --preset tiny        # every checkpoint tiny: checks the harness in seconds
+    python -m benchmarks --write-results      # also publish the table: benchmarks/results.{json,md}
+
+Results go to ``--out`` (a working folder next to the checkpoints, outside the checkout), printed at
+the end. Only ``--write-results`` replaces the committed ``benchmarks/results.json`` and
+``results.md``, and only with a run on the real shapes that finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -25,7 +32,7 @@ DEFAULT_WORKDIR = Path.home() / ".cache" / "langchain-starcoder" / "benchmarks"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cases import BENCHMARKS, OPTIONAL
+    from .cases import BENCHMARKS
 
     names = ", ".join(BENCHMARKS)
     parser = argparse.ArgumentParser(
@@ -34,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--only", help=f"comma-separated benchmarks to run, of: {names}")
     parser.add_argument("--skip", help="comma-separated benchmarks to leave out")
-    parser.add_argument("--baselines", action="store_true", help=f"also run {', '.join(OPTIONAL)}")
+    parser.add_argument("--baselines", action="store_true", help="also run the baselines (transformers)")
     parser.add_argument("--quick", action="store_true", help="fewer tokens and runs")
     parser.add_argument(
         "--preset", choices=("real", "tiny"), default="real",
@@ -43,8 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reps", type=int, help="interleaved rounds per comparison (default 3, quick 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant first")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where checkpoints are kept")
-    parser.add_argument("--json", type=Path, default=HERE / "results.json", help="JSON output")
-    parser.add_argument("--markdown", type=Path, default=HERE / "results.md", help="markdown output")
+    parser.add_argument(
+        "--out", type=Path,
+        help="folder for results.json and results.md (default: WORKDIR/results, outside the checkout)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--write-results", action="store_true",
+        help="when the run finishes, also copy its results over the published benchmarks/results.json and "
+        "results.md (real preset only)",
+    )  # fmt: skip
     parser.add_argument("--no-openblas", action="store_true", help="leave out the OpenBLAS variants")
     parser.add_argument("--keep-going", action="store_true", help="report a failing benchmark and go on")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the table")
@@ -55,8 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks the arguments select; 0 on success (missed goals are results, not errors)."""
     from .cases import BENCHMARKS, OPTIONAL, Context
 
-    args = build_parser().parse_args(argv)
-    selected = [n for n in BENCHMARKS if n not in OPTIONAL or args.baselines]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.write_results and args.preset != "real":
+        parser.error(f"--write-results publishes the table of the real shapes; a --preset {args.preset} "
+                     "run never replaces it (its results go to --out)")  # fmt: skip
+    out = args.out or args.workdir / "results"
+    selected = [n for n in BENCHMARKS if n not in OPTIONAL or (args.baselines and n == "baselines")]
     if args.only:
         selected = _names(args.only, BENCHMARKS)
     if args.skip:
@@ -98,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         section.seconds = time.perf_counter() - start
         sections.append(section)
         log(f"[{name}] {section.seconds:.0f} s")
-        write_results(sections, meta, args.json, args.markdown)  # partial results survive a crash
+        write_results(sections, meta, out / "results.json", out / "results.md")  # survive a crash
     print(markdown_table(sections))
+    if args.write_results and not failed:
+        for name in ("results.json", "results.md"):
+            shutil.copyfile(out / name, HERE / name)
+        log(f"Published to {HERE / 'results.json'} and {HERE / 'results.md'}.")
+    print(f"\nResults: {out / 'results.json'} and {out / 'results.md'}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .harness import (
+    FULL,
     NARROW,
     WIDE,
     WIDE_1,
@@ -798,6 +799,57 @@ def bench_baselines(ctx: Context) -> Section:
     return section
 
 
+# --- 9. the default model at full depth -------------------------------------------------------------
+
+
+def bench_fullmodel(ctx: Context) -> Section:
+    """Prefill and decode of the default model's shape at full depth (30 layers, 4-bit), and of one layer.
+
+    The other rows use one or two layers of the 3b shape; this one says what the default model
+    (mlx-community/starcoder2-3b-4bit: 4-bit, group 64, float16 scales) runs at, through the
+    default path (``StarCoderEngine.load(path)``, dtype="auto").
+    """
+    import mlx.core as mx
+
+    section = Section("fullmodel", 9, "The default model at full depth")
+    shape, one = ctx.checkpoints.shape(FULL), ctx.checkpoints.shape(WIDE_1)
+    prompt_tokens, n = ctx.size(16, 8, 16), ctx.size(4, 3, 6)
+    rates: dict[str, dict[str, list[float]]] = {}
+    for label, path in (
+        ("30 layers", ctx.checkpoints.get(FULL, quantize=4, layerwise=True)),
+        ("1 layer", ctx.checkpoints.get(WIDE_1, quantize=4)),
+    ):
+        engine = _engine(path)
+        prompt = code_ids(engine, prompt_tokens)
+
+        def prefill(engine: Any = engine, prompt: list[int] = prompt) -> float:
+            return engine.backend.call(lambda: prefill_rate(engine.backend.model, mx.array(prompt)))
+
+        def decode(engine: Any = engine, prompt: list[int] = prompt) -> float:
+            engine.clear_cache()
+            return _decode_rate(engine.stream(prompt[:8], max_tokens=n), lambda c: len(c.token_ids))
+
+        # One process, one engine at a time (the 30-layer one holds 1.8 GB): not interleaved.
+        samples = interleave([("prefill", prefill), ("decode", decode)], max(1, min(ctx.reps, 2)), 0)
+        rates[label] = samples
+        section.data[label] = {"layers": len(engine.backend.model.layers), **samples}
+        engine.close()
+        mx.clear_cache()
+    for metric in ("decode", "prefill"):
+        section.rows.append(
+            Row(9, "Default model, 4-bit", f"{metric} tokens/s", "30 layers", "1 layer",
+                rates["30 layers"][metric], rates["1 layer"][metric], "tok/s", shape.describe())
+        )  # fmt: skip
+    section.notes.append(
+        f"{shape.describe()} and {one.describe()}, 4-bit group 64 laid out like mlx-community's "
+        "(float16 scales, upcast to float32 by dtype='auto'), random weights; the 30-layer checkpoint is "
+        f"built one layer at a time. Prefill: {prompt_tokens} tokens through every layer into a fresh KV "
+        f"cache (no output head); decode: {n} tokens after an 8-token prompt, rate between the first "
+        "and the last. Few tokens on purpose: a 30-layer step takes seconds here."
+    )
+    return section
+
+
 #: Every benchmark, in report order; the default run takes all but the optional ones.
 BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "overhead": bench_overhead,
@@ -808,5 +860,7 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "memory": bench_memory,
     "longctx": bench_longctx,
     "baselines": bench_baselines,
+    "fullmodel": bench_fullmodel,
 }
-OPTIONAL = ("baselines",)
+#: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` runs the other.
+OPTIONAL = ("baselines", "fullmodel")

@@ -10,20 +10,20 @@ the event loop stays free while tokens are computed: a heartbeat task keeps tick
 several prompts in one batched pass instead.)
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real).
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
 
-from langchain_starcoder import ModelNotFoundError, StarCoderLLM
-from langchain_starcoder.testing import build_starcoder2
+from langchain_starcoder import StarCoderLLM
+from langchain_starcoder.testing import model_or_offline
 
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
-OFFLINE_MODEL = Path.home() / ".cache" / "langchain-starcoder" / "offline-tiny"
 
 REQUESTS = {
     "fib": "def fibonacci(n):\n    ",
@@ -34,16 +34,8 @@ REQUESTS = {
 
 def make_llm(model: str, max_tokens: int) -> StarCoderLLM:
     """The LLM, its weights loaded now (they load on first use otherwise), offline if need be."""
-    llm = StarCoderLLM(model=model, max_tokens=max_tokens, stop=["\ndef ", "\nclass "])
-    try:
-        llm.engine  # noqa: B018 - loads the shared engine
-    except ModelNotFoundError as err:
-        if model != DEFAULT_MODEL:
-            raise
-        print(f"{err}\n-> Using an offline checkpoint with random weights at {OFFLINE_MODEL}.\n")
-        if not (OFFLINE_MODEL / "config.json").exists():
-            build_starcoder2(OFFLINE_MODEL)
-        llm = StarCoderLLM(model=str(OFFLINE_MODEL), max_tokens=max_tokens, stop=["\ndef ", "\nclass "])
+    llm = StarCoderLLM(model=model_or_offline(model), max_tokens=max_tokens, stop=["\ndef ", "\nclass "])
+    llm.engine  # noqa: B018 - loads the shared engine before the event loop starts
     return llm
 
 

@@ -10,7 +10,10 @@ first exchange, which the engine's prompt cache already holds: its usage shows t
 ``--chat-template FILE``; an instruct one answers far better.
 
 With no hub access it says so and runs on a small instruct-shaped checkpoint with random weights,
-built offline (its answers are nonsense, but every step is real).
+built offline (its answers are nonsense, but every step is real): see ``model_or_offline`` in
+``langchain_starcoder.registry``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,10 @@ from pathlib import Path
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, SystemMessage
 
-from langchain_starcoder import ChatStarCoder, ModelNotFoundError
+from langchain_starcoder import ChatStarCoder
 from langchain_starcoder.chat_models import DEFAULT_CHAT_MODEL
-from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
+from langchain_starcoder.testing import model_or_offline
 
-OFFLINE_MODEL = Path.home() / ".cache" / "langchain-starcoder" / "offline-tiny-instruct"
 SYSTEM = "You are a careful Python programmer. Answer with short, working code."
 QUESTIONS = (
     "Write a function `is_palindrome(text)` that ignores case and spaces.",
@@ -34,16 +36,9 @@ QUESTIONS = (
 
 def make_chat(model: str, max_tokens: int, chat_template: str | None) -> ChatStarCoder:
     """The chat model, its weights loaded now (they load on first use otherwise), offline if need be."""
+    model = model_or_offline(model, DEFAULT_CHAT_MODEL, instruct=True)
     chat = ChatStarCoder(model=model, max_tokens=max_tokens, chat_template=chat_template)
-    try:
-        chat.engine  # noqa: B018 - loads the shared engine
-    except ModelNotFoundError as err:
-        if model != DEFAULT_CHAT_MODEL:
-            raise
-        print(f"{err}\n-> Using an offline instruct checkpoint with random weights at {OFFLINE_MODEL}.\n")
-        if not (OFFLINE_MODEL / "config.json").exists():
-            build_starcoder2(OFFLINE_MODEL, chat_template=INSTRUCT_CHAT_TEMPLATE)
-        chat = ChatStarCoder(model=str(OFFLINE_MODEL), max_tokens=max_tokens, chat_template=chat_template)
+    chat.engine  # noqa: B018 - loads the shared engine
     return chat
 
 

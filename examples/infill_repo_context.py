@@ -5,6 +5,11 @@ The hole is in ``shop/reports.py``; the files it uses go in as context, so the m
 
     python examples/infill_repo_context.py
     python examples/infill_repo_context.py --model ./my-local-checkpoint --show-prompt
+
+With no hub access it says so and runs on a small checkpoint with random weights, built offline
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
+from langchain_starcoder.testing import model_or_offline
 
 REPO = Path(__file__).resolve().parent / "sample_repo"
 
@@ -47,7 +53,7 @@ def main() -> None:
         for path in ("shop/orders.py", "shop/models.py")
     ]
     options = dict(context_files=context, repo_name="sample_repo", file_path="shop/reports.py")
-    engine = StarCoderEngine.load(args.model)
+    engine = StarCoderEngine.load(model_or_offline(args.model))
     prompt = build_fim_prompt(
         engine, PREFIX, SUFFIX, max_prompt_tokens=engine.context_window - args.max_tokens, **options
     )

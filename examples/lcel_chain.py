@@ -1,7 +1,12 @@
 """StarCoder2 in LangChain chains (LCEL): prompt | llm | parser, streaming, batching, fill-in-the-middle.
 
-python examples/lcel_chain.py                      # mlx-community/starcoder2-3b-4bit from the hub
-python examples/lcel_chain.py --model ./my-ckpt    # a local checkpoint folder
+    python examples/lcel_chain.py                      # mlx-community/starcoder2-3b-4bit from the hub
+    python examples/lcel_chain.py --model ./my-ckpt    # a local checkpoint folder
+
+With no hub access it says so and runs on a small checkpoint with random weights, built offline
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
 
 from __future__ import annotations
@@ -9,11 +14,13 @@ from __future__ import annotations
 import argparse
 
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.prompts import PromptTemplate
 
-from langchain_starcoder import FIMPromptTemplate, StarCoderLLM
+from langchain_starcoder import FIMPromptTemplate, StarCoderLLM, StarCoderPromptTemplate
+from langchain_starcoder.testing import model_or_offline
 
-PROMPT = PromptTemplate.from_template('def {name}({args}):\n    """{doc}"""\n')
+# StarCoderPromptTemplate is LangChain's PromptTemplate, except that the variables stay data: a
+# docstring that quotes "<|endoftext|>" cannot end the prompt.
+PROMPT = StarCoderPromptTemplate.from_template('def {name}({args}):\n    """{doc}"""\n')
 TASKS = [
     {"name": "slugify", "args": "title: str", "doc": "Lowercase the title and join its words with dashes."},
     {"name": "mean", "args": "values: list[float]", "doc": "The arithmetic mean of values."},
@@ -33,7 +40,9 @@ def main() -> None:
     args = parser.parse_args()
 
     # Nothing loads here; the weights load once, on first use, and all three chains share them.
-    llm = StarCoderLLM(model=args.model, max_tokens=args.max_tokens, stop=["\ndef ", "\nclass "])
+    llm = StarCoderLLM(
+        model=model_or_offline(args.model), max_tokens=args.max_tokens, stop=["\ndef ", "\nclass "]
+    )
     chain = PROMPT | llm | StrOutputParser()
 
     print("== stream ==")

@@ -10,6 +10,12 @@ LlamaIndex ``RetrieverQueryEngine``.
 ``--model`` takes a hub id (default ``mlx-community/starcoder2-3b-4bit``, downloaded once) or a
 local checkpoint folder, e.g. one made with ``langchain_starcoder.testing.build_starcoder2`` (random
 weights: the pipeline runs, the answer is nonsense).
+
+With no hub access it says so and runs on a small checkpoint with random weights, built offline
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``
+(``llama-index-retrievers-bm25`` is in it).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from langchain_starcoder.llama_index import DEFAULT_MODEL, StarCoder
+from langchain_starcoder.testing import model_or_offline
 
 CODE_EXTENSIONS = [".py", ".js", ".ts", ".rs", ".go", ".java", ".c", ".h", ".cpp", ".md", ".toml", ".txt"]
 
@@ -61,7 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=2, help="code chunks to retrieve")
     args = parser.parse_args(argv)
 
-    llm = StarCoder(model=args.model, max_tokens=args.max_tokens, stop=["\n# Question:"])
+    # The prompt holds retrieved files: parse_special_tokens=False keeps every character of it data,
+    # so a file that contains "<|endoftext|>" or "<file_sep>" cannot end or reshape the prompt.
+    llm = StarCoder(
+        model=model_or_offline(args.model, DEFAULT_MODEL),
+        max_tokens=args.max_tokens,
+        stop=["\n# Question:"],
+        parse_special_tokens=False,
+    )
     query_engine = build_query_engine(args.folder, llm, args.top_k)
     response = query_engine.query(args.question)
 

@@ -4,31 +4,19 @@
     python examples/quickstart.py --model ./my-ckpt    # a local checkpoint folder
 
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
-(its output is nonsense, but every step is real).
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from langchain_starcoder import ModelNotFoundError, StarCoderEngine
-from langchain_starcoder.testing import build_starcoder2
+from langchain_starcoder import StarCoderEngine
+from langchain_starcoder.testing import model_or_offline
 
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
-OFFLINE_MODEL = Path.home() / ".cache" / "langchain-starcoder" / "offline-tiny"
-
-
-def load(model: str) -> StarCoderEngine:
-    try:
-        return StarCoderEngine.load(model)
-    except ModelNotFoundError as err:
-        if model != DEFAULT_MODEL:
-            raise
-        print(f"{err}\n-> Using an offline checkpoint with random weights at {OFFLINE_MODEL}.\n")
-        if not (OFFLINE_MODEL / "config.json").exists():
-            build_starcoder2(OFFLINE_MODEL)
-        return StarCoderEngine.load(OFFLINE_MODEL)
 
 
 def main() -> None:
@@ -37,7 +25,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
 
-    engine = load(args.model)
+    engine = StarCoderEngine.load(model_or_offline(args.model))
     prompt = "def fibonacci(n):\n    "
     print(prompt, end="", flush=True)
     for chunk in engine.stream(prompt, max_tokens=args.max_tokens, stop=["\ndef ", "\nclass "]):

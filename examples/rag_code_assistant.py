@@ -13,6 +13,12 @@ Run (the first run downloads the model from the Hugging Face hub):
 
 By default the hole is the body of ``Order.total`` in ``shop/orders.py``: the lines after the line
 holding ``--marker`` up to the next blank line are cut out, and the model writes them again.
+
+With no hub access it says so and runs on a small checkpoint with random weights, built offline
+(its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
+
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"``
+(``bm25s`` is in it).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import numpy as np
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
+from langchain_starcoder.testing import model_or_offline
 
 SAMPLE_REPO = Path(__file__).resolve().parent / "sample_repo"
 
@@ -104,6 +111,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--max-prompt-tokens", type=int, default=None)
     args = parser.parse_args()
+    model = model_or_offline(args.model)
 
     edited = args.repo / args.file
     hole = make_hole(edited.read_text(encoding="utf-8"), args.marker, args.position)
@@ -116,7 +124,7 @@ def main() -> None:
     for file, score in related:
         print(f"  {file.path}  score={score:.2f}")
 
-    engine = StarCoderEngine.load(args.model)
+    engine = StarCoderEngine.load(model)
     options = dict(
         context_files=[file for file, _ in related],
         repo_name=args.repo.resolve().name,

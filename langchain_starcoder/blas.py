@@ -14,7 +14,7 @@ used on macOS (MLX uses Accelerate and the GPU there).
 Setup:
     .. code-block:: bash
 
-        pip install "langchain-starcoder[openblas]"   # the ngsolve-openblas wheel
+        pip install -e ".[openblas]"   # from the checkout: the ngsolve-openblas wheel
         export LANGCHAIN_STARCODER_BLAS=openblas       # read when langchain_starcoder is imported
 
     ``LANGCHAIN_STARCODER_BLAS`` may also name a library file, such as a system OpenBLAS
@@ -88,7 +88,8 @@ def use_optimized_blas(library: str | os.PathLike[str] | None = None) -> bool:
     path = Path(library) if library is not None else _wheel_library()
     if path is None:
         _warn(
-            f"No optimized BLAS found: `pip install {WHEEL}` (or langchain-starcoder[openblas]), "
+            f"No optimized BLAS found: `pip install {WHEEL}` (or `pip install -e '.[openblas]'` in the "
+            "checkout), "
             f"or set {ENV_VAR} to the path of an OpenBLAS library."
         )
         return False

@@ -119,27 +119,15 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
 
             pip install langchain-starcoder
 
-    Key init args — completion params:
-        max_tokens: int
-            The most tokens to generate (default 256).
-        temperature: float
-            0 (default) is greedy.
-        top_p: float, top_k: int, min_p: float, repetition_penalty: float | None
-            Sampling filters and a repetition penalty.
-        stop: list[str] | None
-            Stop strings, merged with a call's ``stop``.
-        seed: int | None
-            Makes sampling reproducible.
-
-    Key init args — client params:
+    Key init args:
         model: str
             Hub id or local folder (default ``mlx-community/starcoder2-15b-instruct-v0.1-4bit``).
         chat_template: str | None
-            A Jinja chat template, for checkpoints that lack one or to override it.
-        quantize: 4 | 8 | None, dtype: str, kv_bits: 4 | 8 | None
-            Load settings, as for ``StarCoderEngine.load``.
-        engine: StarCoderEngine | None
-            An already loaded engine to use.
+            A Jinja chat template, for checkpoints that lack one or to override it. It must insert
+            each message's content unchanged (no ``| trim``); roles must be ones it knows.
+        max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, stop, seed, streaming,
+        quantize, dtype, kv_bits, engine:
+            As for :class:`~langchain_starcoder.StarCoderLLM` (message contents are always data).
 
     Instantiate:
         .. code-block:: python

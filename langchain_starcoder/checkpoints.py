@@ -301,12 +301,11 @@ def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) 
     """What a checkpoint is, read from its config and safetensors headers (the weights stay on disk)."""
     import mlx.core as mx
 
-    from .loading import read_config, resolve_model_path, safetensors_header, weight_files
-    from .models.starcoder2 import ModelArgs
+    from .loading import model_args, read_config, resolve_model_path, safetensors_header, weight_files
 
     path = resolve_model_path(model, revision)
     config = read_config(path)
-    args = ModelArgs.from_dict(config)
+    args = model_args(config)  # the family's settings (StarCoder2 or GPTBigCode)
     quant = config.get("quantization")
     tensors: dict[str, dict[str, Any]] = {}
     files = weight_files(path)
@@ -362,7 +361,7 @@ def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) 
         ),
         "context_window": args.max_position_embeddings,
         "sliding_window": args.sliding_window,
-        "rope_theta": args.rope_theta,
+        "rope_theta": getattr(args, "rope_base", None),  # None: GPTBigCode's learned positions
         "weight_files": len(files),
         "weight_bytes": sum(f.stat().st_size for f in files),
         "fim": {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"} <= added,
@@ -398,7 +397,10 @@ def format_info(info: dict[str, Any]) -> str:
             f"{info['context_window']} tokens, "
             + (f"sliding window {window}" if window else "full attention (no sliding window)"),
         ),
-        ("rope theta", f"{info['rope_theta']:g}"),
+        (
+            "rope theta",
+            "none (learned positions)" if info["rope_theta"] is None else f"{info['rope_theta']:g}",
+        ),
         ("weights", f"{human_bytes(info['weight_bytes'])} in {info['weight_files']} file(s)"),
         (
             "tokens",

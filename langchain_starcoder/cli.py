@@ -1,5 +1,7 @@
 """The ``langchain-starcoder`` command: generate, fill in the middle, quantize, inspect and benchmark.
 
+One file: argparse and one function per command; the library work is in checkpoints.py.
+
 .. code-block:: bash
 
     langchain-starcoder generate --model mlx-community/starcoder2-3b-4bit --prompt "def fib(n):"
@@ -186,9 +188,7 @@ def _notes() -> Iterator[None]:
 
 def _load_engine(args: argparse.Namespace) -> Any:
     from .engine import StarCoderEngine
-    from .loading import validate_load_options
 
-    validate_load_options(args.quantize, 64, args.dtype, args.kv_bits)
     started = time.perf_counter()
     # mlx-lm prints "[INFO] Quantized model ..." when quantizing on load; stdout is only for the text.
     with contextlib.redirect_stdout(sys.stderr), _notes():
@@ -226,6 +226,7 @@ def _stream(engine: Any, chunks: Iterator[Any], echo: bool) -> str:
                     _out(chunk.text)
             last = chunk
     finally:
+        chunks.close()  # type: ignore[attr-defined]  # Ctrl-C: stop the generation, also mid-prefill
         engine.close()
     if echo and sys.stdout.isatty() and pieces and not pieces[-1].endswith("\n"):
         _out("\n")  # keep the shell prompt and the speeds off the last line of code; only on a terminal

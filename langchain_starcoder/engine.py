@@ -1,4 +1,7 @@
-"""StarCoderEngine, the front: text and prompts in, token ids to a backend, text chunks out."""
+"""StarCoderEngine, the front: text and prompts in, token ids to a backend, text chunks out.
+
+One file: it is one class whose public methods (sync, async, stream, batch, infill) are the API.
+"""
 
 from __future__ import annotations
 

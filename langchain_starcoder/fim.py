@@ -1,5 +1,7 @@
 """Fill-in-the-middle (FIM) prompts for StarCoder models, with token budgets and suffix-overlap trimming.
 
+Why one file: both families' layouts share one budget (what is kept of the hole and the files).
+
 Layouts (``P``, ``S`` are the prefix and suffix of the hole, ``<...>`` are single control tokens):
 
 - PSM: ``<fim_prefix>P<fim_suffix>S<fim_middle>``, the model writes the middle next.
@@ -13,11 +15,36 @@ Layouts (``P``, ``S`` are the prefix and suffix of the hole, ``<...>`` are singl
   with an empty path is ``<file_sep>{code}``, no ``file_path`` drops ``{file_path}\\n``. With
   ``mode="spm"`` the hole's file is ``<file_sep><fim_prefix><fim_suffix>{S}<fim_middle>{file_path}\\n{P}``.
 
+- StarCoder (v1: StarCoder, StarCoderBase, StarCoderPlus, WizardCoder, StarChat; chosen when the
+  vocabulary has ``<filename>`` and no ``<file_sep>``, never from a model name). It was not trained
+  on repositories: each file was one document, metadata first, documents joined by ``<|endoftext|>``,
+  and FIM was applied to a whole document, metadata included. So context files are documents of
+  their own and the hole's metadata starts its prefix::
+
+      <reponame>{repo}<filename>{path}\\n{code}<|endoftext|>...
+      <fim_prefix><reponame>{repo}<filename>{file_path}\\n{P}<fim_suffix>{S}<fim_middle>
+
+  Each metadata part is left out when absent (the newline follows the last one present, and none is
+  written without metadata); SPM is ``<fim_prefix><fim_suffix>{S}<fim_middle><reponame>...{P}``.
+  ``<gh_stars>`` is never written (a request has no star count). Sources: the StarCoder paper
+  (Li et al. 2023, arXiv:2305.06161, "Data formatting" under Model training, as quoted by secondary
+  pages: ``<reponame>REPONAME<filename>FILENAME<gh_stars>STARS\\nCode<eos>``); BigCode's
+  preprocessing, bigcode-project/bigcode-dataset ``preprocessing/add_content_with_meta.py`` (each
+  part kept at random, prepended to the file's text, then ``\\n`` only if any part was kept); and
+  bigcode-project/Megatron-LM ``megatron/data/gpt_dataset.py`` (``permute`` cuts each
+  ``<|endoftext|>``-separated document at two random characters, metadata included, and writes
+  ``<fim_prefix>P<fim_suffix>S<fim_middle>M``, or SPM ``<fim_prefix><fim_suffix>S<fim_middle>PM``).
+  Not confirmed: whether real checkpoints infill better with or without metadata (no weights here);
+  a cut inside the metadata was possible in training, so the layout above is the usual case only.
+
 User text is data: the prefix, suffix, file contents, paths and the repo name are encoded with
 special-token parsing off, so a file that contains the literal text ``<file_sep>`` cannot reshape the
 prompt. Control tokens are inserted as ids. Each run of text between two control tokens is encoded as
 one piece, which is how the model's own tokenizer splits a hand-written prompt, and the budget is
 counted on exactly the ids that are emitted.
+
+Stops: an infill ends at :data:`FIM_STOP_TOKENS` and, in a StarCoder (v1) vocabulary, at its
+metadata tokens :data:`STARCODER_METADATA_TOKENS`.
 
 Prompt cache: the engine reuses the KV cache of the longest common token prefix with a recent
 request. The stable parts come first (repo name, context files, the hole's file path), so repeated
@@ -48,6 +75,9 @@ FIM_STOP_TOKENS = (
     "<fim_pad>",
     "<repo_name>",
 )
+
+#: StarCoder's (v1) metadata tokens: a middle also ends where the model starts a new file's header.
+STARCODER_METADATA_TOKENS = ("<reponame>", "<filename>", "<gh_stars>")
 
 # SantaCoder spells the FIM tokens with hyphens; the layout uses whichever the tokenizer has.
 _ALIASES = {
@@ -83,11 +113,14 @@ class FIMPrompt:
     mode: str
     """"psm" or "spm"."""
     repo_level: bool
-    """Whether the StarCoder2 repository layout (``<file_sep>``...) is used."""
+    """Whether a repository layout is used: StarCoder2's (``<file_sep>``...) or StarCoder's metadata."""
     max_prompt_tokens: int | None
     """The budget the prompt was built under (None: unbounded)."""
     stop_token_ids: tuple[int, ...]
-    """Ids of :data:`FIM_STOP_TOKENS` in this vocabulary: the middle ends at any of them."""
+    """Ids of :data:`FIM_STOP_TOKENS` and :data:`STARCODER_METADATA_TOKENS` in this vocabulary: the
+    middle ends at any of them."""
+    layout: str = "fim"
+    """"fim" (no repository parts), "starcoder2" (``<file_sep>``) or "starcoder" (metadata tokens)."""
 
 
 def _control_id(codec: Codec, token: str) -> int | None:
@@ -104,7 +137,7 @@ def fim_stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
 
 
 def _stop_ids(codec: Codec) -> tuple[int, ...]:
-    ids = (_control_id(codec, t) for t in FIM_STOP_TOKENS)
+    ids = (_control_id(codec, t) for t in FIM_STOP_TOKENS + STARCODER_METADATA_TOKENS)
     return tuple(dict.fromkeys(i for i in ids if i is not None))
 
 
@@ -153,6 +186,15 @@ def _tokenizer_of(tokenizer_or_engine: Any) -> Any:
     )
 
 
+def _layout(codec: Codec) -> str:
+    """The repository layout the vocabulary was trained with: StarCoder2's ``<file_sep>``, else
+    StarCoder's metadata tokens (``<filename>``); a vocabulary with neither gets StarCoder2's
+    layout, which then reports the tokens it lacks."""
+    if codec.token_id("<file_sep>") is None and codec.token_id("<filename>") is not None:
+        return "starcoder"
+    return "starcoder2"
+
+
 def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
     prefix, suffix, files, mode = request.prefix, request.suffix, request.context_files, request.mode
     repo_name, file_path, limit = (
@@ -161,13 +203,19 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
         request.max_prompt_tokens,
     )
     repo_level = bool(files or repo_name or file_path)
-    needed = list(_FIM) + (["<file_sep>"] if repo_level else []) + (["<repo_name>"] if repo_name else [])
+    layout = _layout(codec) if repo_level else "fim"
+    if layout == "starcoder":
+        needed = list(_FIM) + (["<reponame>"] if repo_name else [])
+        needed += ["<filename>"] if file_path or any(f.path for f in files) else []
+        needed += ["<|endoftext|>"] if files else []
+    else:
+        needed = list(_FIM) + (["<file_sep>"] if repo_level else []) + (["<repo_name>"] if repo_name else [])
     ids = {token: _control_id(codec, token) for token in needed}
     missing = [token for token, i in ids.items() if i is None]
     if missing:
-        layout = "the repository-level FIM layout" if repo_level else f"FIM ({mode.upper()})"
+        layout_name = "the repository-level FIM layout" if repo_level else f"FIM ({mode.upper()})"
         msg = (
-            f"This tokenizer has no {', '.join(missing)} token(s), which {layout} needs: the checkpoint "
+            f"This tokenizer has no {', '.join(missing)} token(s), which {layout_name} needs: the checkpoint "
             "was not trained for it. Use a StarCoder2 checkpoint"
             + (", or leave out context_files, repo_name and file_path." if repo_level else ".")
         )
@@ -182,11 +230,19 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
             raise UnsupportedModelError(msg)
         return encoded
 
-    header = f"{file_path}\n" if file_path else ""
     repo_ids = encode(repo_name)[0] if repo_name else []
+    if layout == "starcoder":
+        # The hole's metadata: <reponame>{repo}<filename>{path}\n, or <reponame>{repo}\n without a
+        # path (the newline then follows the repo name, in one piece with the prefix).
+        header = f"{file_path}\n" if file_path else (f"{repo_name}\n" if repo_name else "")
+        hole_repo_ids = repo_ids if file_path else []
+        n_controls = len(_FIM) + bool(repo_name) + bool(file_path)
+    else:
+        header = f"{file_path}\n" if file_path else ""
+        hole_repo_ids = repo_ids
+        n_controls = len(_FIM) + (1 if repo_level else 0) + (1 if repo_name else 0)
     header_ids = encode(header)[0]
-    n_controls = len(_FIM) + (1 if repo_level else 0) + (1 if repo_name else 0)
-    fixed = n_controls + len(repo_ids) + len(header_ids)
+    fixed = n_controls + len(hole_repo_ids) + len(header_ids)
     if limit is not None and fixed > limit:
         msg = (
             f"max_prompt_tokens={limit} cannot hold this FIM layout's fixed parts ({fixed} tokens: "
@@ -194,7 +250,7 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
         )
         raise ContextLengthError(msg)
 
-    room = None if limit is None else limit - n_controls - len(repo_ids)  # for hole and files
+    room = None if limit is None else limit - n_controls - len(hole_repo_ids)  # for hole and files
     # Only the side of the prefix and suffix nearest the hole is encoded when that alone overflows.
     near_prefix, prefix_ids, prefix_offsets = _encode_window(encode, prefix, room, keep_end=True, pre=header)
     near_suffix, suffix_ids, suffix_offsets = _encode_window(encode, suffix, room, keep_end=False)
@@ -207,7 +263,7 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
             suffix_kept = _largest(
                 len(near_suffix),
                 lambda n: len(encode(near_suffix[:n])[0]) <= s_limit,
-                _guess_start(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
+                _guess_chars(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
             )
             suffix_ids = encode(suffix[:suffix_kept])[0]
         p_limit = room - len(suffix_ids)  # what the suffix leaves, header included
@@ -216,35 +272,56 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
             prefix_kept = _largest(
                 n_near,
                 lambda n: len(encode(header + near_prefix[n_near - n :])[0]) <= p_limit,
-                _guess_end(prefix_offsets, len(header) + n_near, len(prefix_ids), p_limit - len(header_ids)),
+                _guess_chars(
+                    prefix_offsets,
+                    len(header) + n_near,
+                    len(prefix_ids),
+                    p_limit - len(header_ids),
+                    from_end=True,
+                ),
             )
             prefix_ids = encode(header + prefix[len(prefix) - prefix_kept :])[0]
 
     left = None if room is None else room - len(prefix_ids) - len(suffix_ids)
     kept_files: list[tuple[ContextFile, list[int]]] = []
     for file in files:
-        kept = _fit_file(encode, file, left)
+        head, overhead = _file_frame(layout, file, repo_name, len(repo_ids))
+        kept = _fit_file(encode, file, left, head, overhead)
         if kept is not None:
             kept_files.append(kept)
             if left is not None:
-                left -= 1 + len(kept[1])
+                left -= overhead + len(kept[1])
 
     parts: list[tuple[str, Any]] = []  # ("control", token) or ("data", (text, ids))
-    if repo_name:
-        parts += [("control", "<repo_name>"), ("data", (repo_name, repo_ids))]
-    for file, file_ids in kept_files:
-        head = f"{file.path}\n" if file.path else ""
-        parts += [("control", "<file_sep>"), ("data", (head + file.text, file_ids))]
-    if repo_level:
-        parts.append(("control", "<file_sep>"))
     hole_prefix = ("data", (header + prefix[len(prefix) - prefix_kept :], prefix_ids))
     hole_suffix = ("data", (suffix[:suffix_kept], suffix_ids))
+    meta: list[tuple[str, Any]] = []  # StarCoder: the hole's metadata, which goes with its prefix
+    if layout == "starcoder":
+        for file, file_ids in kept_files:  # each file its own document, as in training
+            head, _ = _file_frame(layout, file, repo_name, len(repo_ids))
+            if repo_name:
+                parts.append(("control", "<reponame>"))
+                parts += [("data", (repo_name, repo_ids))] if file.path else []
+            parts += [("control", "<filename>")] if file.path else []
+            parts += [("data", (head + file.text, file_ids)), ("control", "<|endoftext|>")]
+        if repo_name:
+            meta.append(("control", "<reponame>"))
+            meta += [("data", (repo_name, repo_ids))] if file_path else []
+        meta += [("control", "<filename>")] if file_path else []
+    else:
+        if repo_name:
+            parts += [("control", "<repo_name>"), ("data", (repo_name, repo_ids))]
+        for file, file_ids in kept_files:
+            head = f"{file.path}\n" if file.path else ""
+            parts += [("control", "<file_sep>"), ("data", (head + file.text, file_ids))]
+        if repo_level:
+            parts.append(("control", "<file_sep>"))
     if mode == "psm":
-        parts += [("control", "<fim_prefix>"), hole_prefix, ("control", "<fim_suffix>"), hole_suffix]
+        parts += [("control", "<fim_prefix>"), *meta, hole_prefix, ("control", "<fim_suffix>"), hole_suffix]
         parts.append(("control", "<fim_middle>"))
     else:
         parts += [("control", "<fim_prefix>"), ("control", "<fim_suffix>"), hole_suffix]
-        parts += [("control", "<fim_middle>"), hole_prefix]
+        parts += [("control", "<fim_middle>"), *meta, hole_prefix]
 
     token_ids: list[int] = []
     texts: list[str] = []
@@ -266,18 +343,30 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
         repo_level=repo_level,
         max_prompt_tokens=limit,
         stop_token_ids=stop_ids,
+        layout=layout,
     )
 
 
+def _file_frame(layout: str, file: ContextFile, repo_name: str | None, n_repo: int) -> tuple[str, int]:
+    """A context file's head (text encoded with its code) and how many tokens its frame takes
+    besides: StarCoder2's ``<file_sep>``, or StarCoder's metadata and ``<|endoftext|>``."""
+    if layout != "starcoder":
+        return (f"{file.path}\n" if file.path else ""), 1
+    if file.path:
+        return f"{file.path}\n", (1 + n_repo if repo_name else 0) + 2
+    if repo_name:
+        return f"{repo_name}\n", 2
+    return "", 1
+
+
 def _fit_file(
-    encode: Callable[[str], Encoded], file: ContextFile, left: int | None
+    encode: Callable[[str], Encoded], file: ContextFile, left: int | None, head: str, overhead: int
 ) -> tuple[ContextFile, list[int]] | None:
-    """The file whole, or cut after its last line that fits in ``left`` tokens (with its
-    ``<file_sep>``), with its ids; None if not even one line fits."""
-    head = f"{file.path}\n" if file.path else ""
-    if left is not None and left < 1:
+    """The file whole, or cut after its last line that fits in ``left`` tokens (with the
+    ``overhead`` tokens of its frame), with its ids; None if not even one line fits."""
+    if left is not None and left < overhead:
         return None
-    limit = None if left is None else left - 1  # its <file_sep> takes one
+    limit = None if left is None else left - overhead  # its frame's tokens
     text, ids, offsets = _encode_window(encode, file.text, limit, keep_end=False, pre=head)
     if limit is None or len(ids) <= limit:
         return file, ids
@@ -286,10 +375,10 @@ def _fit_file(
         ends.append(len(text))  # the unterminated last line (or the window's end): known not to fit
     if len(ends) < 2:
         return None
-    guess_chars = _guess_start(offsets, len(head + text), len(ids), limit) - len(head)
+    guess_chars = _guess_chars(offsets, len(head + text), len(ids), limit) - len(head)
     lines = _largest(
         len(ends),
-        lambda k: k == 0 or 1 + len(encode(head + text[: ends[k - 1]])[0]) <= left,
+        lambda k: k == 0 or overhead + len(encode(head + text[: ends[k - 1]])[0]) <= left,
         bisect.bisect_right(ends, guess_chars),
     )
     if lines == 0:
@@ -320,26 +409,20 @@ def _encode_window(
     return text, ids, offsets
 
 
-def _guess_start(offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int) -> int:
-    """About how many leading characters of a text fit ``budget`` tokens (from its encoding)."""
+def _guess_chars(
+    offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int, *, from_end: bool = False
+) -> int:
+    """About how many leading (or, ``from_end``, trailing) characters of a text fit ``budget``
+    tokens, from its encoding."""
     if budget <= 0 or tokens == 0:
         return 0
     if budget >= tokens:
         return chars
-    if offsets:
-        return offsets[budget][0]  # where the first token that does not fit starts
-    return chars * budget // tokens
-
-
-def _guess_end(offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int) -> int:
-    """About how many trailing characters of a text fit ``budget`` tokens."""
-    if budget <= 0 or tokens == 0:
-        return 0
-    if budget >= tokens:
-        return chars
-    if offsets:
+    if not offsets:
+        return chars * budget // tokens
+    if from_end:
         return chars - offsets[tokens - budget - 1][1]  # after the last token that does not fit
-    return chars * budget // tokens
+    return offsets[budget][0]  # where the first token that does not fit starts
 
 
 def _largest(n: int, fits: Callable[[int], bool], guess: int) -> int:
@@ -377,6 +460,7 @@ def _largest(n: int, fits: Callable[[int], bool], guess: int) -> int:
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "FIM_STOP_TOKENS",
+    "STARCODER_METADATA_TOKENS",
     "ContextFile",
     "FIMPrompt",
     "FIMRequest",

@@ -1,4 +1,8 @@
-"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes."""
+"""From a folder or hub id to a ready MLX model and tokenizer: clear errors, CPU-aware dtypes.
+
+Why one file: every check before loading (config, weight files, their shapes) reads the same family
+dispatch, and each error names what the loader would have failed on.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from .errors import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from .models import starcoder2
+from .models import gpt_bigcode, starcoder2
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZE_BITS = (None, 4, 8)
@@ -38,10 +42,16 @@ KV_BITS = (None, 4, 8)
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "tokenizer.model"]
 
 
+#: The model families this package runs: config.json's ``model_type`` -> its MLX module.
+FAMILIES = {"starcoder2": starcoder2, "gpt_bigcode": gpt_bigcode}
+
+ModelArgs = starcoder2.ModelArgs | gpt_bigcode.ModelArgs
+
+
 @dataclass
 class LoadedModel:
     model: nn.Module
-    args: starcoder2.ModelArgs
+    args: ModelArgs
     config: dict[str, Any]
 
 
@@ -94,34 +104,36 @@ def _download(repo_id: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
+    # Raised "from None": the hub's chained errors (50 lines of httpx) would bury the message.
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS))
-    except RevisionNotFoundError as e:
+    except RevisionNotFoundError:
         msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
-        raise ModelNotFoundError(msg) from e
-    except GatedRepoError as e:
+        raise ModelNotFoundError(msg) from None
+    except GatedRepoError:
         msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
-        raise ModelNotFoundError(msg) from e
-    except RepositoryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except RepositoryNotFoundError:
         msg = f"Hub model {repo_id!r} does not exist (or is private: log in with `hf auth login`)."
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
     except HFValidationError as e:
         msg = f"{repo_id!r} is neither a local folder nor a valid hub id: {e}"
-        raise ModelNotFoundError(msg) from e
-    except LocalEntryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except LocalEntryNotFoundError:
         msg = (
             f"Could not download {repo_id!r}: the hub cannot be reached (or HF_HUB_OFFLINE is set) "
             "and the model is not in the local cache. Connect once to download it, or pass a local "
             "folder (`langchain-starcoder build-test-model DST` builds one offline)."
         )
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
     except OSError as e:
         msg = f"Download of {repo_id!r} failed: {e}. Nothing was loaded; run again to resume it."
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """config.json, checked: a StarCoder2 config whose sizes and settings the model can be built from."""
+    """config.json, checked: a StarCoder2 or StarCoder (GPTBigCode) config whose sizes and settings
+    the model can be built from."""
     config_file = path / "config.json"
     if not config_file.is_file():
         msg = f"{path} has no config.json: it is not a Hugging Face checkpoint folder."
@@ -138,11 +150,11 @@ def read_config(path: Path) -> dict[str, Any]:
         )
         raise CheckpointError(msg)
     model_type = config.get("model_type")
-    if model_type != "starcoder2":
-        hint = " (StarCoder v1 / GPTBigCode is not supported yet)" if model_type == "gpt_bigcode" else ""
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         msg = (
-            f"{path} holds a {reprlib.repr(model_type)} model{hint}; langchain-starcoder runs StarCoder2 "
-            "checkpoints (model_type 'starcoder2'), e.g. mlx-community/starcoder2-3b-4bit."
+            f"{path} holds a {reprlib.repr(model_type)} model; langchain-starcoder runs StarCoder2 "
+            "(model_type 'starcoder2', e.g. mlx-community/starcoder2-3b-4bit) and StarCoder "
+            "(model_type 'gpt_bigcode', e.g. bigcode/starcoderbase-1b) checkpoints."
         )
         raise UnsupportedModelError(msg)
     validate_config(config, config_file)
@@ -205,12 +217,30 @@ CONFIG_RULES: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
     ),
 }
 
+#: The same for a GPTBigCode (StarCoder v1) config.json, whose names are GPT-2's.
+GPT_BIGCODE_RULES: dict[str, tuple[bool, Callable[[Any], bool], str]] = {
+    "n_embd": (True, *_SIZE),
+    "n_layer": (True, *_SIZE),
+    "n_head": (True, *_SIZE),
+    "n_positions": (False, *_SIZE),
+    "n_inner": (False, lambda v: v is None or _is_size(v), "null (4 x n_embd) or a whole number >= 1"),
+    "activation_function": (False, lambda v: isinstance(v, str), "the name of an activation"),
+    "layer_norm_epsilon": (False, CONFIG_RULES["norm_epsilon"][1], CONFIG_RULES["norm_epsilon"][2]),
+    "multi_query": (False, lambda v: isinstance(v, bool), "true or false"),
+    "scale_attn_weights": (False, lambda v: isinstance(v, bool), "true or false"),
+    "add_cross_attention": (False, lambda v: v is False, "false (a decoder-only model)"),
+    **{k: CONFIG_RULES[k] for k in ("vocab_size", "tie_word_embeddings", "eos_token_id", "quantization")},
+}
+
+_RULES = {"starcoder2": CONFIG_RULES, "gpt_bigcode": GPT_BIGCODE_RULES}
+
 _FIX = "Fix config.json, or re-download or rebuild the checkpoint."
 
 
 def validate_config(config: dict[str, Any], config_file: Path) -> None:
     """Refuse a config the model cannot be built from, before anything is allocated: one clear error."""
-    for key, (required, test, expected) in CONFIG_RULES.items():
+    family = config.get("model_type", "starcoder2")
+    for key, (required, test, expected) in _RULES[family].items():
         if key not in config:
             if required:
                 msg = f"{config_file} has no {key!r}, which must be {expected}. {_FIX}"
@@ -218,6 +248,25 @@ def validate_config(config: dict[str, Any], config_file: Path) -> None:
         elif not test(config[key]):
             msg = f"{config_file}: {key} is {reprlib.repr(config[key])}, but it must be {expected}. {_FIX}"
             raise CheckpointError(msg)
+    if family == "gpt_bigcode":
+        if config["n_embd"] % config["n_head"]:
+            msg = (
+                f"{config_file}: n_embd {config['n_embd']} and n_head {config['n_head']} do not fit: "
+                f"the heads must divide n_embd. {_FIX}"
+            )
+            raise CheckpointError(msg)
+    else:
+        _validate_starcoder2(config, config_file)
+    try:  # well formed, but is it a model this package runs (activation, RoPE type)?
+        model_args(config)
+    except UnsupportedModelError as e:
+        msg = (
+            f"{config_file}: {e} langchain-starcoder runs StarCoder and StarCoder2 checkpoints as published."
+        )
+        raise UnsupportedModelError(msg) from e
+
+
+def _validate_starcoder2(config: dict[str, Any], config_file: Path) -> None:
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in rope and not _is_positive(rope["rope_theta"]):
         msg = (
@@ -234,11 +283,6 @@ def validate_config(config: dict[str, Any], config_file: Path) -> None:
             f"divide the heads. {_FIX}"
         )
         raise CheckpointError(msg)
-    try:  # well formed, but is it a model this package runs (activation, RoPE type)?
-        starcoder2.ModelArgs.from_dict(config)
-    except UnsupportedModelError as e:
-        msg = f"{config_file}: {e} langchain-starcoder runs StarCoder2 checkpoints as published."
-        raise UnsupportedModelError(msg) from e
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -312,7 +356,11 @@ def safetensors_header(file: Path) -> dict[str, Any]:
     return header
 
 
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+#: Where each family's weights name their layer index.
+_LAYER = {
+    "starcoder2": re.compile(r"model\.layers\.(\d+)\."),
+    "gpt_bigcode": re.compile(r"transformer\.h\.(\d+)\."),
+}
 
 
 def check_weights_match_config(
@@ -324,14 +372,15 @@ def check_weights_match_config(
     find the weights do not fit. Quantized (packed uint32) weights keep their output dimension only.
     """
     tensors = {name: (file, info) for file, header in headers.items() for name, info in header.items()}
-    args = starcoder2.ModelArgs.from_dict(config)
+    args = model_args(config)
     config_file = path / "config.json"
-    layers = {int(m[1]) for name in tensors if (m := _LAYER.match(name))}
+    layer = _LAYER[config.get("model_type", "starcoder2")]
+    layers = {int(m[1]) for name in tensors if (m := layer.match(name))}
     n = args.num_hidden_layers
     if len(layers) != n or max(layers, default=-1) != n - 1:  # i.e. layers 0 to n - 1, without a set of n
         found = f"layers {min(layers)} to {max(layers)}" if layers else "no layers"
         msg = (
-            f"{config_file} says num_hidden_layers is {n}, but the weights in "
+            f"{config_file} says {_LAYERS_KEY[type(args)]} is {n}, but the weights in "
             f"{path} hold {found} ({len(layers)} in all): config.json does not belong to these "
             "weights. Use the config.json that came with them, or re-download the checkpoint."
         )
@@ -339,30 +388,7 @@ def check_weights_match_config(
     if "quantization_config" in config and "quantization" not in config:
         return  # AWQ/GPTQ layouts, renamed and repacked by mlx-lm while loading: names differ
 
-    h, kv = args.hidden_size, args.num_key_value_heads * args.head_dim
-    linears = {  # the projections of a layer: (output, input) sizes
-        "self_attn.q_proj": (h, h),
-        "self_attn.k_proj": (kv, h),
-        "self_attn.v_proj": (kv, h),
-        "self_attn.o_proj": (h, h),
-        "mlp.c_fc": (args.intermediate_size, h),
-        "mlp.c_proj": (h, args.intermediate_size),
-    }
-    per_layer = {f"{name}.weight": shape for name, shape in linears.items()}
-    if args.use_bias:
-        per_layer |= {f"{name}.bias": shape[:1] for name, shape in linears.items()}
-    for norm in ("input_layernorm", "post_attention_layernorm"):
-        per_layer |= {f"{norm}.weight": (h,), f"{norm}.bias": (h,)}
-    expected = {
-        "model.embed_tokens.weight": (args.vocab_size, h),
-        "model.norm.weight": (h,),
-        "model.norm.bias": (h,),
-    }
-    if not args.tie_word_embeddings:
-        expected["lm_head.weight"] = (args.vocab_size, h)
-    for i in range(n):
-        expected |= {f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()}
-
+    expected = _expected_tensors(args)
     sizes = ", ".join(f"{key} {getattr(args, key)}" for key in _SIZE_KEYS)
     for name, shape in expected.items():
         if name not in tensors:
@@ -377,6 +403,41 @@ def check_weights_match_config(
                 "that came with them, or re-download the checkpoint."
             )
             raise CheckpointError(msg)
+
+
+_LAYERS_KEY = {starcoder2.ModelArgs: "num_hidden_layers", gpt_bigcode.ModelArgs: "n_layer"}
+
+
+def _expected_tensors(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor name the family's Hugging Face layout has, with its (output, input) shape."""
+    h, kv = args.hidden_size, args.num_key_value_heads * args.head_dim
+    if isinstance(args, gpt_bigcode.ModelArgs):
+        prefix, embed, final_norm = "transformer.h.", "transformer.wte.weight", "transformer.ln_f"
+        linears = {"attn.c_attn": (h + 2 * kv, h), "attn.c_proj": (h, h)}
+        norms, biases = ("ln_1", "ln_2"), True
+    else:
+        prefix, embed, final_norm = "model.layers.", "model.embed_tokens.weight", "model.norm"
+        linears = {
+            "self_attn.q_proj": (h, h),
+            "self_attn.k_proj": (kv, h),
+            "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, h),
+        }
+        norms, biases = ("input_layernorm", "post_attention_layernorm"), args.use_bias
+    linears |= {"mlp.c_fc": (args.intermediate_size, h), "mlp.c_proj": (h, args.intermediate_size)}
+    per_layer = {f"{name}.weight": shape for name, shape in linears.items()}
+    if biases:
+        per_layer |= {f"{name}.bias": shape[:1] for name, shape in linears.items()}
+    for norm in norms:
+        per_layer |= {f"{norm}.weight": (h,), f"{norm}.bias": (h,)}
+    expected = {embed: (args.vocab_size, h), f"{final_norm}.weight": (h,), f"{final_norm}.bias": (h,)}
+    if isinstance(args, gpt_bigcode.ModelArgs):
+        expected["transformer.wpe.weight"] = (args.n_positions, h)
+    if not args.tie_word_embeddings:
+        expected["lm_head.weight"] = (args.vocab_size, h)
+    for i in range(args.num_hidden_layers):
+        expected |= {f"{prefix}{i}.{name}": shape for name, shape in per_layer.items()}
+    return expected
 
 
 _SIZE_KEYS = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
@@ -400,9 +461,14 @@ def check_tokenizer_files(path: Path) -> None:
     raise CheckpointError(msg)
 
 
-def model_args(config: dict[str, Any]) -> starcoder2.ModelArgs:
+def model_args(config: dict[str, Any]) -> ModelArgs:
     """The model's settings from a validated config (the one place that picks the family's class)."""
-    return starcoder2.ModelArgs.from_dict(config)
+    return _family(config).ModelArgs.from_dict(config)
+
+
+def _family(config: dict[str, Any]) -> Any:
+    """The family's module (``models.starcoder2`` or ``models.gpt_bigcode``) for a read config."""
+    return FAMILIES[config.get("model_type", "starcoder2")]
 
 
 def default_compute_dtype() -> mx.Dtype | None:
@@ -415,7 +481,8 @@ def default_compute_dtype() -> mx.Dtype | None:
 
 
 def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str) -> LoadedModel:
-    """Load our StarCoder2 module through mlx-lm's loader; then dtype policy and quantize-on-load."""
+    """Load our module of the checkpoint's family through mlx-lm's loader; then dtype policy and
+    quantize-on-load."""
     from mlx_lm.utils import load_model as mlx_load_model
     from mlx_lm.utils import quantize_model
 
@@ -431,9 +498,9 @@ def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str)
         )
         raise InvalidParameterError(msg)
     try:
-        model, config = mlx_load_model(
-            path, get_model_classes=lambda config: (starcoder2.Model, starcoder2.ModelArgs)
-        )
+        family = _family(config)
+        classes = (family.Model, family.ModelArgs)
+        model, config = mlx_load_model(path, get_model_classes=lambda config: classes)
     except ValueError as e:
         if "Received parameters not in model" in str(e) or "Missing parameters" in str(e):
             msg = f"The weights in {path} do not match its config.json: {e}"

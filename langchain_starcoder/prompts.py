@@ -336,24 +336,15 @@ class StarCoderPromptTemplate(_InPrompts, PromptTemplate):
 
             from langchain_starcoder import StarCoderLLM, StarCoderPromptTemplate
 
-            prompt = StarCoderPromptTemplate.from_template("<file_sep>{path}\n{code}<file_sep>notes.md\n")
+            prompt = StarCoderPromptTemplate.from_template("<file_sep>{path}\\n{code}<file_sep>notes.md\\n")
             chain = prompt | StarCoderLLM(max_tokens=64)
 
-    Invoke:
+    Invoke, stream, async (as any runnable; a file that quotes ``<|endoftext|>`` stays text):
         .. code-block:: python
 
             chain.invoke({"path": "utils.py", "code": open("utils.py").read()})
-
-    Stream:
-        .. code-block:: python
-
-            for piece in chain.stream({"path": "a.py", "code": "print('<|endoftext|>')"}):
-                print(piece, end="")
-
-    Async:
-        .. code-block:: python
-
-            await chain.ainvoke({"path": "a.py", "code": "x = 1\n"})
+            print("".join(chain.stream({"path": "a.py", "code": "print('<|endoftext|>')"})))
+            await chain.ainvoke({"path": "a.py", "code": "x = 1\\n"})
     """
 
     @model_validator(mode="after")

@@ -1,9 +1,11 @@
-"""Build StarCoder2 checkpoints offline, for tests, examples and benchmarks.
+"""Build StarCoder2 and StarCoder (GPTBigCode) checkpoints offline, for tests, examples and benchmarks.
 
-The checkpoints have the real layout (Hugging Face ``Starcoder2ForCausalLM`` weight names and config, a
-byte-level BPE ``tokenizer.json`` carrying StarCoder2's special tokens with ``<|endoftext|>`` at id 0), so
-transformers, mlx-lm and this package all load them. The weights are random, so the text they generate
-is nonsense, but it is deterministic for a given ``seed``.
+Why one file: both families' builders share the tokenizer trainer, its corpus and the weight writers.
+
+The checkpoints have the real layout (Hugging Face ``Starcoder2ForCausalLM`` / ``GPTBigCodeForCausalLM``
+weight names and config, a byte-level BPE ``tokenizer.json`` carrying the family's special tokens with
+``<|endoftext|>`` at id 0), so transformers, mlx-lm and this package all load them. The weights are
+random, so the text they generate is nonsense, but it is deterministic for a given ``seed``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, ModelNotFoundError
+from .loading import resolve_model_path
+from .registry import DEFAULT_MODEL
 
 #: StarCoder2's special tokens, in the order (and so with the ids) of the real tokenizer.
 SPECIAL_TOKENS = (
@@ -147,12 +152,8 @@ def build_starcoder2(
     return path
 
 
-def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
-    """Random weights of the Hugging Face layout, scaled so that activations stay O(1)."""
-    rng = np.random.default_rng(seed)
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = hidden // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
+def _makers(rng: np.random.Generator) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """Random matrices scaled by 1/sqrt(fan-in), and vectors around ``mean``: activations stay O(1)."""
 
     def dense(rows: int, cols: int) -> np.ndarray:
         return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols**-0.5)
@@ -160,6 +161,17 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     def vector(n: int, scale: float = 0.02, mean: float = 0.0) -> np.ndarray:
         return mean + rng.standard_normal(n, dtype=np.float32) * np.float32(scale)
 
+    return dense, vector
+
+
+def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Random weights of the Hugging Face layout, scaled so that activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+
+    dense, vector = _makers(rng)
     embed = rng.standard_normal((config["vocab_size"], hidden), dtype=np.float32) * np.float32(0.3)
     # Keep special tokens rare in random-weight output, so test generations run on as text.
     embed[: len(SPECIAL_TOKENS)] *= np.float32(0.05)
@@ -235,66 +247,136 @@ def _write_quantized(
     return config
 
 
+# --- StarCoder (v1, GPTBigCode) ---------------------------------------------------------------
+
+#: StarCoder's special tokens in the order of bigcode/starcoder's tokenizer (ids 0 to 18), as we know
+#: it from its published special_tokens_map (not re-read here: the hub is out of reach).
+STARCODER_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<filename>",
+    "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
+    "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<empty_output>", "<commit_before>",
+    "<commit_msg>", "<commit_after>", "<reponame>",
+)  # fmt: skip
+
+#: The chat tokens and template of HuggingFaceH4/starchat-beta (a StarCoderPlus fine-tune).
+STARCHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+STARCHAT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+#: GPTBigCode shapes for tests: "tiny", and "small" (head_dim 64, for kv_bits and every group size).
+GPT_BIGCODE_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(n_embd=64, n_layer=2, n_head=4, n_inner=None, n_positions=1024, vocab_size=1024),
+    "small": dict(n_embd=256, n_layer=2, n_head=4, n_inner=1024, n_positions=1024, vocab_size=1024),
+}
+
+
+def build_gpt_bigcode(
+    path: str | Path,
+    *,
+    preset: str = "tiny",
+    multi_query: bool = True,
+    n_positions: int | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    chat_template: str | None = None,
+    tie_word_embeddings: bool = False,
+) -> Path:
+    """Write a StarCoder (GPTBigCode) checkpoint with random weights to ``path`` and return the path.
+
+    The layout is Hugging Face's ``GPTBigCodeForCausalLM`` (``transformer.wte``, ``transformer.h.N.attn.
+    c_attn``...), so transformers loads it too; the tokenizer carries StarCoder's special tokens.
+
+    Args:
+        path: Folder to create (it may exist; the files are replaced).
+        preset: "tiny" (``n_inner`` null, i.e. 4 x n_embd) or "small" (head_dim 64).
+        multi_query: True for StarCoder's one key/value head, False for multi-head attention.
+        n_positions: Override the number of learned positions (the context window).
+        seed: Seed of the weights; the same seed gives the same checkpoint.
+        dtype: Weight dtype on disk: "float32", "float16" or "bfloat16".
+        chat_template: A Jinja chat template for tokenizer_config.json; with
+            :data:`STARCHAT_CHAT_TEMPLATE` the vocabulary also gets starchat's chat tokens, and
+            ``<|end|>`` is the tokenizer's eos token (as in starchat).
+        tie_word_embeddings: True shares ``wte`` with the output layer, as real checkpoints do.
+    """
+    if preset not in GPT_BIGCODE_PRESETS:
+        msg = f"Unknown preset {preset!r}; choose one of {sorted(GPT_BIGCODE_PRESETS)}."
+        raise InvalidParameterError(msg)
+    if dtype not in _DTYPES:
+        msg = f"Unknown dtype {dtype!r}; choose one of {_DTYPES}."
+        raise InvalidParameterError(msg)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("model*.safetensors*"):
+        old.unlink()
+    config: dict[str, Any] = {
+        "model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"],
+        **GPT_BIGCODE_PRESETS[preset],
+        "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "multi_query": multi_query,
+        "scale_attn_weights": True, "attention_softmax_in_fp32": True,
+        "scale_attention_softmax_in_fp32": True,
+        "tie_word_embeddings": tie_word_embeddings, "bos_token_id": 0, "eos_token_id": 0,
+        "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "initializer_range": 0.02,
+        "use_cache": True, "torch_dtype": dtype,
+    }  # fmt: skip
+    if n_positions is not None:
+        config["n_positions"] = n_positions
+    starchat = chat_template == STARCHAT_CHAT_TEMPLATE
+    specials = STARCODER_SPECIAL_TOKENS + (STARCHAT_TOKENS if starchat else ())
+    eos = "<|end|>" if starchat else "<|endoftext|>"
+    _write_tokenizer(path, config["vocab_size"], chat_template, specials, eos)
+    _write_safetensors(path, _random_gpt_bigcode_weights(config, seed), dtype, None)
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2))
+    return path
+
+
+def _random_gpt_bigcode_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Random weights of the ``GPTBigCodeForCausalLM`` layout, scaled so that activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+    hidden = config["n_embd"]
+    inner = config["n_inner"] or 4 * hidden
+    kv = (1 if config["multi_query"] else config["n_head"]) * (hidden // config["n_head"])
+
+    dense, vector = _makers(rng)
+    embed = rng.standard_normal((config["vocab_size"], hidden), dtype=np.float32) * np.float32(0.3)
+    embed[: len(STARCODER_SPECIAL_TOKENS)] *= np.float32(0.05)  # keep control tokens rare in output
+    weights = {
+        "transformer.wte.weight": embed,
+        "transformer.wpe.weight": rng.standard_normal((config["n_positions"], hidden), dtype=np.float32)
+        * np.float32(0.1),
+    }
+    for i in range(config["n_layer"]):
+        p = f"transformer.h.{i}."
+        for name, rows, cols in (
+            ("attn.c_attn", hidden + 2 * kv, hidden), ("attn.c_proj", hidden, hidden),
+            ("mlp.c_fc", inner, hidden), ("mlp.c_proj", hidden, inner),
+        ):  # fmt: skip
+            weights[p + name + ".weight"] = dense(rows, cols)
+            weights[p + name + ".bias"] = vector(rows)
+        for norm in ("ln_1", "ln_2"):
+            weights[p + norm + ".weight"] = vector(hidden, 0.1, 1.0)
+            weights[p + norm + ".bias"] = vector(hidden)
+    weights["transformer.ln_f.weight"] = vector(hidden, 0.1, 1.0)
+    weights["transformer.ln_f.bias"] = vector(hidden)
+    if not config["tie_word_embeddings"]:
+        weights["lm_head.weight"] = dense(config["vocab_size"], hidden)
+    return weights
+
+
 # --- tokenizer -------------------------------------------------------------------------------
 
 _WORDS = [
-    "self",
-    "value",
-    "index",
-    "count",
-    "total",
-    "result",
-    "items",
-    "data",
-    "config",
-    "model",
-    "token",
-    "prompt",
-    "cache",
-    "engine",
-    "request",
-    "response",
-    "stream",
-    "chunk",
-    "buffer",
-    "parser",
-    "reader",
-    "writer",
-    "file",
-    "path",
-    "name",
-    "user",
-    "client",
-    "server",
-    "query",
-    "table",
-    "row",
-    "column",
-    "key",
-    "node",
-    "tree",
-    "graph",
-    "list",
-    "dict",
-    "string",
-    "number",
-    "error",
-    "message",
-    "window",
-    "layer",
-    "weight",
-    "matrix",
-    "vector",
-    "batch",
-    "queue",
-    "thread",
-    "lock",
-    "event",
-    "state",
-    "handler",
-    "callback",
-    "future",
-]
+    "self", "value", "index", "count", "total", "result", "items", "data", "config", "model", "token",
+    "prompt", "cache", "engine", "request", "response", "stream", "chunk", "buffer", "parser", "reader",
+    "writer", "file", "path", "name", "user", "client", "server", "query", "table", "row", "column", "key",
+    "node", "tree", "graph", "list", "dict", "string", "number", "error", "message", "window", "layer",
+    "weight", "matrix", "vector", "batch", "queue", "thread", "lock", "event", "state", "handler",
+    "callback", "future",
+]  # fmt: skip
 _TEMPLATES = (
     'def {a}_{b}({c}, {d}=None):\n    """Return the {b} of {c}."""\n    if {d} is None:\n'
     "        {d} = {n}\n    return [{c}.{a} for {c} in {d}]\n\n",
@@ -323,8 +405,14 @@ def _corpus(seed: int = 1234, documents: int = 3000) -> list[str]:
     return out
 
 
-def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> None:
-    """A byte-level BPE shaped like StarCoder2's (digits split, no prefix space), trained in seconds."""
+def _write_tokenizer(
+    path: Path,
+    vocab_size: int,
+    chat_template: str | None,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    eos_token: str = "<|endoftext|>",
+) -> None:
+    """A byte-level BPE shaped like StarCoder's (digits split, no prefix space), trained in seconds."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -338,7 +426,7 @@ def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> 
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -357,15 +445,15 @@ def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> 
             "content": tok, "lstrip": False, "normalized": False, "rstrip": False,
             "single_word": False, "special": True,
         }
-        for i, tok in enumerate(SPECIAL_TOKENS)
+        for i, tok in enumerate(special_tokens)
     }  # fmt: skip
     tokenizer_config: dict[str, Any] = {
         "tokenizer_class": "GPT2Tokenizer",
         "add_prefix_space": False,
         "added_tokens_decoder": added,
-        "additional_special_tokens": list(SPECIAL_TOKENS),
+        "additional_special_tokens": list(special_tokens),
         "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>",
+        "eos_token": eos_token,
         "unk_token": "<|endoftext|>",
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1000000000000000019884624838656,
@@ -375,8 +463,10 @@ def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> 
         tokenizer_config["chat_template"] = chat_template
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     special_map = {
-        **{name: "<|endoftext|>" for name in ("bos_token", "eos_token", "unk_token")},
-        "additional_special_tokens": list(SPECIAL_TOKENS),
+        "bos_token": "<|endoftext|>",
+        "eos_token": eos_token,
+        "unk_token": "<|endoftext|>",
+        "additional_special_tokens": list(special_tokens),
     }
     (path / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
 
@@ -384,3 +474,26 @@ def _write_tokenizer(path: Path, vocab_size: int, chat_template: str | None) -> 
 def copy_checkpoint(src: str | Path, dst: str | Path) -> Path:
     """Copy a built checkpoint folder (tests that damage a checkpoint work on a copy)."""
     return Path(shutil.copytree(src, dst, dirs_exist_ok=True))
+
+
+def model_or_offline(model: str, default: str = DEFAULT_MODEL, *, instruct: bool = False) -> str:
+    """``model`` if it can be had, else, for ``default`` only, a small offline checkpoint (examples, demos).
+
+    A folder is used as it is; a hub id is downloaded here (once; then it is in the local hub cache). With
+    no hub access (offline, or ``HF_HUB_OFFLINE=1``) and no cached copy, ``default`` is replaced by a
+    checkpoint with random weights built offline once under ``~/.cache/langchain-starcoder`` (its output
+    is nonsense, but every step is real), and two lines on stdout say why and where. Any other model that
+    cannot be had raises :class:`ModelNotFoundError`. ``instruct`` builds the stand-in with a chat template.
+    """
+    try:
+        resolve_model_path(model)
+    except ModelNotFoundError as err:
+        if model != default:
+            raise
+        kind = "instruct " if instruct else ""
+        path = Path.home() / ".cache" / "langchain-starcoder" / f"offline-tiny{'-instruct' * instruct}"
+        print(f"{err}\n-> Using an offline {kind}checkpoint with random weights at {path}.\n", flush=True)
+        if not (path / "config.json").is_file():  # config.json is written last
+            build_starcoder2(path, chat_template=INSTRUCT_CHAT_TEMPLATE if instruct else None)
+        return str(path)
+    return model

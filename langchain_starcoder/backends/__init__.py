@@ -52,7 +52,7 @@ class TokenSink(Protocol):
     def finish(self) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: a backend keeps sets of them
 class Generation:
     """One generation as a backend sees it."""
 

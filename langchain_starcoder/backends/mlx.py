@@ -104,6 +104,7 @@ class MLXBackend:
         self._retire_worker = weakref.finalize(self, _retire, self._jobs)
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
+        self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
         try:
             loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
         except BaseException:
@@ -143,8 +144,11 @@ class MLXBackend:
         return self._submit_job(fn).result()
 
     def close(self) -> None:
+        """Cancel what is running or queued, free the prompt caches and retire the worker."""
         if self._closed:
             return
+        for generation in list(self._live):
+            generation.cancelled.set()
         try:
             self.call(self._prompt_caches.clear)  # waits, so the worker is idle when we return
         finally:
@@ -155,9 +159,23 @@ class MLXBackend:
     # --- the backend contract ------------------------------------------------------------------
 
     def submit(self, generations: Sequence[Generation]) -> Future[None]:
-        if len(generations) == 1:
-            return self._submit_job(lambda: self._run_one(generations[0]))
-        return self._submit_job(lambda: self._run_batch(list(generations)))
+        gens = list(generations)
+
+        def job() -> None:
+            try:
+                if len(gens) == 1:
+                    self._run_one(gens[0])
+                else:
+                    self._run_batch(gens)
+            finally:
+                self._live.difference_update(gens)
+
+        self._live.update(gens)
+        try:
+            return self._submit_job(job)
+        except BaseException:
+            self._live.difference_update(gens)
+            raise
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         def run() -> np.ndarray:

@@ -483,3 +483,43 @@ async def test_no_async_entry_point_blocks_the_loop(tiny_engine: StarCoderEngine
     assert blocking > 0.2, "the input is too small to show a stall here"
     # Tokenizing on the loop would stall it for ``blocking`` or more; what is left is bookkeeping.
     assert {name: s for name, s in stalls.items() if s > blocking / 2} == {}
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_a_long_prefill_exits_promptly(tmp_path: Path) -> None:
+    """SIGINT while the CLI prefills a long prompt: exit 130 within a prefill step or two, not
+    after the whole prompt (about 20 s of prefill here)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from langchain_starcoder.testing import build_starcoder2
+
+    path = build_starcoder2(tmp_path / "deep", preset="small", num_layers=24)
+    engine = StarCoderEngine.load(path)
+    try:
+        ids = (engine.encode(SNIPPETS[0] * 400) * 4)[:1900]
+        steps = engine.backend._prefill_chunk
+        prompt = engine.decode(ids)
+    finally:
+        engine.close()
+    assert 1900 // steps >= 8  # many steps: stopping after one or two is far from the end
+    (tmp_path / "prompt.txt").write_text(prompt)
+    command = [sys.executable, "-m", "langchain_starcoder", "generate", "--model", str(path)]
+    child = subprocess.Popen(
+        [*command, "--file", str(tmp_path / "prompt.txt"), "--max-tokens", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    time.sleep(6)  # loaded (about 2 s) and prefilling
+    assert child.poll() is None, child.communicate()
+    sent = time.perf_counter()
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    waited = time.perf_counter() - sent
+    assert child.returncode == 130, err
+    assert err.strip().splitlines()[-1].endswith("interrupted.")
+    assert waited < 8, f"exited {waited:.1f} s after Ctrl-C"

@@ -23,6 +23,6 @@ def test_no_module_is_too_long_without_saying_why() -> None:
     long = []
     for file in PACKAGE.rglob("*.py"):
         lines = file.read_text().splitlines()
-        if len(lines) > 460 and not any("one file" in line for line in lines[:6]):
+        if len(lines) > 460 and not any("one file" in line.lower() for line in lines[:6]):
             long.append(f"{file.relative_to(ROOT)}: {len(lines)} lines")
     assert long == []

@@ -5,15 +5,26 @@ These check structure, not speed: timings on a shared CI machine mean nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+import benchmarks.__main__ as bench_main
 from benchmarks.__main__ import main
 from benchmarks.cases import BENCHMARKS, OPTIONAL
-from benchmarks.harness import Row, interleave, markdown_table, rate_from_marks
+from benchmarks.harness import (
+    Row,
+    Section,
+    build_quantized_layerwise,
+    interleave,
+    markdown_table,
+    rate_from_marks,
+)
+
+PUBLISHED = [Path(bench_main.__file__).parent / name for name in ("results.json", "results.md")]
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +33,14 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]:
     code = main(
         [
             "--preset", "tiny", "--no-openblas", "--quiet", "--warmup", "0",
-            "--workdir", str(out / "work"), "--json", str(out / "r.json"), "--markdown", str(out / "r.md"),
+            "--workdir", str(out / "work"), "--out", str(out / "results"),
         ]
     )  # fmt: skip
-    return code, json.loads((out / "r.json").read_text()), (out / "r.md").read_text()
+    return (
+        code,
+        json.loads((out / "results/results.json").read_text()),
+        (out / "results/results.md").read_text(),
+    )
 
 
 def test_default_run_writes_every_default_benchmark(tiny_run: tuple[int, dict, str]) -> None:
@@ -77,11 +92,11 @@ def test_markdown_has_a_row_per_comparison(tiny_run: tuple[int, dict, str]) -> N
 
 def test_only_and_unknown_names(tmp_path: Path, tiny_path: Path) -> None:
     assert main(["--preset", "tiny", "--only", "memory", "--quiet", "--workdir", str(tmp_path / "w"),
-                 "--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md")]) == 0  # fmt: skip
-    data = json.loads((tmp_path / "r.json").read_text())
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    data = json.loads((tmp_path / "results.json").read_text())
     assert [s["key"] for s in data["sections"]] == ["memory"]
     with pytest.raises(SystemExit):
-        main(["--only", "nonsense", "--json", str(tmp_path / "x.json")])
+        main(["--only", "nonsense", "--out", str(tmp_path)])
 
 
 def test_interleave_alternates_and_warms_up() -> None:
@@ -103,18 +118,98 @@ def test_rate_and_goal_arithmetic() -> None:
     assert "1/12" in markdown_table([_section(row)])
 
 
-def _section(row: Row):
-    from benchmarks.harness import Section
-
+def _section(row: Row) -> Section:
     return Section("x", row.item, "x", rows=[row])
 
 
 def test_baselines_against_transformers_on_tiny(tmp_path: Path) -> None:
     code = main(["--preset", "tiny", "--only", "baselines", "--no-openblas", "--quiet", "--warmup", "0",
-                 "--workdir", str(tmp_path / "w"), "--json", str(tmp_path / "r.json"),
-                 "--markdown", str(tmp_path / "r.md")])  # fmt: skip
+                 "--workdir", str(tmp_path / "w"), "--out", str(tmp_path)])  # fmt: skip
     assert code == 0
-    (section,) = json.loads((tmp_path / "r.json").read_text())["sections"]
+    (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
     assert [r["metric"] for r in section["rows"]] == ["float32 prefill tokens/s", "float32 decode tokens/s"]
     assert all(r["ratio"] > 0 for r in section["rows"])
     assert section["data"]["bandwidth_gbs"] > 0 and section["data"]["roofline_tps"] > 0
+
+
+# --- where results go ------------------------------------------------------------------------------
+
+
+def _digests() -> list[str]:
+    return [hashlib.sha256(p.read_bytes()).hexdigest() for p in PUBLISHED]
+
+
+def test_a_default_run_leaves_the_published_results_alone(tmp_path: Path, capsys) -> None:
+    before = _digests()
+    assert main(["--preset", "tiny", "--only", "memory", "--workdir", str(tmp_path / "w")]) == 0
+    assert _digests() == before
+    out = tmp_path / "w" / "results"  # the working folder: next to the checkpoints
+    assert json.loads((out / "results.json").read_text())["preset"] == "tiny"
+    assert f"Results: {out / 'results.json'} and {out / 'results.md'}" in capsys.readouterr().err
+
+
+def test_write_results_never_publishes_another_preset(tmp_path: Path, capsys) -> None:
+    before = _digests()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--preset", "tiny", "--only", "memory", "--write-results", "--workdir", str(tmp_path / "w")])
+    assert exit_info.value.code == 2
+    assert "never replaces" in capsys.readouterr().err
+    assert _digests() == before
+    assert not (tmp_path / "w").exists()  # refused before anything ran
+
+
+def test_write_results_publishes_a_finished_real_run(tmp_path: Path, monkeypatch) -> None:
+    # A stand-in benchmark, so that a run of the real preset takes no time; the publishing is real.
+    published = tmp_path / "published"
+    published.mkdir()
+    monkeypatch.setattr(bench_main, "HERE", published)
+    monkeypatch.setitem(BENCHMARKS, "standin", lambda ctx: Section("standin", 0, "Stand-in"))
+    args = ["--only", "standin", "--quiet", "--workdir", str(tmp_path / "w")]
+    assert main(args) == 0
+    assert not list(published.iterdir())  # without --write-results nothing is published
+    assert main([*args, "--write-results"]) == 0
+    out = tmp_path / "w" / "results"
+    for name in ("results.json", "results.md"):
+        assert (published / name).read_bytes() == (out / name).read_bytes()
+
+
+# --- the default model at full depth ------------------------------------------------------------------
+
+
+def test_fullmodel_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
+    assert "fullmodel" in OPTIONAL
+    assert main(["--preset", "tiny", "--only", "fullmodel", "--quiet", "--workdir", str(tmp_path / "w"),
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
+    assert [r["metric"] for r in section["rows"]] == ["decode tokens/s", "prefill tokens/s"]
+    assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
+    # The tiny preset stands in for the 30 layers (2) and the one 3b layer (2 as well).
+    assert section["data"]["30 layers"]["layers"] == 2
+
+
+def test_layerwise_build_matches_build_starcoder2(tmp_path: Path) -> None:
+    import mlx.core as mx
+
+    from langchain_starcoder import StarCoderEngine
+    from langchain_starcoder.testing import build_starcoder2
+
+    def tensors(path: Path) -> dict[str, tuple]:
+        weights: dict[str, mx.array] = {}
+        for file in path.glob("model*.safetensors"):
+            weights.update(mx.load(str(file)))
+        return {name: (tuple(w.shape), w.dtype) for name, w in weights.items()}
+
+    ours = build_quantized_layerwise(tmp_path / "layerwise", "tiny", 3, 4, 0)
+    reference = build_starcoder2(tmp_path / "whole", preset="tiny", num_layers=3, quantize=4)
+    assert tensors(ours) == tensors(reference)
+    assert json.loads((ours / "config.json").read_text()) == json.loads(
+        (reference / "config.json").read_text()
+    )
+    index = json.loads((ours / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["model.layers.2.mlp.c_fc.scales"] == "model-layer-002.safetensors"
+    engine = StarCoderEngine.load(ours)
+    try:
+        assert len(engine.backend.model.layers) == 3
+        assert engine.generate("def f(x):", max_tokens=4).completion_tokens >= 1
+    finally:
+        engine.close()

@@ -16,7 +16,7 @@ from langchain_starcoder import blas
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_WHEEL = pytest.mark.skipif(
     not sys.platform.startswith("linux") or blas._wheel_library() is None,
-    reason="needs Linux and the optional ngsolve-openblas wheel (pip install langchain-starcoder[openblas])",
+    reason="needs Linux and the optional ngsolve-openblas wheel (pip install -e '.[openblas]', checkout)",
 )
 
 

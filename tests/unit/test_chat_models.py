@@ -1,10 +1,8 @@
-"""ChatStarCoder: LangChain's standard chat-model tests, offline, plus what they do not cover.
+"""ChatStarCoder: LangChain's standard unit tests, plus what the standard suites do not cover.
 
-The standard suites run on a tiny instruct checkpoint built by ``build_starcoder2(...,
-chat_template=...)``. StarCoder2 was not trained for tool calling (nor structured output, which
-LangChain builds on it): those tests run and are expected to fail with NotImplementedError.
-Tests of image, audio and PDF inputs stay off (StarCoder2 reads text; those tests download their
-inputs, so they cannot run offline), and VCR tests have no HTTP to record.
+(The standard integration suite is in tests/integration/test_chat_models_standard.py.) StarCoder2 was
+not trained for tool calling (nor structured output, which LangChain builds on it): those tests run and
+are expected to fail with NotImplementedError.
 """
 
 from __future__ import annotations
@@ -22,14 +20,13 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.load import dumpd, load
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGenerationChunk
-from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from langchain_starcoder import ChatStarCoder, StarCoderEngine
 from langchain_starcoder.chat_models import DEFAULT_CHAT_MODEL
 from langchain_starcoder.errors import InvalidParameterError, UnsupportedModelError
-from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, copy_checkpoint
+from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE
 
 HUB_MODEL = DEFAULT_CHAT_MODEL  # unit tests construct the model only: nothing is downloaded
 
@@ -108,84 +105,8 @@ class TestChatStarCoderUnit(ChatModelUnitTests):
         super().test_serdes(model, snapshot)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _integration_checkpoints(chat_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The checkpoints of the integration suite, whose model params are a property."""
-    TestChatStarCoderIntegration.chat_path = chat_path
-    # A second checkpoint (a copy) for the per-call model override tests.
-    copy = copy_checkpoint(chat_path, tmp_path_factory.mktemp("override") / "chat")
-    TestChatStarCoderIntegration.override_path = copy
-
-
-class TestChatStarCoderIntegration(ChatModelIntegrationTests):
-    chat_path: Path
-    override_path: Path
-
-    @property
-    def chat_model_class(self) -> type[BaseChatModel]:
-        return ChatStarCoder
-
-    @property
-    def chat_model_params(self) -> dict[str, Any]:
-        return {"model": str(self.chat_path), "max_tokens": 8}
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return True  # so that the tool tests run, and show (xfail) that there is none
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True  # likewise: JSON mode is structured output
-
-    @property
-    def model_override_value(self) -> str:
-        return str(self.override_path)
-
-    @property
-    def supported_usage_metadata_details(self) -> dict[str, list[str]]:
-        return {"invoke": ["cache_read_input"], "stream": ["cache_read_input"]}
-
-    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
-        model = ChatStarCoder(**self.chat_model_params)
-        prompt = "Explain what a prompt cache is, in one short paragraph."
-        model.invoke(prompt)  # fills the KV prompt cache
-        if stream:
-            full = None
-            for chunk in model.stream(prompt):
-                full = chunk if full is None else full + chunk
-            message: AIMessage = full  # type: ignore[assignment]
-        else:
-            message = model.invoke(prompt)
-        # The repeated prompt is served from the cache: all of it but the last token.
-        assert message.usage_metadata["input_token_details"]["cache_read"] == (
-            message.usage_metadata["input_tokens"] - 1
-        )
-        return message
-
-
 for _name in ("test_bind_tool_pydantic", "test_with_structured_output"):
     setattr(TestChatStarCoderUnit, _name, expected_to_fail(ChatModelUnitTests, _name))
-for _name in (
-    "test_agent_loop",
-    "test_bind_runnables_as_tools",
-    "test_json_mode",
-    "test_structured_few_shot_examples",
-    "test_structured_output",
-    "test_structured_output_async",
-    "test_structured_output_optional_param",
-    "test_structured_output_pydantic_2_v1",
-    "test_tool_calling",
-    "test_tool_calling_async",
-    "test_tool_calling_with_no_arguments",
-    "test_tool_choice",
-    "test_tool_message_error_status",
-    "test_tool_message_histories_list_content",
-    "test_tool_message_histories_string_content",
-    "test_unicode_tool_call_integration",
-):
-    setattr(TestChatStarCoderIntegration, _name, expected_to_fail(ChatModelIntegrationTests, _name))
-
-
 # --- beyond the standard suites ---------------------------------------------------------------
 
 

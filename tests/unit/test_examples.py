@@ -1,4 +1,5 @@
-"""examples/quickstart.py, async_streaming.py and chat_instruct.py, run on built checkpoints."""
+"""The examples: quickstart.py, async_streaming.py and chat_instruct.py run on built checkpoints; every
+example falls back offline the same way; the ``examples`` extra installs what they import."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from types import ModuleType
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from langchain_starcoder import ChatStarCoder, UnsupportedModelError
+from langchain_starcoder import ChatStarCoder, ModelNotFoundError, UnsupportedModelError
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
 
 
 def load_example(name: str) -> ModuleType:
-    """Import an example script afresh (its module-level paths read $HOME at import)."""
+    """Import an example script afresh."""
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -100,9 +102,9 @@ def test_async_streaming_falls_back_offline(capsys, tmp_home):
     example = load_example("async_streaming")
     texts = example.main(["--max-tokens", "4"])
     out = capsys.readouterr().out
-    assert "Using an offline checkpoint" in out
-    assert str(tmp_home) in str(example.OFFLINE_MODEL)
-    assert (example.OFFLINE_MODEL / "config.json").is_file()
+    offline = tmp_home / ".cache" / "langchain-starcoder" / "offline-tiny"
+    assert f"Using an offline checkpoint with random weights at {offline}" in out
+    assert (offline / "config.json").is_file()
     assert set(texts) == set(example.REQUESTS)
 
 
@@ -144,8 +146,156 @@ def test_chat_instruct_falls_back_offline(capsys, tmp_home):
     example = load_example("chat_instruct")
     answers = example.main(["--max-tokens", "4"])
     out = capsys.readouterr().out
-    assert "Using an offline instruct checkpoint" in out
-    assert str(tmp_home) in str(example.OFFLINE_MODEL)
-    config = (example.OFFLINE_MODEL / "tokenizer_config.json").read_text()
+    offline = tmp_home / ".cache" / "langchain-starcoder" / "offline-tiny-instruct"
+    assert f"Using an offline instruct checkpoint with random weights at {offline}" in out
+    config = (offline / "tokenizer_config.json").read_text()
     assert "### Instruction" in config  # built with the instruct chat template
     assert len(answers) == 2
+
+
+# --- every example, offline ----------------------------------------------------------------------------
+
+#: The arguments that keep each example short; none names a model.
+SHORT = {
+    "async_streaming.py": ["--max-tokens", "2"],
+    "chat_instruct.py": ["--max-tokens", "2"],
+    "infill_repo_context.py": ["--max-tokens", "2"],
+    "lcel_chain.py": ["--max-tokens", "2"],
+    "llama_index_query.py": ["--max-tokens", "2"],
+    "quickstart.py": ["--max-tokens", "2"],
+    "rag_code_assistant.py": ["--max-tokens", "2"],
+}
+
+
+@pytest.fixture(scope="module")
+def offline_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One HOME for every example run offline, so the offline checkpoints are built once."""
+    return tmp_path_factory.mktemp("home")
+
+
+def test_every_example_is_covered() -> None:
+    assert sorted(SHORT) == SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_example_falls_back_offline_the_same_way(script: str, offline_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HOME=str(offline_home), HF_HUB_OFFLINE="1")  # the hub cache is under the new HOME too
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *SHORT[script]],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    kind, name = (
+        ("instruct ", "offline-tiny-instruct") if script == "chat_instruct.py" else ("", "offline-tiny")
+    )
+    offline = offline_home / ".cache" / "langchain-starcoder" / name
+    lines = result.stdout.splitlines()
+    # First the reason (the loader's one-line message), then where it runs instead.
+    assert lines[0].startswith("Could not download 'mlx-community/starcoder2-"), result.stdout[:500]
+    assert lines[1] == f"-> Using an offline {kind}checkpoint with random weights at {offline}."
+    assert (offline / "config.json").is_file()
+
+
+def test_only_the_default_falls_back(tmp_path: Path, tmp_home: Path, capsys) -> None:
+    from langchain_starcoder.registry import DEFAULT_MODEL
+    from langchain_starcoder.testing import model_or_offline
+
+    folder = tmp_path / "no-such-checkpoint"
+    with pytest.raises(ModelNotFoundError, match="No model folder at"):
+        model_or_offline(str(folder))
+    with pytest.raises(ModelNotFoundError, match="Could not download 'owner/other'"):
+        model_or_offline("owner/other")
+    assert not (tmp_home / ".cache").exists() and not capsys.readouterr().out
+    assert model_or_offline(DEFAULT_MODEL) == str(
+        tmp_home / ".cache" / "langchain-starcoder" / "offline-tiny"
+    )
+
+
+def test_a_model_that_can_be_had_is_returned_as_named(tiny_path: Path, capsys) -> None:
+    from langchain_starcoder.testing import model_or_offline
+
+    assert model_or_offline(str(tiny_path)) == str(tiny_path)
+    assert not capsys.readouterr().out
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_example_names_the_extra_in_its_header(script: str) -> None:
+    docstring = ast.get_docstring(ast.parse((EXAMPLES / script).read_text()))
+    assert 'pip install -e ".[examples]"' in docstring
+
+
+# --- what installs the examples' imports ---------------------------------------------------------------
+
+ROOT = EXAMPLES.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _imports(source: str) -> set[str]:
+    """Absolute module names a piece of code imports (IPython magics and shell lines skipped)."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """module -> the examples and notebooks that import it, leaving out the standard library and ours."""
+    import nbformat
+
+    sources = {p.name: p.read_text() for p in EXAMPLES.glob("*.py")}
+    for path in NOTEBOOKS:
+        cells = nbformat.read(path, as_version=4).cells
+        sources[path.name] = "\n".join(c.source for c in cells if c.cell_type == "code")
+    found: dict[str, set[str]] = {}
+    for where, source in sources.items():
+        for module in _imports(source):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top in ("langchain_starcoder", "__future__"):
+                continue
+            found.setdefault(module, set()).add(where)
+    return found
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distribution_of(module: str) -> str:
+    """The installed distribution whose files hold ``module`` (namespace packages: the exact module)."""
+    from importlib.metadata import distribution, packages_distributions
+
+    origin = Path(importlib.util.find_spec(module).origin).resolve()
+    for name in packages_distributions().get(module.split(".")[0], []):
+        dist = distribution(name)
+        if any(Path(dist.locate_file(f)).resolve() == origin for f in dist.files or []):
+            return _normalize(dist.metadata["Name"])
+    raise AssertionError(f"no installed distribution provides {module} ({origin})")
+
+
+def requirement_names(extra: str | None) -> set[str]:
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+    return {_normalize(Requirement(r).name) for r in reqs}
+
+
+@pytest.mark.parametrize("extra", ["examples", "test"])
+def test_the_extra_installs_every_third_party_import_of_the_examples_and_notebooks(extra: str) -> None:
+    provided = requirement_names(None) | requirement_names(extra)
+    found = third_party_imports()
+    assert "bm25s" in found and "matplotlib.pyplot" in found  # the parsing sees them
+    missing = {m: sorted(where) for m, where in found.items() if distribution_of(m) not in provided}
+    assert not missing, f"not installed by the core dependencies or [{extra}]: {missing}"
+
+
+def test_the_examples_extra_brings_jupyter() -> None:
+    assert {"jupyterlab", "ipykernel"} <= requirement_names("examples")

@@ -37,6 +37,13 @@ def test_notebook_is_stored_without_outputs(path: Path):
     assert any('os.environ.get("LANGCHAIN_STARCODER_MODEL"' in cell.source for cell in code)
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_says_how_to_install_and_start_jupyter(path: Path):
+    intro = nbformat.read(path, as_version=4).cells[0]
+    assert intro.cell_type == "markdown"
+    assert 'pip install -e ".[examples]"\njupyter lab notebooks/\n' in intro.source
+
+
 def outputs_text(nb: nbformat.NotebookNode) -> tuple[str, int]:
     """All text the executed notebook printed or displayed, and the number of images."""
     texts, images = [], 0

@@ -61,3 +61,51 @@ def test_command_line_block(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "tiny-q8" / "config.json").is_file()
     assert "starcoder2" in result.stdout
+
+
+# Offline, a block that names the hub model ends in the loader's own message. Its traceback is the
+# caller's call stack and nothing else: no chained hub exceptions (huggingface_hub's and httpx's frames
+# were 50 of the 65-91 lines). That stack is at most 15 frames (the LangChain block: 9 of them are
+# LangChain's Runnable plumbing in chain.stream) of at most 2 lines each, plus Python 3.11+'s caret
+# lines under some of them; 45 lines bounds that with room for a frame or two more.
+MAX_TRACEBACK_LINES = 45
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_python_block_verbatim_offline_ends_in_a_short_traceback(index: int, tmp_path: Path) -> None:
+    code = python_blocks()[index]
+    # An empty hub cache: offline, the model cannot be had.
+    result = run([sys.executable, "-c", code], tmp_path, HOME=str(tmp_path), HF_HOME=str(tmp_path / "hf"))
+    assert result.returncode == 1
+    lines = result.stderr.rstrip().splitlines()
+    assert lines[-1].startswith(
+        "langchain_starcoder.errors.ModelNotFoundError: Could not download 'mlx-community/starcoder2-3b-4bit'"
+    )
+    assert lines.count("Traceback (most recent call last):") == 1, result.stderr
+    assert len(lines) <= MAX_TRACEBACK_LINES, result.stderr
+
+
+def test_every_install_command_works_from_the_checkout() -> None:
+    """The package is not on PyPI yet: `pip install langchain-starcoder[...]` fails; `-e .[...]` works."""
+    docs = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "examples").glob("*.py")),
+            *sorted((ROOT / "notebooks").glob("*.ipynb"))]  # fmt: skip
+    from_index = re.compile(r"pip install\s+(?:-U\s+)?[\"']?langchain-starcoder")
+    found = [f"{p.name}: {m.group(0)}" for p in docs for m in from_index.finditer(p.read_text())]
+    assert not found
+    extras = re.findall(r'pip install -e "\.\[(\w+)\]"', README)
+    assert {"openblas", "examples", "test"} <= set(extras)
+
+
+def test_the_speed_tables_say_which_shape_each_figure_is_for() -> None:
+    section = README.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    tables = re.findall(r"((?:^\|.*\|\n)+)", section, flags=re.M)
+    default_model, comparisons = tables
+    # The default model's own figures, at its real depth, and the command that measured them.
+    assert "30 layers (the real depth)" in default_model.splitlines()[0]
+    assert {"decode tokens/s", "prefill tokens/s"} <= {row.split(" | ")[0].strip("| ") for row in
+                                                      default_model.splitlines()[2:]}  # fmt: skip
+    assert "`python -m benchmarks --only fullmodel`" in section
+    # Every comparison row names its shape.
+    header, _, *rows = comparisons.splitlines()
+    assert header.split(" | ")[1] == "Shape"
+    assert all(re.search(r"narrow|layers? of 3b", row.split(" | ")[1]) for row in rows)
