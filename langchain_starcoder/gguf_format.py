@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp, Ollama): metadata -> config, tensors -> our module's weights, tokenizer.
+"""GGUF files (llama.cpp, Ollama) of StarCoder2 and StarCoder (v1): metadata -> config, tensors ->
+our modules' weights, tokenizer.
 
 Kept as one file for the one format: header, config, weights, tokenizer, hub download and convert
 share the header's checked view of the file.
@@ -57,8 +58,6 @@ DEQUANTIZED_TYPES = ("Q2_K", "Q4_K", "Q6_K")
 SUPPORTED_TYPES = (*FLOAT_TYPES, *QUANTIZED_TYPES, *DEQUANTIZED_TYPES)
 GROUP_SIZE = 32
 
-_ARCHITECTURES = ("starcoder2",)
-
 
 class GGUFNotice(UserWarning):
     """Something a GGUF file's user should know: a default filled in, memory a type costs."""
@@ -80,6 +79,10 @@ class GGUFHeader:
     path: Path
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]
+
+    @property
+    def arch(self) -> Any:
+        return self.metadata.get("general.architecture")
 
 
 # Value types of GGUF metadata: id -> struct format (8 is a string, 9 an array).
@@ -193,25 +196,56 @@ def _supported() -> str:
 
 # --- names and config --------------------------------------------------------------------------------
 
-_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+
+@dataclass(frozen=True)
+class _Layout:
+    """How llama.cpp names an architecture's tensors, and the names of our (Hugging Face's) module."""
+
+    model_type: str
+    top: dict[str, str]  # llama.cpp -> ours, outside the blocks
+    blocks: str
+    block: dict[str, str]
+
+
+#: llama.cpp's architectures (``general.architecture``) this package runs: StarCoder2, and StarCoder
+#: v1 (GPTBigCode) as llama.cpp's converter writes it (fused QKV, learned positions, one KV head).
+LAYOUTS = {
+    "starcoder2": _Layout(
+        "starcoder2",
+        {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"},
+        "model.layers",
+        {
+            "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj",
+            "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+        },
+    ),
+    "starcoder": _Layout(
+        "gpt_bigcode",
+        {
+            "token_embd": "transformer.wte", "position_embd": "transformer.wpe",
+            "output_norm": "transformer.ln_f", "output": "lm_head",
+        },
+        "transformer.h",
+        {
+            "attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+            "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj",
+        },
+    ),
 }  # fmt: skip
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)")
 
 
-def our_name(name: str) -> str | None:
+def our_name(name: str, arch: str = "starcoder2") -> str | None:
     """llama.cpp's tensor name (``blk.3.ffn_up.weight``, or its ``.scales``/``.biases`` as MLX reads
     a quantized one) -> Hugging Face's (``model.layers.3.mlp.c_fc.weight``); None if unknown."""
-    m = _NAME.fullmatch(name)
+    layout, m = LAYOUTS[arch], _NAME.fullmatch(name)
     if m is None:
         return None
     layer, module, part = m.groups()
     if layer is None:
-        return f"{_TOP[module]}.{part}" if module in _TOP else None
-    return f"model.layers.{layer}.{_BLOCK[module]}.{part}" if module in _BLOCK else None
+        return f"{layout.top[module]}.{part}" if module in layout.top else None
+    return f"{layout.blocks}.{layer}.{layout.block[module]}.{part}" if module in layout.block else None
 
 
 @dataclass
@@ -250,8 +284,8 @@ def _meta_float(header: GGUFHeader, key: str, default: float) -> float:
 def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None) -> GGUFCheckpoint:
     """Parse and check a GGUF file: architecture, sizes, every tensor's name, type and shape.
 
-    ``sliding_window``: the attention window (0 for full attention); by default the file's
-    ``{arch}.attention.sliding_window``, else StarCoder2's published 4096 (with a notice).
+    ``sliding_window`` (StarCoder2): the attention window (0 for full attention); by default the
+    file's ``starcoder2.attention.sliding_window``, else StarCoder2's published 4096 (with a notice).
     """
     if sliding_window is not None and (
         not isinstance(sliding_window, int) or isinstance(sliding_window, bool) or sliding_window < 0
@@ -265,85 +299,125 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
             "tokenizer tests); use a model file."
         )
         raise CheckpointError(msg)
-    arch = header.metadata.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        hint = " (StarCoder v1 / GPTBigCode GGUF files are not supported yet)" if arch == "starcoder" else ""
+    arch = header.arch
+    if arch not in LAYOUTS:
         msg = (
-            f"{header.path} holds a {arch!r} model{hint}; langchain-starcoder runs GGUF files of the "
-            f"architectures {list(_ARCHITECTURES)}."
+            f"{header.path} holds a {arch!r} model; langchain-starcoder runs GGUF files of the "
+            f"architectures {list(LAYOUTS)} (StarCoder2, and StarCoder / GPTBigCode)."
         )
         raise UnsupportedModelError(msg)
     embed = header.tensors.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
         msg = f"{header.path} has no 2-D tensor token_embd.weight; it is not a complete model file."
         raise CheckpointError(msg)
+    notices: list[str] = []
+    if arch == "starcoder":
+        config = _starcoder_config(header, sliding_window)
+    else:
+        config = _starcoder2_config(header, sliding_window, notices)
+    config |= {"vocab_size": embed.shape[0], "tie_word_embeddings": "output.weight" not in header.tensors}
+    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
+        token = header.metadata.get(f"tokenizer.ggml.{name}_token_id")
+        if isinstance(token, int):
+            config[key] = token
+    _check_tensors(header, config)
+    return GGUFCheckpoint(header, config, notices)
 
-    notices = []
+
+def _starcoder2_config(header: GGUFHeader, sliding_window: int | None, notices: list[str]) -> dict[str, Any]:
+    """A Starcoder2 config.json's settings from llama.cpp's ``starcoder2.*`` metadata."""
     window = sliding_window
     if window is None:
-        window = header.metadata.get(f"{arch}.attention.sliding_window")
+        window = header.metadata.get("starcoder2.attention.sliding_window")
         if window is None:
             window = STARCODER2_SLIDING_WINDOW
             notices.append(
                 f"{header.path.name} does not record StarCoder2's attention window (llama.cpp's converter "
                 f"drops it); using the published {window}. Pass sliding_window= to override."
             )
-    if f"{arch}.rope.freq_base" not in header.metadata:
+    if "starcoder2.rope.freq_base" not in header.metadata:
         notices.append(
             f"{header.path.name} does not record rope.freq_base; using llama.cpp's default 10000 "
             "(StarCoder2 checkpoints use 100000 to 1000000: check where the file came from)."
         )
+    heads = _meta_int(header, "starcoder2.attention.head_count")
     config = {
-        "model_type": arch,
+        "model_type": "starcoder2",
         "architectures": ["Starcoder2ForCausalLM"],
-        "hidden_size": _meta_int(header, f"{arch}.embedding_length"),
-        "num_hidden_layers": _meta_int(header, f"{arch}.block_count"),
-        "num_attention_heads": _meta_int(header, f"{arch}.attention.head_count"),
-        "intermediate_size": _meta_int(header, f"{arch}.feed_forward_length"),
-        "max_position_embeddings": _meta_int(header, f"{arch}.context_length"),
+        "hidden_size": _meta_int(header, "starcoder2.embedding_length"),
+        "num_hidden_layers": _meta_int(header, "starcoder2.block_count"),
+        "num_attention_heads": heads,
         # llama.cpp's defaults when a key is absent: as many KV heads as heads, RoPE base 10000
-        "rope_theta": _meta_float(header, f"{arch}.rope.freq_base", 10000.0),
-        "norm_epsilon": _meta_float(header, f"{arch}.attention.layer_norm_epsilon", 1e-5),
-        "vocab_size": embed.shape[0],
+        "num_key_value_heads": _meta_int(header, "starcoder2.attention.head_count_kv", heads),
+        "intermediate_size": _meta_int(header, "starcoder2.feed_forward_length"),
+        "max_position_embeddings": _meta_int(header, "starcoder2.context_length"),
+        "rope_theta": _meta_float(header, "starcoder2.rope.freq_base", 10000.0),
+        "norm_epsilon": _meta_float(header, "starcoder2.attention.layer_norm_epsilon", 1e-5),
         "sliding_window": window or None,
         "hidden_act": "gelu_pytorch_tanh",  # what llama.cpp's starcoder2 graph computes
         "use_bias": "blk.0.attn_q.bias" in header.tensors,
-        "tie_word_embeddings": "output.weight" not in header.tensors,
     }
-    config["num_key_value_heads"] = _meta_int(
-        header, f"{arch}.attention.head_count_kv", config["num_attention_heads"]
-    )
-    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
-        token = header.metadata.get(f"tokenizer.ggml.{name}_token_id")
-        if isinstance(token, int):
-            config[key] = token
-    hidden, heads, kv_heads = (
-        config["hidden_size"],
-        config["num_attention_heads"],
-        config["num_key_value_heads"],
-    )
+    hidden, kv_heads = config["hidden_size"], config["num_key_value_heads"]
     if hidden % heads or heads % kv_heads:
         msg = (
             f"{header.path}: embedding_length {hidden}, head_count {heads} and head_count_kv {kv_heads} "
             "do not fit: the heads must divide the embedding and the KV heads the heads."
         )
         raise CheckpointError(msg)
-    _check_tensors(header, config)
-    return GGUFCheckpoint(header, config, notices)
+    return config
+
+
+def _starcoder_config(header: GGUFHeader, sliding_window: int | None) -> dict[str, Any]:
+    """A GPTBigCode config.json's settings from llama.cpp's ``starcoder.*`` metadata."""
+    if sliding_window:
+        msg = f"sliding_window= applies to StarCoder2; {header.path.name} is a StarCoder (v1) model."
+        raise InvalidParameterError(msg)
+    hidden, heads = (
+        _meta_int(header, "starcoder.embedding_length"),
+        _meta_int(header, "starcoder.attention.head_count"),
+    )
+    kv_heads = _meta_int(header, "starcoder.attention.head_count_kv", 1)
+    if kv_heads != 1 or hidden % heads:
+        msg = (
+            f"{header.path}: head_count_kv {kv_heads}, embedding_length {hidden}, head_count {heads}: "
+            "StarCoder GGUF files have one key/value head (multi-query) and heads that divide the embedding."
+        )
+        raise UnsupportedModelError(msg)
+    return {
+        "model_type": "gpt_bigcode",
+        "architectures": ["GPTBigCodeForCausalLM"],
+        "n_embd": hidden,
+        "n_layer": _meta_int(header, "starcoder.block_count"),
+        "n_head": heads,
+        "n_inner": _meta_int(header, "starcoder.feed_forward_length"),
+        "n_positions": _meta_int(header, "starcoder.context_length"),
+        "layer_norm_epsilon": _meta_float(header, "starcoder.attention.layer_norm_epsilon", 1e-5),
+        "activation_function": "gelu_pytorch_tanh",  # what llama.cpp's starcoder graph computes
+        "multi_query": True,
+        "scale_attn_weights": True,
+    }
 
 
 def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    kv = config["num_key_value_heads"] * (h // config["num_attention_heads"])
-    linears = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h)}
-    linears |= {"ffn_up": (inter, h), "ffn_down": (h, inter)}
+    """llama.cpp's name and (numpy) shape of every tensor the config implies."""
+    args = model_args(config)
+    h, inter, vocab = args.hidden_size, args.intermediate_size, args.vocab_size
+    kv = args.num_key_value_heads * args.head_dim
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output_norm.bias": (h,)}
-    if not config["tie_word_embeddings"]:
+    if config["model_type"] == "gpt_bigcode":
+        linears = {"attn_qkv": (h + 2 * kv, h), "attn_output": (h, h)}
+        shapes["position_embd.weight"] = (args.n_positions, h)
+        biases = True
+    else:
+        linears = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h)}
+        biases = args.use_bias
+    linears |= {"ffn_up": (inter, h), "ffn_down": (h, inter)}
+    if not args.tie_word_embeddings:
         shapes["output.weight"] = (vocab, h)
-    for i in range(config["num_hidden_layers"]):
+    for i in range(args.num_hidden_layers):
         for name, shape in linears.items():
             shapes[f"blk.{i}.{name}.weight"] = shape
-            if config["use_bias"]:
+            if biases:
                 shapes[f"blk.{i}.{name}.bias"] = shape[:1]
         for norm in ("attn_norm", "ffn_norm"):
             shapes |= {f"blk.{i}.{norm}.weight": (h,), f"blk.{i}.{norm}.bias": (h,)}
@@ -353,7 +427,10 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _check_tensors(header: GGUFHeader, config: dict[str, Any]) -> None:
     """Every tensor the metadata implies, of that shape and a supported type, and no other."""
     expected = _expected_shapes(config)
-    sizes = ", ".join(f"{k} {config[k]}" for k in ("num_hidden_layers", "hidden_size", "intermediate_size"))
+    args = model_args(config)
+    sizes = ", ".join(
+        f"{k} {getattr(args, k)}" for k in ("num_hidden_layers", "hidden_size", "intermediate_size")
+    )
     for name, shape in expected.items():
         info = header.tensors.get(name)
         if info is None:
@@ -388,7 +465,7 @@ def quantized_layers(header: GGUFHeader) -> dict[str, dict[str, int]]:
     layers = {}
     for name, info in header.tensors.items():
         if info.type_name in QUANTIZED_TYPES:
-            path = our_name(name).removesuffix(".weight")
+            path = our_name(name, header.arch).removesuffix(".weight")
             layers[path] = {"group_size": GROUP_SIZE, "bits": QUANTIZED_TYPES[info.type_name]}
     return layers
 
@@ -411,7 +488,7 @@ def read_weights(checkpoint: GGUFCheckpoint) -> dict[str, Any]:
     except (RuntimeError, ValueError) as e:
         msg = f"MLX could not read the weights of {header.path}: {e}"
         raise CheckpointError(msg) from e
-    weights = {our_name(k): v for k, v in arrays.items()}
+    weights = {our_name(k, header.arch): v for k, v in arrays.items()}
     # mx.load turns BF16 into float16, which rounds small values and overflows large ones: read it
     # ourselves (a bfloat16 is the top half of a float32).
     # mx.load's Q4_K is wrong for half of each block's values (it disagrees with ggml and the gguf
@@ -421,9 +498,11 @@ def read_weights(checkpoint: GGUFCheckpoint) -> dict[str, Any]:
         data = raw[info.offset : info.offset + info.nbytes]
         if info.type_name == "BF16":
             bits = data.view("<u2").astype(np.uint32) << 16
-            weights[our_name(name)] = mx.array(bits.view(np.float32).reshape(info.shape)).astype(mx.bfloat16)
+            weights[our_name(name, header.arch)] = mx.array(bits.view(np.float32).reshape(info.shape)).astype(
+                mx.bfloat16
+            )
         elif info.type_name == "Q4_K":
-            weights[our_name(name)] = mx.array(dequantize_q4_k(data).reshape(info.shape))
+            weights[our_name(name, header.arch)] = mx.array(dequantize_q4_k(data).reshape(info.shape))
     return weights
 
 
@@ -467,12 +546,13 @@ def load_gguf_model(
     import mlx.nn as nn
     from mlx_lm.utils import quantize_model
 
-    from .models import starcoder2
+    from .loading import FAMILIES
 
     config = dict(checkpoint.config)
     layers = quantized_layers(checkpoint.header)
     _check_quantize(checkpoint, quantize)
-    model = starcoder2.Model(starcoder2.ModelArgs.from_dict(config))
+    family = FAMILIES[config["model_type"]]
+    model = family.Model(family.ModelArgs.from_dict(config))
     if layers:
         nn.quantize(model, class_predicate=lambda path, _: layers.get(path, False))
     weights = read_weights(checkpoint)
@@ -576,7 +656,7 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
         pad_token=token("padding"),
         additional_special_tokens=control,
         clean_up_tokenization_spaces=False,
-        model_max_length=checkpoint.config["max_position_embeddings"],
+        model_max_length=model_args(checkpoint.config).max_position_embeddings,
     )
     eos = checkpoint.config.get("eos_token_id")
     return TokenizerWrapper(hf, CodeDetokenizer, eos_token_ids=[] if eos is None else [eos])

@@ -18,16 +18,17 @@ def write_gguf(
     rope_freq_base: bool = True,
     sliding_window: int | None = None,
 ) -> Path:
-    """Write a StarCoder2 checkpoint folder (as :func:`build_starcoder2` makes) as a GGUF file the
-    way llama.cpp's ``convert_hf_to_gguf.py`` (and ``llama-quantize``) would: its tensor names and
-    metadata keys, the tokenizer as ``tokenizer.ggml.*``, with the ``gguf`` package (a test extra).
+    """Write a StarCoder2 or StarCoder (GPTBigCode) checkpoint folder (as :func:`build_starcoder2`
+    and :func:`build_gpt_bigcode` make) as a GGUF file the way llama.cpp's ``convert_hf_to_gguf.py``
+    (and ``llama-quantize``) would: its architecture names (``starcoder2``, ``starcoder``), tensor
+    names and metadata keys, the tokenizer as ``tokenizer.ggml.*``, with the ``gguf`` package.
 
     Args:
         checkpoint: A full-precision checkpoint folder.
         out: The .gguf file to write.
         ftype: The type of 2-D weights: "F32", "F16", "BF16", "Q8_0", "Q4_0" or "Q4_1" (the
-            ``gguf`` package's own quantizers). 1-D tensors (norms, biases) stay F32, as llama.cpp
-            keeps them.
+            ``gguf`` package's own quantizers). 1-D tensors (norms, biases) and StarCoder's position
+            embedding stay F32, as llama.cpp's converter keeps them.
         types: Per-tensor overrides by llama.cpp name prefix, e.g. ``{"token_embd": "Q8_0"}`` (a
             Q4_0 file from ``llama-quantize`` mixes types like this).
         rope_freq_base: False leaves ``starcoder2.rope.freq_base`` out (older files).
@@ -44,19 +45,29 @@ def write_gguf(
     weights = {}
     for file in sorted(checkpoint.glob("model*.safetensors")):
         weights |= {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(file)).items()}
-    arch = gguf.MODEL_ARCH.STARCODER2
-    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
+    v1 = config["model_type"] == "gpt_bigcode"
+    arch = gguf.MODEL_ARCH.STARCODER if v1 else gguf.MODEL_ARCH.STARCODER2
+    names = gguf.get_tensor_name_map(arch, config["n_layer" if v1 else "num_hidden_layers"])
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     writer.add_name(checkpoint.name)
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    if rope_freq_base:
-        writer.add_rope_freq_base(config["rope_theta"])
-    writer.add_layer_norm_eps(config["norm_epsilon"])
+    if v1:  # convert_hf_to_gguf's StarCoderModel: 4 x n_embd and one KV head, whatever the config says
+        writer.add_context_length(config["n_positions"])
+        writer.add_embedding_length(config["n_embd"])
+        writer.add_feed_forward_length(4 * config["n_embd"])
+        writer.add_block_count(config["n_layer"])
+        writer.add_head_count(config["n_head"])
+        writer.add_head_count_kv(1)
+        writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+    else:
+        writer.add_context_length(config["max_position_embeddings"])
+        writer.add_embedding_length(config["hidden_size"])
+        writer.add_block_count(config["num_hidden_layers"])
+        writer.add_feed_forward_length(config["intermediate_size"])
+        writer.add_head_count(config["num_attention_heads"])
+        writer.add_head_count_kv(config["num_key_value_heads"])
+        if rope_freq_base:
+            writer.add_rope_freq_base(config["rope_theta"])
+        writer.add_layer_norm_eps(config["norm_epsilon"])
     if sliding_window is not None:
         writer.add_sliding_window(sliding_window)
     writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{ftype}", gguf.LlamaFileType.ALL_F32))
@@ -80,7 +91,7 @@ def write_gguf(
     for name, value in weights.items():
         base, _, suffix = name.rpartition(".")
         new = f"{names.get_name(base)}.{suffix}"
-        kind = ftype if value.ndim == 2 else "F32"
+        kind = ftype if value.ndim == 2 and not new.startswith("position_embd") else "F32"
         kind = next((t for prefix, t in overrides.items() if new.startswith(prefix)), kind)
         qtype = gguf.GGMLQuantizationType[kind]
         if kind == "F32":

@@ -28,7 +28,12 @@ from langchain_starcoder.errors import (
 )
 from langchain_starcoder.gguf_format import GGUFNotice
 from langchain_starcoder.gguf_testing import write_gguf
-from langchain_starcoder.testing import SPECIAL_TOKENS, build_starcoder2
+from langchain_starcoder.testing import (
+    SPECIAL_TOKENS,
+    STARCODER_SPECIAL_TOKENS,
+    build_gpt_bigcode,
+    build_starcoder2,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 WINDOW = 512  # the tiny preset's sliding window, which GGUF files do not carry
@@ -67,7 +72,10 @@ def dequantized_checkpoint(file: Path, source: Path, dst: Path) -> Path:
     """The GGUF's weights dequantized by the ``gguf`` package, as a Hugging Face checkpoint of the
     source's config (names mapped back with gguf's own name map): the reference for a quantized file."""
     config = json.loads((source / "config.json").read_text())
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.STARCODER2, config["num_hidden_layers"])
+    if config["model_type"] == "gpt_bigcode":
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.STARCODER, config["n_layer"])
+    else:
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.STARCODER2, config["num_hidden_layers"])
     hf_names = {}
     for name in mx.load(str(source / "model.safetensors")):
         base, _, suffix = name.rpartition(".")
@@ -567,3 +575,95 @@ def test_cli_runs_a_gguf_model(ggufs: dict[str, Path], capsys: pytest.CaptureFix
     assert re.search(r"^langchain-starcoder: note: tiny-Q8_0.gguf does not record .*4096", err, re.M)
     assert cli.main(["convert", str(folder), str(folder.parent / "x")]) == 1
     assert "give a .gguf file" in capsys.readouterr().err
+
+
+# --- StarCoder (v1, GPTBigCode): llama.cpp's "starcoder" architecture ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def v1(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny StarCoder (multi-query, n_inner null, untied) and its GGUF files; "Q4_0" mixes in a
+    Q8_0 token embedding. The position embedding stays F32, as llama.cpp's converter keeps it."""
+    out = tmp_path_factory.mktemp("v1")
+    files = {"source": build_gpt_bigcode(out / "src", seed=5)}
+    files["F32"] = write_gguf(files["source"], out / "v1-F32.gguf")
+    files["Q8_0"] = write_gguf(files["source"], out / "v1-Q8_0.gguf", ftype="Q8_0")
+    files["Q4_0"] = write_gguf(
+        files["source"], out / "v1-Q4_0.gguf", ftype="Q4_0", types={"token_embd": "Q8_0"}
+    )
+    return files
+
+
+def test_v1_float32_gguf_matches_its_safetensors(v1: dict[str, Path]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GGUFNotice)  # no window to assume: no notice
+        engine = StarCoderEngine.load(v1["F32"])
+    ref = StarCoderEngine.load(v1["source"])
+    try:
+        assert engine.backend.raw_config["model_type"] == "gpt_bigcode"
+        assert engine.context_window == ref.context_window == 1024 and engine.sliding_window is None
+        ids = prompt_ids(64)
+        assert np.abs(engine.logits(ids) - ref.logits(ids)).max() < 1e-4
+        ours, theirs = engine.generate(PROMPT, max_tokens=32), ref.generate(PROMPT, max_tokens=32)
+        assert ours.token_ids == theirs.token_ids and ours.completion_tokens == 32
+    finally:
+        engine.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0"])
+def test_v1_quantized_gguf_matches_its_dequantized_weights(
+    v1: dict[str, Path], tmp_path: Path, ftype: str
+) -> None:
+    engine = StarCoderEngine.load(v1[ftype])
+    try:
+        block = engine.backend.model.transformer.h[0]
+        assert isinstance(block.attn.c_attn, nn.QuantizedLinear) and block.attn.c_attn.bits == int(ftype[1])
+        assert isinstance(engine.backend.model.transformer.wte, nn.QuantizedEmbedding)
+        assert type(engine.backend.model.transformer.wpe) is nn.Embedding  # F32 in the file
+        ids = prompt_ids(48)
+        ref = transformers_logits(dequantized_checkpoint(v1[ftype], v1["source"], tmp_path / "ref"), ids)
+        assert np.abs(engine.logits(ids) - ref).max() < 1e-4
+    finally:
+        engine.close()
+
+
+def test_v1_tokenizer_sliding_window_and_convert(v1: dict[str, Path], tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(v1["source"] / "tokenizer.json"))
+    engine = StarCoderEngine.load(v1["Q8_0"])
+    try:
+        for text in corpus_lines()[:200]:
+            assert engine.encode(text) == hf.encode(text, add_special_tokens=False).ids, text
+        assert engine.token_id("<reponame>") == STARCODER_SPECIAL_TOKENS.index("<reponame>")
+        assert STARCODER_SPECIAL_TOKENS.index("<filename>") not in engine.encode(
+            "<filename>", special_tokens=False
+        )
+    finally:
+        engine.close()
+    with pytest.raises(InvalidParameterError, match="applies to StarCoder2"):
+        StarCoderEngine.load(v1["F32"], sliding_window=16)
+    dst = tmp_path / "converted"
+    assert cli.main(["convert", str(v1["Q4_0"]), str(dst)]) == 0
+    config = json.loads((dst / "config.json").read_text())
+    assert config["model_type"] == "gpt_bigcode" and config["n_inner"] == 256
+    ours, direct = StarCoderEngine.load(dst), StarCoderEngine.load(v1["Q4_0"])
+    ids = prompt_ids(32)
+    assert np.abs(ours.logits(ids) - direct.logits(ids)).max() < 1e-5
+    ours.close()
+    direct.close()
+    from mlx_lm import load as mlx_lm_load
+
+    model, _ = mlx_lm_load(str(dst))  # mlx-lm's own gpt_bigcode loads it (n_inner is written)
+    assert isinstance(model.transformer.h[0].attn.c_attn, nn.QuantizedLinear)
+
+
+def test_v1_multi_head_file_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's converter writes one KV head whatever the model has: a multi-head GPTBigCode's
+    fused QKV then does not fit, and says so."""
+    source = build_gpt_bigcode(tmp_path / "mha", multi_query=False)
+    with pytest.raises(
+        CheckpointError, match=r"blk.0.attn_qkv.weight has shape \[192, 64\].*implies \[96, 64\]"
+    ):
+        StarCoderEngine.load(write_gguf(source, tmp_path / "mha.gguf"))
