@@ -658,6 +658,9 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
         clean_up_tokenization_spaces=False,
         model_max_length=model_args(checkpoint.config).max_position_embeddings,
     )
+    template = meta.get("tokenizer.chat_template")  # instruct models carry theirs (ChatStarCoder uses it)
+    if isinstance(template, str):
+        hf.chat_template = template
     eos = checkpoint.config.get("eos_token_id")
     return TokenizerWrapper(hf, CodeDetokenizer, eos_token_ids=[] if eos is None else [eos])
 

@@ -334,6 +334,23 @@ def _fim_request(text: str):
     return FIMRequest(text, "\nprint(x)\n", context_files=[ContextFile("a.py", text)], repo_name="o/r")
 
 
+def test_an_instruct_models_chat_template_comes_with_it(chat_path: Path, tmp_path: Path) -> None:
+    from langchain_core.messages import HumanMessage, SystemMessage
+
+    from langchain_starcoder import ChatStarCoder
+
+    folder = StarCoderEngine.load(chat_path)
+    engine = load(write_gguf(chat_path, tmp_path / "chat.gguf"))
+    try:
+        assert engine.tokenizer.chat_template == folder.tokenizer.chat_template is not None
+        messages = [SystemMessage("Be brief."), HumanMessage("Write a sort in Python.")]
+        ours = ChatStarCoder(engine=engine, max_tokens=8).invoke(messages).content
+        assert ours == ChatStarCoder(engine=folder, max_tokens=8).invoke(messages).content
+    finally:
+        engine.close()
+        folder.close()
+
+
 # --- sliding window ----------------------------------------------------------------------------------
 
 
