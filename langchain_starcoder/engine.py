@@ -148,10 +148,11 @@ class StarCoderEngine:
             prefill_step_size: Prompt tokens per prefill step; a cancelled request stops between
                 steps. None: 2048 on a GPU, about 4 GFLOP of work on the CPU (16 to 2048 tokens).
             gguf_file: The GGUF file to load from the folder or hub repo ``model`` (the hub
-                download fetches that one file; ``revision`` pins it). Its tokenizer comes from the
-                file itself. Q4_0, Q4_1 and Q8_0 stay quantized; see :mod:`langchain_starcoder.gguf_format`.
-            sliding_window: GGUF files only (they do not record it): the attention window, 0 for full
-                attention. By default StarCoder2's published 4096, with a notice.
+                download fetches that one file; ``revision`` pins it). Config and tokenizer come
+                from the file. Q4_0, Q4_1 and Q8_0 stay quantized; Q2_K, Q4_K and Q6_K are
+                dequantized (a notice says what memory that costs); other types are refused.
+            sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
+                0 for full attention. By default StarCoder2's published 4096, with a notice.
         """
         from .backends.mlx import MLXBackend, kv_group_size
         from .gguf_format import open_gguf
