@@ -167,6 +167,8 @@ def _parse(path: Path, data: Any, size: int) -> GGUFHeader:
         dims = [r.unpack("Q") for _ in range(n_dims)]
         infos.append((name, dims, r.unpack("I"), r.unpack("Q")))
     alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1:
+        raise ValueError(f"general.alignment is {alignment!r}")
     start = -(-r.pos // alignment) * alignment
     tensors = {}
     for name, dims, kind, offset in infos:
