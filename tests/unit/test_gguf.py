@@ -296,7 +296,9 @@ def corpus_lines() -> list[str]:
     return lines
 
 
-def test_tokenizer_from_the_file_encodes_as_hugging_face(ggufs: dict[str, Path], tiny_path: Path) -> None:
+def test_tokenizer_from_the_file_encodes_as_hugging_face(
+    ggufs: dict[str, Path], tiny_path: Path, tiny_engine: StarCoderEngine
+) -> None:
     """No tokenizer.json: the GGUF's own ``tokenizer.ggml.*`` gives exactly the ids of the model's
     Hugging Face tokenizer (its tokenizer.json, run by the ``tokenizers`` library), with control
     tokens parsed from prompts and never from data.
@@ -323,7 +325,7 @@ def test_tokenizer_from_the_file_encodes_as_hugging_face(ggufs: dict[str, Path],
         assert not set(ids) & set(range(len(SPECIAL_TOKENS)))
         assert engine.decode(ids) == hostile
         fim = engine.fim_prompt(_fim_request(hostile))
-        assert fim.token_ids == StarCoderEngine.load(tiny_path).fim_prompt(_fim_request(hostile)).token_ids
+        assert fim.token_ids == tiny_engine.fim_prompt(_fim_request(hostile)).token_ids
     finally:
         engine.close()
 
