@@ -48,7 +48,11 @@ class StarCoderSettings(BaseModel):
     model_config = MODEL_CONFIG
 
     model: str = DEFAULT_MODEL
-    """Hugging Face hub id (``mlx-community/starcoder2-3b-4bit``) or a local checkpoint folder."""
+    """Hugging Face hub id (``mlx-community/starcoder2-3b-4bit``), a local checkpoint folder, or a
+    local ``.gguf`` file (llama.cpp, Ollama)."""
+
+    gguf_file: str | None = None
+    """A GGUF file in the folder or hub repo ``model`` to load (the hub download fetches only it)."""
 
     quantize: Literal[4, 8] | None = None
     """4 or 8 to quantize a full-precision checkpoint while loading; None loads it as it is."""
@@ -140,7 +144,7 @@ class StarCoderSettings(BaseModel):
         if engine is not None:
             if "model" not in self.model_fields_set:
                 self.model = engine.name
-            elif not _same_checkpoint(self.model, engine):
+            elif not _same_checkpoint(self._checkpoint_name(), engine):
                 msg = (
                     f"model={self.model!r} names another checkpoint than the engine given "
                     f"({engine.name}); pass only engine=, or a matching model=."
@@ -174,8 +178,17 @@ class StarCoderSettings(BaseModel):
         """The engine if it is loaded already, else None (never loads)."""
         return self.given_engine or registry.peek_engine(self.model, **self._load_settings())
 
+    def _checkpoint_name(self) -> str:
+        """``model``, or the GGUF file ``gguf_file`` in it (as the engine names it)."""
+        return self.model if self.gguf_file is None else f"{self.model}/{self.gguf_file}"
+
     def _load_settings(self) -> dict[str, Any]:
-        return {"quantize": self.quantize, "dtype": self.dtype, "kv_bits": self.kv_bits}
+        return {
+            "quantize": self.quantize,
+            "dtype": self.dtype,
+            "kv_bits": self.kv_bits,
+            "gguf_file": self.gguf_file,
+        }
 
     # --- settings ------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ One file: argparse and one function per command; the library work is in checkpoi
     langchain-starcoder generate --model mlx-community/starcoder2-3b-4bit --prompt "def fib(n):"
     langchain-starcoder infill --model M --file app.py --context utils.py --repo-name my/app
     langchain-starcoder quantize bigcode/starcoder2-3b ./starcoder2-3b-4bit --bits 4
+    langchain-starcoder convert starcoder2-3b-Q4_0.gguf ./starcoder2-3b-q4
     langchain-starcoder build-test-model ./tiny --preset tiny
     langchain-starcoder info --model ./starcoder2-3b-4bit
     langchain-starcoder bench --help
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -100,18 +102,32 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
-def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup, gguf: bool = False) -> None:
+    kinds = "hub id, local checkpoint folder or .gguf file" if gguf else "hub id or local checkpoint folder"
     group.add_argument(
         "--model",
         default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
-        help=f"hub id or local checkpoint folder (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
+        help=f"{kinds} (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
     )
     group.add_argument("--revision", help="hub branch, tag or commit")
 
 
+def _gguf_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--gguf-file", metavar="NAME", help="the GGUF file to load from the folder or hub repo"
+    )
+    group.add_argument(
+        "--sliding-window",
+        type=int,
+        metavar="N",
+        help="GGUF only: the attention window (0: full attention; default StarCoder2's 4096)",
+    )
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
-    _model_option(group)
+    _model_option(group, gguf=True)
+    _gguf_options(group)
     group.add_argument(
         "--quantize", type=int, choices=(4, 8), help="quantize a full-precision checkpoint on load"
     )
@@ -153,15 +169,33 @@ def _generation(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+@contextlib.contextmanager
+def _notes() -> Iterator[None]:
+    """Notices of the library (GGUF defaults, memory costs) as one ``note:`` line each on stderr."""
+    from .gguf_format import GGUFNotice
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GGUFNotice)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, GGUFNotice):
+                    _err(f"{PROG}: note: {w.message}")
+                else:
+                    warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def _load_engine(args: argparse.Namespace) -> Any:
     from .engine import StarCoderEngine
 
     started = time.perf_counter()
     # mlx-lm prints "[INFO] Quantized model ..." when quantizing on load; stdout is only for the text.
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), _notes():
         engine = StarCoderEngine.load(
-            args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits, revision=args.revision
-        )
+            args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits,
+            revision=args.revision, gguf_file=args.gguf_file, sliding_window=args.sliding_window,
+        )  # fmt: skip
     _err(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s.")
     return engine
 
@@ -283,6 +317,27 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         args.src, args.dst, bits=args.bits, group_size=args.group_size, revision=args.revision,
         force=args.force, verify=not args.no_verify,
     )  # fmt: skip
+    return 0
+
+
+# --- convert ----------------------------------------------------------------------------------------
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .gguf_format import convert_gguf, is_gguf, resolve_gguf_file
+    from .loading import check_weights_match_config, read_config, weight_headers
+
+    if not is_gguf(args.src, args.gguf_file):
+        msg = "convert reads GGUF files: give a .gguf file, or --gguf-file NAME with a folder or hub id."
+        raise CommandError(msg)
+    src = resolve_gguf_file(args.src, args.gguf_file, args.revision)
+    dst = Path(args.dst).expanduser()
+    with staged_folder(dst, args.force, source=src, command="convert") as tmp, _notes():
+        convert_gguf(src, tmp, sliding_window=args.sliding_window)
+        check_weights_match_config(tmp, read_config(tmp), weight_headers(tmp))  # loads as a checkpoint
+        written = folder_bytes(tmp)
+    _err(f"Converted {src.name} into an MLX checkpoint ({human_bytes(written)}):")
+    print(dst)
     return 0
 
 
@@ -410,6 +465,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-verify", action="store_true", help="skip loading the result to check it")
     p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser(
+        "convert",
+        parents=[common],
+        help="write an MLX checkpoint from a GGUF file",
+        description=(
+            "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
+            "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load. Q4_0, Q4_1 "
+            "and Q8_0 tensors stay quantized."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="a .gguf file, or a folder or hub id with --gguf-file")
+    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    _gguf_options(p)
+    p.add_argument("--revision", help="hub branch, tag or commit of SRC")
+    p.add_argument(
+        "--force", action="store_true", help="replace DST if it is a checkpoint this command wrote"
+    )
+    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser(
         "build-test-model",

@@ -126,12 +126,15 @@ class StarCoderEngine:
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
         prefill_step_size: int | None = None,
+        gguf_file: str | None = None,
+        sliding_window: int | None = None,
     ) -> StarCoderEngine:
-        """Load a StarCoder2 checkpoint from a folder or the Hugging Face hub into MLX.
+        """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX.
 
         Args:
-            model: A local folder, or a hub id (downloaded and cached by huggingface_hub; set
-                ``HF_HUB_OFFLINE=1`` to use the cache only).
+            model: A local folder, a hub id (downloaded and cached by huggingface_hub; set
+                ``HF_HUB_OFFLINE=1`` to use the cache only), or a local ``.gguf`` file (llama.cpp,
+                Ollama).
             quantize: None, 4 or 8: quantize a full-precision checkpoint on load. A checkpoint that
                 is already quantized loads as it is; asking to quantize it again is an error.
             group_size: Quantization group size (32, 64 or 128), with ``quantize``.
@@ -144,8 +147,15 @@ class StarCoderEngine:
             max_prompt_caches, max_prompt_cache_bytes: see the class docs.
             prefill_step_size: Prompt tokens per prefill step; a cancelled request stops between
                 steps. None: 2048 on a GPU, about 4 GFLOP of work on the CPU (16 to 2048 tokens).
+            gguf_file: The GGUF file to load from the folder or hub repo ``model`` (the hub
+                download fetches that one file; ``revision`` pins it). Config and tokenizer come
+                from the file. Q4_0, Q4_1 and Q8_0 stay quantized; Q2_K, Q4_K and Q6_K are
+                dequantized (a notice says what memory that costs); other types are refused.
+            sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
+                0 for full attention. By default StarCoder2's published 4096, with a notice.
         """
         from .backends.mlx import MLXBackend, kv_group_size
+        from .gguf_format import open_gguf
         from .loading import (
             load_model,
             load_tokenizer,
@@ -156,16 +166,22 @@ class StarCoderEngine:
         )
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
-        path = resolve_model_path(model, revision)
-        config = read_config(path)
+        settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
+        # A GGUF file brings its own config, tokenizer and weights loader.
+        gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
+        if gguf is not None:
+            name, path, config, make_tokenizer, loader = gguf
+        else:
+            name, path = str(model), resolve_model_path(model, revision)
+            config = read_config(path)
+            make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
+            loader = lambda: load_model(path, **settings)  # noqa: E731
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
-        tokenizer = load_tokenizer(path, config)
         backend = MLXBackend(
-            lambda: load_model(path, quantize=quantize, group_size=group_size, dtype=dtype),
-            name=str(model), path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
+            loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
         )  # fmt: skip
-        return cls(backend, tokenizer)
+        return cls(backend, make_tokenizer())
 
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""

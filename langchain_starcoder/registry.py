@@ -16,14 +16,15 @@ from .engine import StarCoderEngine
 #: The model the wrappers and the command line use when none is named.
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
-_LOAD_DEFAULTS = {"quantize": None, "dtype": "auto", "kv_bits": None, "revision": None}
+_LOAD_DEFAULTS = {"quantize": None, "dtype": "auto", "kv_bits": None, "revision": None, "gguf_file": None}
 _lock = threading.Lock()
 _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 
 
 def _key(model: str | os.PathLike[str], settings: dict[str, Any]) -> tuple[Any, ...]:
     """The registry key: the checkpoint (a folder by its real path) and the load settings
-    (``quantize``, ``dtype``, ``kv_bits``, ``revision``: keywords of ``StarCoderEngine.load``)."""
+    (``quantize``, ``dtype``, ``kv_bits``, ``revision``, ``gguf_file``: keywords of
+    ``StarCoderEngine.load``)."""
     path = Path(model).expanduser()
     name = str(path.resolve()) if path.exists() else str(model)
     return (name, *sorted({**_LOAD_DEFAULTS, **settings}.items()))
