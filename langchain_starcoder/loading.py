@@ -532,12 +532,18 @@ class CodeDetokenizer(BPEStreamingDetokenizer):
 
 
 def load_tokenizer(path: Path, config: dict[str, Any]) -> TokenizerWrapper:
-    """The checkpoint's tokenizer in mlx-lm's wrapper, with a streaming detokenizer for code."""
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer in mlx-lm's wrapper, with a streaming detokenizer for code.
+
+    With a tokenizer.json it is loaded as is: transformers 5's AutoTokenizer, seeing StarCoder's
+    ``tokenizer_class: GPT2Tokenizer``, swaps its digit-splitting pre-tokenizer for plain byte-level,
+    and code with spaces before digits would encode differently from the model's own tokenizer.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     check_tokenizer_files(path)
+    loader = PreTrainedTokenizerFast if (path / "tokenizer.json").is_file() else AutoTokenizer
     try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        hf_tokenizer = loader.from_pretrained(path, trust_remote_code=False)
     except _config_errors() as e:
         # transformers 5 reads and type-checks config.json too, keys we do not use included.
         msg = (

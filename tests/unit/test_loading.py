@@ -284,3 +284,14 @@ def test_hub_failures_are_clear(error: str) -> None:
 def test_not_a_hub_id() -> None:
     with pytest.raises(ModelNotFoundError, match="not a hub id"):
         StarCoderEngine.load("./models/missing")
+
+
+def test_tokenizer_encodes_as_its_tokenizer_json(tiny_engine: StarCoderEngine, tiny_path: Path) -> None:
+    """Spaces before digits included: transformers' AutoTokenizer drops tokenizer.json's digit
+    pre-tokenizer for StarCoder's GPT2Tokenizer class; the engine keeps the model's own."""
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    text = "x = [\n    1,\n    22,\n]  16\nfor i in range(10):\n    total += 3 * i  # 4 spaces\n"
+    assert tiny_engine.encode(text) == reference.encode(text, add_special_tokens=False).ids
+    assert tiny_engine.decode(tiny_engine.encode(text)) == text
