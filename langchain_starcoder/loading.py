@@ -55,20 +55,19 @@ class LoadedModel:
     config: dict[str, Any]
 
 
+def check_choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    """``value`` if it is one of ``allowed``, else a clear error naming the setting."""
+    if value not in allowed or isinstance(value, bool):
+        msg = f"{name} must be one of {', '.join(map(repr, allowed))}; not {value!r}."
+        raise InvalidParameterError(msg)
+
+
 def validate_load_options(quantize: int | None, group_size: int, dtype: str, kv_bits: int | None) -> None:
     """Refuse nonsense settings before touching the disk or the network."""
-    if quantize not in QUANTIZE_BITS:
-        msg = f"quantize must be None, 4 or 8, not {quantize!r}."
-        raise InvalidParameterError(msg)
-    if group_size not in GROUP_SIZES:
-        msg = f"group_size must be one of {GROUP_SIZES}, not {group_size!r}."
-        raise InvalidParameterError(msg)
-    if dtype not in DTYPES:
-        msg = f"dtype must be one of {DTYPES}, not {dtype!r}."
-        raise InvalidParameterError(msg)
-    if kv_bits not in KV_BITS:
-        msg = f"kv_bits must be None, 4 or 8, not {kv_bits!r}."
-        raise InvalidParameterError(msg)
+    check_choice("quantize", quantize, QUANTIZE_BITS)
+    check_choice("group_size", group_size, GROUP_SIZES)
+    check_choice("dtype", dtype, DTYPES)
+    check_choice("kv_bits", kv_bits, KV_BITS)
 
 
 def resolve_model_path(model: str | os.PathLike[str], revision: str | None = None) -> Path:

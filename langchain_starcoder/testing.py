@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidParameterError, ModelNotFoundError
-from .loading import resolve_model_path
+from .errors import ModelNotFoundError
+from .loading import QUANTIZE_BITS, check_choice, resolve_model_path
 from .registry import DEFAULT_MODEL
 
 #: StarCoder2's special tokens, in the order (and so with the ids) of the real tokenizer.
@@ -118,15 +118,9 @@ def build_starcoder2(
         max_shard_bytes: Split the weights into ``model-0000x-of-0000y.safetensors`` shards of at
             most this size, with an index, as big hub checkpoints are.
     """
-    if preset not in PRESETS:
-        msg = f"Unknown preset {preset!r}; choose one of {sorted(PRESETS)}."
-        raise InvalidParameterError(msg)
-    if dtype not in _DTYPES:
-        msg = f"Unknown dtype {dtype!r}; choose one of {_DTYPES}."
-        raise InvalidParameterError(msg)
-    if quantize not in (None, 4, 8):
-        msg = f"quantize must be None, 4 or 8, not {quantize!r}."
-        raise InvalidParameterError(msg)
+    check_choice("preset", preset, tuple(PRESETS))
+    check_choice("dtype", dtype, _DTYPES)
+    check_choice("quantize", quantize, QUANTIZE_BITS)
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -164,6 +158,27 @@ def _makers(rng: np.random.Generator) -> tuple[Callable[..., np.ndarray], Callab
     return dense, vector
 
 
+def _dense_and_norms(
+    prefix: str,
+    linears: tuple[tuple[str, int, int], ...],
+    norms: tuple[str, ...],
+    dense: Any,
+    vector: Any,
+    width: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Random weights and biases of ``linears`` (name, rows, cols) and LayerNorms of ``width``
+    (the first linear's columns when not given) under ``prefix``."""
+    width = width or linears[0][2]
+    out = {}
+    for name, rows, cols in linears:
+        out[f"{prefix}{name}.weight"] = dense(rows, cols)
+        out[f"{prefix}{name}.bias"] = vector(rows)
+    for norm in norms:
+        out[f"{prefix}{norm}.weight"] = vector(width, 0.1, 1.0)
+        out[f"{prefix}{norm}.bias"] = vector(width)
+    return out
+
+
 def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     """Random weights of the Hugging Face layout, scaled so that activations stay O(1)."""
     rng = np.random.default_rng(seed)
@@ -178,18 +193,15 @@ def _random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     weights = {"model.embed_tokens.weight": embed}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        for name, rows, cols in (
+        linears = (
             ("self_attn.q_proj", hidden, hidden), ("self_attn.k_proj", kv, hidden),
             ("self_attn.v_proj", kv, hidden), ("self_attn.o_proj", hidden, hidden),
             ("mlp.c_fc", inter, hidden), ("mlp.c_proj", hidden, inter),
-        ):  # fmt: skip
-            weights[p + name + ".weight"] = dense(rows, cols)
-            weights[p + name + ".bias"] = vector(rows)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            weights[p + norm + ".weight"] = vector(hidden, 0.1, 1.0)
-            weights[p + norm + ".bias"] = vector(hidden)
-    weights["model.norm.weight"] = vector(hidden, 0.1, 1.0)
-    weights["model.norm.bias"] = vector(hidden)
+        )  # fmt: skip
+        weights |= _dense_and_norms(
+            p, linears, ("input_layernorm", "post_attention_layernorm"), dense, vector
+        )
+    weights |= _dense_and_norms("model.", (), ("norm",), dense, vector, hidden)
     if not config["tie_word_embeddings"]:
         weights["lm_head.weight"] = dense(config["vocab_size"], hidden)
     return weights
@@ -302,12 +314,8 @@ def build_gpt_bigcode(
             ``<|end|>`` is the tokenizer's eos token (as in starchat).
         tie_word_embeddings: True shares ``wte`` with the output layer, as real checkpoints do.
     """
-    if preset not in GPT_BIGCODE_PRESETS:
-        msg = f"Unknown preset {preset!r}; choose one of {sorted(GPT_BIGCODE_PRESETS)}."
-        raise InvalidParameterError(msg)
-    if dtype not in _DTYPES:
-        msg = f"Unknown dtype {dtype!r}; choose one of {_DTYPES}."
-        raise InvalidParameterError(msg)
+    check_choice("preset", preset, tuple(GPT_BIGCODE_PRESETS))
+    check_choice("dtype", dtype, _DTYPES)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     for old in path.glob("model*.safetensors*"):
@@ -351,17 +359,12 @@ def _random_gpt_bigcode_weights(config: dict[str, Any], seed: int) -> dict[str, 
     }
     for i in range(config["n_layer"]):
         p = f"transformer.h.{i}."
-        for name, rows, cols in (
+        linears = (
             ("attn.c_attn", hidden + 2 * kv, hidden), ("attn.c_proj", hidden, hidden),
             ("mlp.c_fc", inner, hidden), ("mlp.c_proj", hidden, inner),
-        ):  # fmt: skip
-            weights[p + name + ".weight"] = dense(rows, cols)
-            weights[p + name + ".bias"] = vector(rows)
-        for norm in ("ln_1", "ln_2"):
-            weights[p + norm + ".weight"] = vector(hidden, 0.1, 1.0)
-            weights[p + norm + ".bias"] = vector(hidden)
-    weights["transformer.ln_f.weight"] = vector(hidden, 0.1, 1.0)
-    weights["transformer.ln_f.bias"] = vector(hidden)
+        )  # fmt: skip
+        weights |= _dense_and_norms(p, linears, ("ln_1", "ln_2"), dense, vector)
+    weights |= _dense_and_norms("transformer.", (), ("ln_f",), dense, vector, hidden)
     if not config["tie_word_embeddings"]:
         weights["lm_head.weight"] = dense(config["vocab_size"], hidden)
     return weights
