@@ -850,6 +850,53 @@ def bench_fullmodel(ctx: Context) -> Section:
     return section
 
 
+# --- 10. GGUF kept quantized --------------------------------------------------------------------------
+
+
+def bench_gguf(ctx: Context) -> Section:
+    """A Q4_0 GGUF loaded kept quantized against the same checkpoint's F32 GGUF: decode and weights."""
+    from langchain_starcoder.gguf_testing import write_gguf
+
+    section = Section("gguf", 10, "GGUF kept quantized")
+    shape = ctx.checkpoints.shape(WIDE_1)
+    folder = ctx.checkpoints.get(WIDE_1)
+    files = {}
+    for ftype in ("Q4_0", "F32"):
+        files[ftype] = folder.parent / f"{folder.name}-{ftype}.gguf"
+        if not files[ftype].is_file():  # the quantizer is numpy: about a minute for the 3b shape
+            write_gguf(folder, files[ftype], ftype=ftype)
+    engines = {ftype: _engine(path) for ftype, path in files.items()}
+    n = ctx.size(4, 4, 16)
+    ids = code_ids(engines["F32"], 8)
+
+    def decode(ftype: str) -> Callable[[], float]:
+        def run() -> float:
+            engines[ftype].clear_cache()
+            return _decode_rate(engines[ftype].stream(ids, max_tokens=n), lambda c: len(c.token_ids))
+
+        return run
+
+    samples = interleave([("Q4_0", decode("Q4_0")), ("F32", decode("F32"))], ctx.reps, ctx.warmup)
+    section.rows.append(
+        Row(10, "GGUF kept quantized", "decode tokens/s", "Q4_0 kept quantized", "F32 GGUF",
+            samples["Q4_0"], samples["F32"], "tok/s", shape.describe(), (">=", 1.5))
+    )  # fmt: skip
+    weights = {ftype: [_param_bytes(e.backend.model) / 2**20] for ftype, e in engines.items()}
+    section.rows.append(
+        Row(10, "GGUF kept quantized", "weights in memory", "Q4_0 kept quantized", "F32 GGUF",
+            weights["Q4_0"], weights["F32"], "MiB", shape.describe(), ("<=", 0.3))
+    )  # fmt: skip
+    section.notes.append(
+        f"Both files written from one random-weight checkpoint with llama.cpp's gguf package (speed and "
+        f"memory do not depend on the values); {len(ids)}-token prompt, {n} new tokens, greedy, "
+        "dtype='auto' (float32 scales and activations on the CPU). Q4_0 loads as MLX's affine 4-bit "
+        "group-32 quantization, the token embedding included."
+    )
+    for engine in engines.values():
+        engine.close()
+    return section
+
+
 #: Every benchmark, in report order; the default run takes all but the optional ones.
 BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "overhead": bench_overhead,
@@ -861,6 +908,7 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "longctx": bench_longctx,
     "baselines": bench_baselines,
     "fullmodel": bench_fullmodel,
+    "gguf": bench_gguf,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` runs the other.
 OPTIONAL = ("baselines", "fullmodel")
