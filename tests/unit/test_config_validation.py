@@ -113,8 +113,17 @@ def test_unsupported_settings(tmp_path: Path, tiny_path: Path, change: dict, nam
 def test_keys_only_transformers_checks_blame_the_config(
     tmp_path: Path, tiny_path: Path, change: dict, key: str
 ) -> None:
-    # Keys the model does not use, but transformers type-checks while building the tokenizer.
+    # Keys the model does not use. With a tokenizer.json the tokenizer is loaded as it is, and they
+    # are never read; with only vocab.json and merges.txt, transformers builds the tokenizer from
+    # the config and type-checks them: the error then names config.json, not the tokenizer.
+    from tokenizers import Tokenizer
+
     path = damaged(tiny_path, tmp_path / "hfconfig", change)
+    engine = StarCoderEngine.load(path)
+    assert engine.generate("def f():", max_tokens=2).completion_tokens == 2
+    engine.close()
+    Tokenizer.from_file(str(path / "tokenizer.json")).model.save(str(path))  # vocab.json, merges.txt
+    (path / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError) as err:
         StarCoderEngine.load(path)
     assert str(path / "config.json") in str(err.value) and key in str(err.value)
