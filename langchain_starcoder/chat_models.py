@@ -277,7 +277,11 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         # BaseChatModel reports each chunk to the callbacks itself.
         model, settings = self._call(stop, kwargs)
         engine = self._engine_for(model)
-        chunks = engine.stream(self._prompt_ids(engine, messages), **settings)
+        ids = self._prompt_ids(engine, messages)
+        if (done := _take_batched(ids)) is not None:  # a batch that streams: answered already
+            yield _chat_chunk(_whole(done), model)
+            return
+        chunks = engine.stream(ids, **settings)
         with contextlib.closing(chunks):
             for piece in chunks:
                 yield _chat_chunk(piece, model)
@@ -292,6 +296,9 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         model, settings = self._call(stop, kwargs)
         engine = await self._aengine_for(model)
         ids = await asyncio.to_thread(self._prompt_ids, engine, messages)
+        if (done := _take_batched(ids)) is not None:
+            yield _chat_chunk(_whole(done), model)
+            return
         chunks = engine.astream(ids, **settings)
         async with contextlib.aclosing(chunks):
             async for piece in chunks:
@@ -406,6 +413,11 @@ def _chat_result(completion: Completion, model: str) -> ChatResult:
         generations=[ChatGeneration(message=message, generation_info=counts(completion))],
         llm_output={"model_name": model},
     )
+
+
+def _whole(completion: Completion) -> CompletionChunk:
+    """A finished completion as one last chunk (the two share their fields)."""
+    return CompletionChunk(**vars(completion))
 
 
 def _chat_chunk(piece: CompletionChunk, model: str) -> ChatGenerationChunk:

@@ -45,7 +45,8 @@ class _Job:
 
 
 class StarCoderEngine:
-    """A StarCoder2 model with KV-cached, streaming, stoppable generation and fill-in-the-middle.
+    """A StarCoder model (StarCoder2 or the first StarCoder family) with KV-cached, streaming,
+    stoppable generation and fill-in-the-middle.
 
     The engine is the front: it owns the tokenizer and everything about text (prompt building,
     FIM layouts and budgets, stop strings, streaming detokenization, counts) and hands token ids to
@@ -177,11 +178,12 @@ class StarCoderEngine:
             make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
             loader = lambda: load_model(path, **settings)  # noqa: E731
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
+        tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
         backend = MLXBackend(
             loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
         )  # fmt: skip
-        return cls(backend, make_tokenizer())
+        return cls(backend, tokenizer)
 
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""
@@ -348,7 +350,7 @@ class StarCoderEngine:
                     self.tokenizer, dataclasses.replace(request, max_prompt_tokens=room)
                 )
             except ContextLengthError:
-                prompt = None
+                prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
             if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
                 msg = (
                     f"max_tokens={max_tokens} leaves {room} tokens of the model's {self.context_window}-"
@@ -395,7 +397,7 @@ class StarCoderEngine:
             )
             raise ContextLengthError(msg)
 
-    def _prepare(self, prompt: Prompt | FIMRequest, settings: dict[str, Any]) -> _Job:
+    def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> _Job:
         if isinstance(prompt, FIMRequest):
             return self._prepare_fim(prompt, settings)
         params, parse = self._split_settings(dict(settings))

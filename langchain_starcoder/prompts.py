@@ -82,7 +82,8 @@ class FIMText(CarriedText):
         return FIMPromptValue.from_request(self.fim)
 
     def cache_key(self) -> str:
-        return f"fim:{self.fim.max_prompt_tokens}:{self.fim.trim_suffix_overlap}"
+        # The whole request: its rendering is ambiguous when parts hold control-token text.
+        return "fim:" + hashlib.sha256(repr(self.fim).encode()).hexdigest()
 
 
 Segments = tuple[tuple[str, bool], ...]

@@ -21,6 +21,7 @@ from .stops import StopMatcher
 from .types import CompletionChunk, GenerationParams
 
 Emit = Callable[[Any], None]
+_CLOSED = object()  # put on a stream's queue by close(): wakes a reader waiting in another thread or task
 
 
 class TextStream:
@@ -135,6 +136,8 @@ class ChunkStream(Iterator[CompletionChunk]):
         if self._done:
             raise StopIteration
         event = self._events.get()
+        if event is _CLOSED:
+            raise StopIteration
         if isinstance(event, BaseException):
             self.close()
             raise event
@@ -143,7 +146,9 @@ class ChunkStream(Iterator[CompletionChunk]):
         return event
 
     def close(self) -> None:
-        self._done = True
+        if not self._done:
+            self._done = True
+            self._events.put(_CLOSED)
         self._generation.cancelled.set()  # a no-op once the generation has ended
 
     def __del__(self) -> None:
@@ -171,6 +176,8 @@ class AsyncChunkStream(AsyncIterator[CompletionChunk]):
         except BaseException:  # the task was cancelled while waiting
             await self.aclose()
             raise
+        if event is _CLOSED:
+            raise StopAsyncIteration
         if isinstance(event, BaseException):
             await self.aclose()
             raise event
@@ -193,7 +200,9 @@ class AsyncChunkStream(AsyncIterator[CompletionChunk]):
         return generation
 
     async def aclose(self) -> None:
-        self._done = True
+        if not self._done:
+            self._done = True
+            self._events.put_nowait(_CLOSED)
         if self._generation is not None:
             self._generation.cancelled.set()
 

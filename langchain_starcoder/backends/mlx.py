@@ -67,7 +67,7 @@ class _Cancelled(Exception):
 
 
 class MLXBackend:
-    """A StarCoder2 checkpoint loaded into MLX, run on its own worker thread.
+    """A StarCoder checkpoint loaded into MLX, run on its own worker thread.
 
     Args:
         load: Builds the model (``loading.load_model`` with its settings); run on the worker.
@@ -144,16 +144,19 @@ class MLXBackend:
         return self._submit_job(fn).result()
 
     def close(self) -> None:
-        """Cancel what is running or queued, free the prompt caches and retire the worker."""
-        if self._closed:
-            return
+        """Cancel what is running or queued (its callers get EngineClosedError), free the prompt
+        caches and retire the worker."""
+        with self._lock:  # from here on nothing new is queued
+            if self._closed:
+                return
+            self._closed = True
+            cleared: Future[None] = Future()
+            self._jobs.put(lambda: (self._prompt_caches.clear(), cleared.set_result(None)))
         for generation in list(self._live):
             generation.cancelled.set()
         try:
-            self.call(self._prompt_caches.clear)  # waits, so the worker is idle when we return
+            cleared.result()  # the worker is idle when we return
         finally:
-            with self._lock:
-                self._closed = True
             self._retire_worker()
 
     # --- the backend contract ------------------------------------------------------------------
@@ -169,6 +172,9 @@ class MLXBackend:
                     self._run_batch(gens)
             finally:
                 self._live.difference_update(gens)
+            if self._closed and any(g.cancelled.is_set() for g in gens):
+                msg = f"The engine for {self.name} was closed during this request; load a new one."
+                raise EngineClosedError(msg)  # reaches the caller instead of a stream that never ends
 
         self._live.update(gens)
         try:
@@ -241,6 +247,9 @@ class MLXBackend:
 
     def _run_batch(self, gens: list[Generation]) -> None:
         """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""
+        gens = [g for g in gens if not g.cancelled.is_set()]  # callers that left while it was queued
+        if not gens:
+            return
         params = gens[0].params  # sampling settings are one per batch; stops and lengths per prompt
         if params.seed is not None:
             mx.random.seed(params.seed)

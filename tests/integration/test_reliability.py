@@ -523,3 +523,43 @@ def test_ctrl_c_during_a_long_prefill_exits_promptly(tmp_path: Path) -> None:
     assert child.returncode == 130, err
     assert err.strip().splitlines()[-1].endswith("interrupted.")
     assert waited < 8, f"exited {waited:.1f} s after Ctrl-C"
+
+
+def test_closing_a_stream_or_the_engine_from_elsewhere_never_leaves_a_reader_waiting(tiny_path: Path) -> None:
+    from langchain_starcoder import EngineClosedError
+
+    engine = StarCoderEngine.load(tiny_path, prefill_step_size=4)
+    long = [100 + i % 500 for i in range(1500)]
+    outcomes: list[object] = []
+
+    def read(stream: object) -> None:
+        try:
+            outcomes.append(len(list(stream)))  # type: ignore[call-overload]
+        except Exception as e:
+            outcomes.append(e)
+
+    try:
+        for close in ("stream", "engine"):
+            stream = engine.stream(long, max_tokens=4)
+            reader = threading.Thread(target=read, args=(stream,))
+            reader.start()
+            time.sleep(0.05)  # the reader waits while the prompt is prefilled
+            (stream.close if close == "stream" else engine.close)()
+            reader.join(timeout=30)
+            assert not reader.is_alive(), f"closing the {close} left the reader waiting"
+    finally:
+        engine.close()
+    assert outcomes[0] == 0  # closed stream: it simply ends
+    assert isinstance(outcomes[1], EngineClosedError)  # closed engine: the caller is told
+
+
+async def test_aclose_from_another_task_ends_the_reader(tiny_engine: StarCoderEngine) -> None:
+    stream = tiny_engine.astream([100 + i % 500 for i in range(1900)], max_tokens=100)
+
+    async def read() -> int:
+        return len([c async for c in stream])
+
+    reader = asyncio.ensure_future(read())
+    await asyncio.sleep(0.05)
+    await stream.aclose()
+    assert await asyncio.wait_for(reader, timeout=30) <= 1

@@ -315,3 +315,16 @@ def test_bind_tools_says_why_not() -> None:
     for call in (lambda: chat.bind_tools([]), lambda: chat.with_structured_output({"title": "x"})):
         with pytest.raises(NotImplementedError, match="StarCoder models have no tool calling"):
             call()
+
+
+def test_a_streaming_batch_is_generated_once(chat: ChatStarCoder, monkeypatch: Any) -> None:
+    """streaming=True (or streaming callbacks) makes LangChain stream each list of a batch: the
+    answers come from the one engine batch, not from a second generation per list."""
+    calls: list[int] = []
+    submit = chat.engine.backend.submit
+    monkeypatch.setattr(chat.engine.backend, "submit", lambda gens: calls.append(len(gens)) or submit(gens))
+    inputs = [[("human", f"Write function number {i}.")] for i in range(3)]
+    plain = chat.batch(inputs)
+    streaming = chat.model_copy(update={"streaming": True})
+    assert [m.content for m in streaming.batch(inputs)] == [m.content for m in plain]
+    assert calls == [3, 3]

@@ -303,3 +303,14 @@ def test_template_with_other_models_is_text() -> None:
     value = FIMPromptTemplate().invoke(PLAIN)
     assert value.to_string() == f"<fim_prefix>{PLAIN['prefix']}<fim_suffix>{PLAIN['suffix']}<fim_middle>"
     assert value.to_messages()[0].content == value.to_string()
+
+
+def test_fim_cache_key_is_the_whole_request(llm: StarCoderLLM) -> None:
+    """Two requests whose layout text is the same (control-token text inside the parts) are two
+    cache entries, not one answer served for the other."""
+    cached = StarCoderLLM(engine=llm.engine, max_tokens=MAX_TOKENS, cache=InMemoryCache())
+    first = cached.infill("a<fim_suffix>b", "")
+    second = cached.infill("a", "b<fim_suffix>")
+    assert len(cached.cache._cache) == 2
+    assert second == llm.engine.infill("a", "b<fim_suffix>", max_tokens=MAX_TOKENS).text
+    assert first == llm.engine.infill("a<fim_suffix>b", "", max_tokens=MAX_TOKENS).text
