@@ -32,6 +32,10 @@ MODEL_CONFIG = ConfigDict(
 )
 
 
+#: What LangChain's ``generate`` takes besides generation settings.
+RUN_ARGS = frozenset({"callbacks", "tags", "metadata", "run_name", "run_id"})
+
+
 def merge_stops(*stops: Sequence[str] | str | None) -> list[str]:
     """The stop strings of the field and of the call, in that order, without duplicates."""
     merged: list[str] = []
@@ -208,6 +212,12 @@ class StarCoderSettings(BaseModel):
         settings.update((k, v) for k, v in overrides.items() if k != "stop")
         settings["stop"] = merge_stops(self.stop, overrides.get("stop"), stop)
         return settings
+
+    def _call(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The model and the engine keywords of one LangChain call (``model=`` may name another
+        checkpoint)."""
+        overrides = {k: v for k, v in kwargs.items() if k != "model"}
+        return kwargs.get("model") or self.model, self._generation(overrides, stop)
 
     def _identifying_settings(self) -> dict[str, Any]:
         """The model and every setting that changes the output (LangChain's cache key uses them;

@@ -70,21 +70,9 @@ def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]]
                 "message['content'] unchanged."
             )
             raise InvalidParameterError(msg)
-    # Control tokens come only from the template's text. Each run of text between them, template
-    # text and contents alike, is encoded in one piece, as the model saw such text in training.
-    controls = "|".join(re.escape(t) for t in sorted(engine.tokenizer.all_special_tokens, key=len)[::-1])
-    ids: list[int] = []
-    run: list[str] = []
-    for i, piece in enumerate(pieces):
-        parts = [messages[int(piece)][1]] if i % 2 else re.split(f"({controls})", piece)
-        for j, part in enumerate(parts):
-            if i % 2 == 0 and j % 2:
-                ids += engine.encode("".join(run), special_tokens=False) if run else []
-                ids.append(engine.token_id(part))
-                run = []
-            elif part:
-                run.append(part)
-    return ids + (engine.encode("".join(run), special_tokens=False) if run else [])
+    # Control tokens come only from the template's text; contents are data (one encoder for both).
+    segments = [(messages[int(p)][1], True) if i % 2 else (p, False) for i, p in enumerate(pieces)]
+    return engine.encode_segments(segments)
 
 
 def _check_roles(template: str, roles: Sequence[str]) -> None:

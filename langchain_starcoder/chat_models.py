@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -16,7 +16,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
-from .base import MODEL_CONFIG, StarCoderSettings
+from .base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
 from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
@@ -235,11 +235,10 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
 
     # --- generation ----------------------------------------------------------------------------------
 
-    def _call(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        overrides = {k: v for k, v in kwargs.items() if k != "model"}
-        settings = self._generation(overrides, stop)
+    def _call(self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        model, settings = super()._call(stop, kwargs)
         settings.pop("parse_special_tokens")  # contents are data, the template's text is control
-        return kwargs.get("model") or self.model, settings
+        return model, settings
 
     def _generate(
         self,
@@ -399,8 +398,7 @@ def _answers(result: LLMResult) -> list[AIMessage]:
 
 def _settings_of(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The generation keywords among ``generate``'s arguments (not callbacks, tags...)."""
-    skip = {"callbacks", "tags", "metadata", "run_name", "run_id"}
-    return {k: v for k, v in kwargs.items() if k not in skip}
+    return {k: v for k, v in kwargs.items() if k not in RUN_ARGS}
 
 
 def _chat_result(completion: Completion, model: str) -> ChatResult:

@@ -14,9 +14,9 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import RunnableConfig
 
-from .base import MODEL_CONFIG, StarCoderSettings
+from .base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
 from .engine import StarCoderEngine
-from .prompts import CarriedText, FIMText, fim_value
+from .prompts import CarriedText, FIMText, TemplateText, fim_value
 from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks, usage
 
 # LangChain's LLM cache keys an answer by the prompt's text and ``_identifying_params`` only: a
@@ -24,11 +24,10 @@ from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks,
 # (FIM budget and trim, which parts are data) would not count. ``generate`` puts them here for
 # ``_identifying_params`` to add, so they are part of the key.
 _CALL_KEY: ContextVar[str | None] = ContextVar("starcoder_call_key", default=None)
-_RUN_ARGS = frozenset({"callbacks", "tags", "metadata", "run_name", "run_id"})
 
 
 def _call_key(prompts: Sequence[str], kwargs: dict[str, Any]) -> str | None:
-    parts = [f"{k}={kwargs[k]!r}" for k in sorted(kwargs) if k not in _RUN_ARGS]
+    parts = [f"{k}={kwargs[k]!r}" for k in sorted(kwargs) if k not in RUN_ARGS]
     parts += sorted({p.cache_key() for p in prompts if isinstance(p, CarriedText)})
     return ";".join(parts) or None
 
@@ -236,7 +235,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     ) -> AsyncIterator[GenerationChunk]:
         model, settings = self._call(stop, kwargs)
         engine = await self._aengine_for(model)
-        if isinstance(prompt, CarriedText) and not isinstance(prompt, FIMText):  # ids: in a thread
+        if isinstance(prompt, TemplateText):  # its ids: in a thread
             chunks = engine.astream(await asyncio.to_thread(_engine_prompt, engine, prompt), **settings)
         else:
             chunks = engine.astream(_engine_prompt(engine, prompt), **settings)
@@ -270,11 +269,6 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
         async for text in super().astream(input, config, stop=stop, **kwargs):
             if text:
                 yield text
-
-    def _call(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The model and the engine keywords of one call (``model=`` may name another checkpoint)."""
-        overrides = {k: v for k, v in kwargs.items() if k != "model"}
-        return kwargs.get("model") or self.model, self._generation(overrides, stop)
 
     def _result(self, completions: Sequence[Completion], model: str) -> LLMResult:
         return LLMResult(

@@ -15,6 +15,7 @@ ids with the variables encoded as data.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, fields
 from string import Formatter
@@ -82,8 +83,23 @@ class FIMText(CarriedText):
         return FIMPromptValue.from_request(self.fim)
 
     def cache_key(self) -> str:
-        # The whole request: its rendering is ambiguous when parts hold control-token text.
-        return "fim:" + hashlib.sha256(repr(self.fim).encode()).hexdigest()
+        f = self.fim
+        parts = (f.prefix, f.suffix, f.repo_name or "", f.file_path or "")
+        parts += tuple(x for file in f.context_files for x in (file.path, file.text))
+        return f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}" + _exact(parts, f)
+
+
+# Text that may be a control token in some vocabulary (``<file_sep>``, ``<|endoftext|>``, ``<fim-prefix>``).
+_CONTROL_LIKE = re.compile(r"<\|?[\w-]+\|?>")
+
+
+def _exact(data: Iterable[str], whole: Any) -> str:
+    """ "" when the rendered text says it all, else a digest of ``whole``: a data part that holds
+    control-token text renders like template text that writes the token, yet encodes otherwise.
+    Ordinary prompts keep one key per setting, so a prompt asked alone and in a batch is one entry."""
+    if not any(_CONTROL_LIKE.search(text) for text in data):
+        return ""
+    return ":" + hashlib.sha256(repr(whole).encode()).hexdigest()
 
 
 Segments = tuple[tuple[str, bool], ...]
@@ -108,7 +124,7 @@ class TemplateText(CarriedText):
         return TemplatePromptValue(segments=list(self.segments))
 
     def cache_key(self) -> str:
-        return "template:" + hashlib.sha256(repr(self.segments).encode()).hexdigest()
+        return "template" + _exact([text for text, is_data in self.segments if is_data], self.segments)
 
     def token_ids(self, engine: StarCoderEngine) -> list[int]:
         return engine.encode_segments(self.segments)

@@ -197,12 +197,15 @@ async def test_control_ids_on_every_path(
     assert len(prompts) == 10
     assert all(p == want for p in prompts)
 
-    # The LLM cache keys on the prompt text; what reaches the engine is still the FIM ids.
+    # The LLM cache answers a repeat; what reaches the engine is still the FIM ids. (Parts holding
+    # control-token text are keyed by the whole request, and a call's key covers all its prompts.)
     cached = StarCoderLLM(engine=engine, max_tokens=MAX_TOKENS, cache=InMemoryCache())
     first = (FIMPromptTemplate() | cached).invoke(inputs)
-    assert (FIMPromptTemplate() | cached).batch([inputs, PLAIN if inputs is FULL else FULL])[0] == first
+    assert (FIMPromptTemplate() | cached).invoke(inputs) == first
+    both = [inputs, PLAIN if inputs is FULL else FULL]
+    assert (FIMPromptTemplate() | cached).batch(both) == (FIMPromptTemplate() | cached).batch(both)
     prompts = spy.take()
-    assert prompts[0] == want and len(prompts) == 2  # the repeat came from the cache
+    assert prompts[0] == want and len(prompts) == 3  # each repeat came from the cache
 
     # A string the user writes is a raw prompt: its control-token text is parsed.
     llm.invoke(str(FIMPromptTemplate().format(**inputs)))
