@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
@@ -47,6 +47,7 @@ from .errors import ContextLengthError, InvalidParameterError, StarCoderError
 from .types import Completion, CompletionChunk, ContextFile, FIMRequest, is_int, join_chunks
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: OpenAI's defaults for the legacy completions endpoint (``max_tokens`` 16, ``temperature`` 1).
 OPENAI_MAX_TOKENS = 16
@@ -302,9 +303,9 @@ class _Server:
 
         if not stream:
             if len(prompts) == 1:
-                done = [await engine.agenerate(prompts[0], **settings)]
+                done = [await _unless_gone(request, engine.agenerate(prompts[0], **settings))]
             else:  # several prompts: one batch
-                done = await engine.agenerate_batch(prompts, **settings)
+                done = await _unless_gone(request, engine.agenerate_batch(prompts, **settings))
             choices = [choice(i, c.text, c.finish_reason) for i, c in enumerate(done)]
             return JSONResponse(chunk(choices, usage=_usage(done)))
         if len(prompts) > 1:
@@ -365,7 +366,7 @@ class _Server:
                     "choices": choices, **more}  # fmt: skip
 
         if not _get(body, "stream", bool, False):
-            done = await engine.agenerate(ids, **settings)
+            done = await _unless_gone(request, engine.agenerate(ids, **settings))
             message = {"role": "assistant", "content": done.text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
             return JSONResponse(chunk("chat.completion", [choice], usage=_usage([done])))
@@ -418,7 +419,7 @@ class _Server:
             return _pick_fields(out, fields)
 
         if not _get(body, "stream", bool, False):
-            done = await engine.agenerate(fim_request, **settings)
+            done = await _unless_gone(request, engine.agenerate(fim_request, **settings))
             return JSONResponse(final(done, "" if warm_up else done.text))
 
         def events(c: CompletionChunk) -> list[dict[str, Any]]:
@@ -524,6 +525,26 @@ def _pick_fields(response: dict[str, Any], fields: list[str] | None) -> dict[str
 
 
 _MISSING = object()
+
+
+#: How often a non-streamed request checks whether its client is still there.
+DISCONNECT_POLL_SECONDS = 0.1
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, cancelling it when the client disconnects first (an editor drops its
+    request at each keystroke; the engine should not keep generating for nobody)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "The client disconnected.", kind="client_closed")
+    finally:
+        task.cancel()  # a no-op once done; cancelling the engine's task cancels its generation
 
 
 async def _sse(

@@ -288,17 +288,43 @@ def test_eight_concurrent_clients_each_get_what_they_would_alone(client, tiny_en
     assert got == alone
 
 
-def test_a_client_dropped_mid_stream_leaves_the_server_correct(server, client, tiny_engine):
-    body = {"prompt": PROMPT, "max_tokens": 1500, "temperature": 0, "stream": True}
+LONG = 1900  # about 2 s of generation for the tiny model here: long enough to see a cancel
+
+
+def _time_long_generation(engine: StarCoderEngine) -> float:
+    started = time.perf_counter()
+    assert engine.generate(PROMPT, max_tokens=LONG, temperature=0.0).completion_tokens == LONG
+    return time.perf_counter() - started
+
+
+def _next_request_is_correct_and_not_queued(client, engine, full_seconds: float) -> None:
+    # The engine runs one request at a time: had the dropped generation gone on, this one would wait.
+    started = time.perf_counter()
+    got = client.completions.create(model="tiny", prompt=PREFIX, **_greedy())
+    assert time.perf_counter() - started < full_seconds / 2
+    expected = engine.generate(PREFIX, parse_special_tokens=False, **_greedy())
+    assert got.choices[0].text == expected.text
+
+
+def test_a_client_dropped_mid_stream_cancels_its_generation(server, client, tiny_engine):
+    full = _time_long_generation(tiny_engine)
+    body = {"prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60) as reply:
         assert reply.status_code == 200
         for line in reply.iter_lines():
             if line.startswith("data: "):
                 break  # leave after the first event: the connection closes
-    expected = tiny_engine.generate(PREFIX, parse_special_tokens=False, **_greedy())
-    assert (
-        client.completions.create(model="tiny", prompt=PREFIX, **_greedy()).choices[0].text == expected.text
-    )
+    _next_request_is_correct_and_not_queued(client, tiny_engine, full)
+
+
+def test_a_client_dropped_before_a_plain_answer_cancels_its_generation(server, client, tiny_engine):
+    """llama.vim kills its curl request when the cursor moves: the server must stop generating too."""
+    full = _time_long_generation(tiny_engine)
+    body = {"prompt": PROMPT, "max_tokens": LONG, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=httpx.Timeout(60, read=full / 8))
+    time.sleep(0.3)  # the server notices within its poll interval
+    _next_request_is_correct_and_not_queued(client, tiny_engine, full)
 
 
 # --- errors ------------------------------------------------------------------------------------------
