@@ -44,6 +44,7 @@ from starlette.routing import Route
 from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import StarCoderEngine
 from .errors import ContextLengthError, InvalidParameterError, StarCoderError
+from .fim import fim_stop_token_ids
 from .types import Completion, CompletionChunk, ContextFile, FIMRequest, is_int, join_chunks
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,10 @@ class _Server:
         _refuse_unsupported(body)
         settings = _settings(body, OPENAI_MAX_TOKENS, 1.0)
         prompts = await asyncio.to_thread(self._completion_prompts, engine, body)  # tokenizes: off the loop
+        middle = engine.token_id("<fim_middle>")
+        if any(isinstance(p, list) and middle in p for p in prompts):
+            # A FIM prompt written by the client (parsed or as ids): end the middle as infill does.
+            settings["stop_token_ids"] = fim_stop_token_ids(engine)
         stream = _get(body, "stream", bool, False)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -331,10 +336,9 @@ class _Server:
             raise _bad("prompt must be text, a list of token ids, or a non-empty list of either.", "prompt")
         suffix = body.get("suffix")
         if suffix is None:
-            if self.parse_special_tokens:
-                return items
-            # Text is data: encoded with control-token parsing off, then passed as ids.
-            return [_data_ids(engine, p) if isinstance(p, str) else p for p in items]
+            # Text is data unless this server parses it (see create_app); either way it goes on as ids.
+            parse = self.parse_special_tokens
+            return [_text_ids(engine, p, parse) if isinstance(p, str) else p for p in items]
         suffix = _text(suffix, "suffix")
         if not all(isinstance(p, str) for p in items):
             raise _bad("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
@@ -433,10 +437,10 @@ class _Server:
         return await _sse(engine.astream(fim_request, **settings), events, done_marker=False)
 
 
-def _data_ids(engine: StarCoderEngine, text: str) -> list[int]:
+def _text_ids(engine: StarCoderEngine, text: str, parse: bool) -> list[int]:
     if not text.strip():
         raise _bad("The prompt is empty or only whitespace; give the model some text to continue.", "prompt")
-    return engine.encode(text, special_tokens=False)
+    return engine.encode(text, special_tokens=parse)
 
 
 def _content(message: Any) -> str:

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -261,11 +265,18 @@ def test_hostile_text_in_every_field_stays_data(client, server, tiny_engine):
 
 
 def test_a_parsing_server_reads_control_tokens_in_text_prompts(tiny_engine):
+    """As Continue uses it: the client writes the FIM prompt; it is parsed and ends at FIM tokens."""
     running = _Running(create_app(tiny_engine, parse_special_tokens=True))
     try:
         c = openai.OpenAI(base_url=f"{running.url}/v1", api_key="x", max_retries=0, timeout=60)
         got = c.completions.create(model="m", prompt=HOSTILE, **_greedy())
         assert got.usage.prompt_tokens == len(tiny_engine.encode(HOSTILE))
+        written = f"<fim_prefix>{PREFIX}<fim_suffix>{SUFFIX}<fim_middle>"
+        expected = tiny_engine.infill(PREFIX, SUFFIX, trim_suffix_overlap=False, **_greedy(max_tokens=40))
+        assert tiny_engine.encode(written) == tiny_engine.fim_prompt(FIMRequest(PREFIX, SUFFIX), 40).token_ids
+        got = c.completions.create(model="m", prompt=written, **_greedy(max_tokens=40))
+        assert got.choices[0].text == expected.text
+        assert _counts(got.usage) == (expected.prompt_tokens, expected.completion_tokens)
     finally:
         running.stop()
 
@@ -441,6 +452,50 @@ def test_chat_completions_use_the_template_with_contents_as_data(chat_path: Path
     finally:
         running.stop()
         engine.close()
+
+
+def test_the_readme_client_block_runs_against_the_server(server):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Use it from your editor", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```py\n(.*?)```", section, flags=re.S)
+    code = code.replace("http://127.0.0.1:8080", server)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "prompt_tokens_details" in result.stdout
+
+
+def test_the_serve_command_serves_until_stopped(tiny_path: Path):
+    port = _free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "langchain_starcoder",
+        "serve",
+        "--model",
+        str(tiny_path),
+        "--port",
+        str(port),
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LANGCHAIN_STARCODER_API_KEY": KEY}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not become healthy"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            time.sleep(0.2)
+        body = {"prompt": PROMPT, "max_tokens": 4}
+        assert _post(f"{url}/v1/completions", body).status_code == 401  # the key from the environment
+        assert _post(f"{url}/v1/completions", body, authorization=f"Bearer {KEY}").status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    # uvicorn shuts down cleanly, then re-raises the signal: the conventional status of a killed process.
+    assert proc.returncode == -signal.SIGTERM and "Application shutdown complete" in err, err
+    assert KEY not in err
 
 
 def test_serve_help_is_fast_and_imports_nothing_heavy():
