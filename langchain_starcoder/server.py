@@ -323,7 +323,7 @@ class _Server:
                 out.append(chunk([], usage=_usage([join_chunks([c])])))
             return out
 
-        return await _sse(engine.astream(prompts[0], **settings), events, done_marker=True)
+        return await _sse(request, engine.astream(prompts[0], **settings), events, done_marker=True)
 
     def _completion_prompts(self, engine: StarCoderEngine, body: dict[str, Any]) -> list[Any]:
         """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given."""
@@ -388,7 +388,7 @@ class _Server:
                 out.append(chunk("chat.completion.chunk", [], usage=_usage([join_chunks([c])])))
             return out
 
-        return await _sse(engine.astream(ids, **settings), events, done_marker=True)
+        return await _sse(request, engine.astream(ids, **settings), events, done_marker=True)
 
     # --- /infill (llama.cpp) ------------------------------------------------------------------------
 
@@ -399,17 +399,22 @@ class _Server:
         n_predict = _get(body, "n_predict", int, -1)
         warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
         max_tokens = 1 if warm_up else (INFILL_MAX_TOKENS if n_predict < 0 else n_predict)
-        settings: dict[str, Any] = {"max_tokens": max_tokens, "temperature": body.get("temperature", 0.0)}
-        for ours, theirs in (("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"), ("seed", "seed")):
-            if body.get(theirs) is not None:
-                settings[ours] = body[theirs]
+        temperature = body.get("temperature")
+        settings: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": 0.0 if temperature is None else temperature,
+        }
+        for key in ("top_p", "top_k", "min_p", "seed"):
+            if body.get(key) is not None:
+                settings[key] = body[key]
         if body.get("stop"):
             settings["stop"] = body["stop"]
         penalty = body.get("repeat_penalty")
         if penalty is not None and penalty != 1.0:
             settings["repetition_penalty"] = penalty
-        if settings.get("seed") == -1 or settings.get("seed") == 0xFFFFFFFF:  # llama.cpp's "random seed"
+        if settings.get("seed") in (-1, 0xFFFFFFFF):  # llama.cpp's "a random seed"
             del settings["seed"]
+        limit_ms = _get(body, "t_max_predict_ms", (int, float), 0)
         fields = body.get("response_fields")
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             raise _bad("response_fields must be a list of strings.", "response_fields")
@@ -417,13 +422,14 @@ class _Server:
         truncated = prompt.prefix_chars_kept < len(fim_request.prefix) or prompt.suffix_chars_kept < len(
             fim_request.suffix
         ) or len(prompt.files_kept) < len(fim_request.context_files)  # fmt: skip
+        stream = _time_limited(engine.astream(fim_request, **settings), limit_ms, len(prompt.token_ids))
 
         def final(c: Completion, content: str) -> dict[str, Any]:
             out = _infill_response(self.name, c, content, truncated, n_predict)
             return _pick_fields(out, fields)
 
         if not _get(body, "stream", bool, False):
-            done = await _unless_gone(request, engine.agenerate(fim_request, **settings))
+            done = await _unless_gone(request, _join(stream))
             return JSONResponse(final(done, "" if warm_up else done.text))
 
         def events(c: CompletionChunk) -> list[dict[str, Any]]:
@@ -434,7 +440,47 @@ class _Server:
                 return []
             return [{"content": c.text, "stop": False, "id_slot": 0}]
 
-        return await _sse(engine.astream(fim_request, **settings), events, done_marker=False)
+        return await _sse(request, stream, events, done_marker=False)
+
+
+#: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
+TIME_LIMIT = "time_limit"
+
+
+async def _time_limited(
+    stream: AsyncIterator[CompletionChunk], limit_ms: float, prompt_tokens: int
+) -> AsyncIterator[CompletionChunk]:
+    """llama.cpp's ``t_max_predict_ms``: once this long has passed since the first text and a newline
+    has been generated, end the answer there (editors ask for it: a line now beats a block later).
+
+    The cut answer's last chunk is made here: its prompt count is the built prompt's, its cached
+    count unknown (None), its times measured here.
+    """
+    started = time.perf_counter()
+    first: float | None = None
+    generated, newline = 0, False
+    try:
+        async for chunk in stream:
+            yield chunk
+            if chunk.finish_reason is not None or limit_ms <= 0:
+                continue
+            now = time.perf_counter()
+            first = now if first is None else first
+            generated += len(chunk.token_ids)
+            newline = newline or "\n" in chunk.text
+            if newline and (now - first) * 1000 >= limit_ms:
+                yield CompletionChunk(
+                    "", [], finish_reason=TIME_LIMIT, prompt_tokens=prompt_tokens, cached_tokens=None,
+                    completion_tokens=generated, prompt_seconds=first - started,
+                    generation_seconds=now - first,
+                )  # fmt: skip
+                return
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]  # a cut (or dropped) answer stops generating
+
+
+async def _join(stream: AsyncIterator[CompletionChunk]) -> Completion:
+    return join_chunks([chunk async for chunk in stream])
 
 
 def _text_ids(engine: StarCoderEngine, text: str, parse: bool) -> list[int]:
@@ -487,8 +533,9 @@ def _infill_response(
     predicted = 0 if n_predict == 0 else c.completion_tokens
     evaluated = c.prompt_tokens - c.cached_tokens
     prompt_ms, predicted_ms = c.prompt_seconds * 1000, c.generation_seconds * 1000
-    stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" else "eos")
-    return {
+    cut = c.finish_reason == TIME_LIMIT
+    stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" or cut else "eos")
+    out = {
         "content": content,
         "id_slot": 0,
         "stop": True,
@@ -511,6 +558,10 @@ def _infill_response(
             "predicted_per_second": predicted / c.generation_seconds if c.generation_seconds > 0 else 0.0,
         },
     }
+    if cut:  # how much of the prompt the cache served is not known for an answer cut by time
+        del out["tokens_cached"]
+        out["timings"]["prompt_n"] = c.prompt_tokens
+    return out
 
 
 def _pick_fields(response: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
@@ -552,6 +603,7 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
 
 
 async def _sse(
+    request: Request,
     stream: AsyncIterator[CompletionChunk],
     events: Callable[[CompletionChunk], list[dict[str, Any]]],
     *,
@@ -563,7 +615,7 @@ async def _sse(
     that disconnects cancels the generator, and closing the stream cancels the generation.
     """
     try:
-        first = await anext(stream)
+        first = await _unless_gone(request, anext(stream))  # a client may leave during a long prefill
     except BaseException:
         await stream.aclose()  # type: ignore[attr-defined]
         raise
