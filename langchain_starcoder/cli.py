@@ -387,13 +387,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_ENV) or None
-    # The model loads in a thread after the server starts: /health says 503 until it is ready.
+    failed: list[BaseException] = []
+
+    def load() -> Any:
+        try:
+            return _load_engine(args)
+        except BaseException as e:  # stop serving: the command fails with the loader's one-line error
+            failed.append(e)
+            server.should_exit = True
+            raise
+
+    # The model loads in a thread once the server is up: /health says 503 until it is ready.
     app = create_app(
-        lambda: _load_engine(args), api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
-        model_name=args.model_name,
-    )  # fmt: skip
+        load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens, model_name=args.model_name
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
     _err(f"Serving {args.model} on http://{args.host}:{args.port} (/v1/completions, /infill, /health).")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    server.run()
+    if failed:
+        raise failed[0]
     return 0
 
 

@@ -510,6 +510,16 @@ def test_the_serve_command_serves_until_stopped(tiny_path: Path):
     assert KEY not in err
 
 
+def test_serve_stops_with_one_line_when_the_model_cannot_load(tmp_path: Path):
+    argv = [sys.executable, "-m", "langchain_starcoder", "serve", "--model", str(tmp_path / "missing")]
+    result = subprocess.run([*argv, "--port", str(_free_port())], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("langchain-starcoder: ")]
+    assert len(errors) == 1 and "missing" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_serve_help_is_fast_and_imports_nothing_heavy():
     code = (
         "import json, sys\n"
