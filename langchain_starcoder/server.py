@@ -96,6 +96,8 @@ async def _body(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise _bad(f"The request body is not valid JSON: {e}.") from e
+    except RecursionError as e:
+        raise _bad("The request body is nested too deeply.") from e
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.")
     return body
@@ -120,24 +122,17 @@ def _text(value: Any, what: str) -> str:
 
 
 def _settings(body: dict[str, Any], max_tokens: int, temperature: float) -> dict[str, Any]:
-    """Generation settings from OpenAI-style fields; the engine validates their values."""
-    settings: dict[str, Any] = {
-        "max_tokens": body.get("max_tokens", max_tokens),
-        "temperature": body.get("temperature", temperature),
-    }
-    for key in ("top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty"):
+    """Generation settings from OpenAI-style fields (null means the default); the engine validates them."""
+    settings: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty"):
         if body.get(key) is not None:
             settings[key] = body[key]
-    if settings["max_tokens"] is None:
-        settings["max_tokens"] = max_tokens
-    if settings["temperature"] is None:
-        settings["temperature"] = temperature
     return settings
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """OpenAI options this server does not implement: refused when set to anything but their default."""
-    if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
+    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
         raise _bad("Only n = 1 (and best_of = 1) is supported.", "n")
     if body.get("echo"):
         raise _bad("echo is not supported.", "echo")
