@@ -500,8 +500,8 @@ def _content(message: Any) -> str:
 def _infill_request(body: dict[str, Any]) -> FIMRequest:
     """llama.cpp's /infill fields as a FIMRequest: ``prompt`` continues ``input_prefix`` (it is the
     text of the cursor's line before the cursor), ``input_extra`` files are repository context."""
-    prefix = _text(body.get("input_prefix", ""), "input_prefix") + _text(body.get("prompt", ""), "prompt")
-    suffix = _text(body.get("input_suffix", ""), "input_suffix")
+    prefix = _get(body, "input_prefix", str, "") + _get(body, "prompt", str, "")
+    suffix = _get(body, "input_suffix", str, "")
     extra = body.get("input_extra") or []
     if not isinstance(extra, list):
         raise _bad("input_extra must be a list of {filename, text} objects.", "input_extra")
