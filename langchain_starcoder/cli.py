@@ -381,9 +381,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from .server import create_app
+        from .server import create_app
+    except ImportError as e:  # an optional extra
+        msg = f"serve needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\""
+        raise CommandError(msg) from e
 
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_ENV) or None

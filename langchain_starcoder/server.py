@@ -35,11 +35,15 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from sse_starlette import EventSourceResponse
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+try:
+    from sse_starlette import EventSourceResponse
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+except ImportError as e:  # an optional extra: say how to get it
+    msg = f"The server needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\"."
+    raise ImportError(msg, name=e.name) from e
 
 from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import StarCoderEngine

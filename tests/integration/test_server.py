@@ -527,6 +527,21 @@ def test_serve_stops_with_one_line_when_the_model_cannot_load(tmp_path: Path):
     assert "Traceback" not in result.stderr
 
 
+def test_serve_without_the_server_extra_says_what_to_install():
+    code = (
+        "import sys\n"
+        "sys.modules['sse_starlette'] = None  # as if the extra were not installed\n"
+        "from langchain_starcoder.cli import main\n"
+        "sys.exit(main(['serve', '--model', 'unused']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "langchain-starcoder: error: serve needs the 'server' extra (sse_starlette is missing): "
+        'pip install -e ".[server]"'
+    )
+
+
 def test_serve_help_is_fast_and_imports_nothing_heavy():
     code = (
         "import json, sys\n"
