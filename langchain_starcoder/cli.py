@@ -403,8 +403,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     # The model loads in a thread once the server is up: /health says 503 until it is ready.
     app = create_app(
-        load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens, model_name=args.model_name
-    )
+        load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
+        model_name=args.model_name, batch_window_ms=args.batch_window_ms,
+    )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
     _err(f"Serving {args.model} on http://{args.host}:{args.port} (/v1/completions, /infill, /health).")
     server.run()
@@ -575,6 +576,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="parse control-token strings (<fim_prefix>...) in /v1/completions text prompts (default: data)",
     )
     p.add_argument("--model-name", help="the model id the API reports (default: --model)")
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="batch non-streamed requests with the same settings that arrive within MS of each other "
+        "(default 0: off, each request reuses the prompt cache)",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_cmd_serve)
 

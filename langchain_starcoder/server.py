@@ -176,7 +176,9 @@ class _Server:
         api_key: str | None,
         parse_special_tokens: bool,
         model_name: str | None,
+        batch_window_ms: float,
     ):
+        self.batcher = _Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
         self.load_error: BaseException | None = None
         self.loader: Callable[[], StarCoderEngine] | None = None
@@ -247,6 +249,12 @@ class _Server:
                 401, "A valid API key is needed (Authorization: Bearer KEY).", kind="authentication_error"
             )
 
+    async def generate(self, engine: StarCoderEngine, prompt: Any, settings: dict[str, Any]) -> Completion:
+        """One non-streamed generation: alone, or in a batch with others when batching is on."""
+        if self.batcher is None:
+            return await engine.agenerate(prompt, **settings)
+        return await self.batcher.generate(engine, prompt, settings)
+
     # --- health, models, tokens -------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -307,7 +315,7 @@ class _Server:
 
         if not stream:
             if len(prompts) == 1:
-                done = [await _unless_gone(request, engine.agenerate(prompts[0], **settings))]
+                done = [await _unless_gone(request, self.generate(engine, prompts[0], settings))]
             else:  # several prompts: one batch
                 done = await _unless_gone(request, engine.agenerate_batch(prompts, **settings))
             choices = [choice(i, c.text, c.finish_reason) for i, c in enumerate(done)]
@@ -369,7 +377,7 @@ class _Server:
                     "choices": choices, **more}  # fmt: skip
 
         if not _get(body, "stream", bool, False):
-            done = await _unless_gone(request, engine.agenerate(ids, **settings))
+            done = await _unless_gone(request, self.generate(engine, ids, settings))
             message = {"role": "assistant", "content": done.text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
             return JSONResponse(chunk("chat.completion", [choice], usage=_usage([done])))
@@ -440,6 +448,60 @@ class _Server:
             return [{"content": c.text, "stop": False, "id_slot": 0}]
 
         return await _sse(request, stream, events, done_marker=False)
+
+
+class _Batcher:
+    """Non-streamed requests with the same settings that arrive within ``window`` seconds of the first
+    run as one engine batch (each as it would alone when greedy). Off by default: a batch does not reuse
+    the prompt cache, which is what a single editor gains most from."""
+
+    def __init__(self, window: float):
+        self.window = window
+        self.groups: dict[str, list[tuple[Any, asyncio.Future[Completion]]]] = {}
+        self.running: set[asyncio.Task[None]] = set()  # referenced until done
+
+    async def generate(self, engine: StarCoderEngine, prompt: Any, settings: dict[str, Any]) -> Completion:
+        loop = asyncio.get_running_loop()
+        key = repr(sorted(settings.items()))
+        future: asyncio.Future[Completion] = loop.create_future()
+        if key not in self.groups:
+            self.groups[key] = []
+            loop.call_later(self.window, self._start, engine, key, settings)
+        self.groups[key].append((prompt, future))
+        return await future  # a client that leaves cancels its future; its row's result is dropped
+
+    def _start(self, engine: StarCoderEngine, key: str, settings: dict[str, Any]) -> None:
+        task = asyncio.ensure_future(self._run(engine, self.groups.pop(key), settings))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _run(
+        self, engine: StarCoderEngine, group: list[tuple[Any, asyncio.Future[Completion]]], settings: dict
+    ) -> None:
+        group = [(prompt, future) for prompt, future in group if not future.done()]
+        if len(group) > 1:
+            try:
+                done = await engine.agenerate_batch([prompt for prompt, _ in group], **settings)
+            except InvalidParameterError:
+                pass  # one bad prompt fails the batch: below, each runs alone for its own answer or error
+            except Exception as e:  # the engine failed: every caller hears it
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(e)
+                return
+            else:
+                for (_, future), completion in zip(group, done, strict=True):
+                    if not future.done():
+                        future.set_result(completion)
+                return
+        for prompt, future in group:
+            if future.done():
+                continue
+            try:
+                future.set_result(await engine.agenerate(prompt, **settings))
+            except Exception as e:
+                if not future.done():
+                    future.set_exception(e)
 
 
 #: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
@@ -642,6 +704,7 @@ def create_app(
     api_key: str | None = None,
     parse_special_tokens: bool = False,
     model_name: str | None = None,
+    batch_window_ms: float = 0,
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the module docs for the endpoints).
 
@@ -654,8 +717,12 @@ def create_app(
             (and ``/tokenize``) are control tokens. Off by default: client text is data. Turn it on for
             trusted clients that hand-write ``<fim_prefix>...`` prompts.
         model_name: The model id the API reports (default: the engine's name).
+        batch_window_ms: When above 0, non-streamed completions and chat requests with the same
+            settings that arrive within this many milliseconds of each other run as one engine batch
+            (more throughput for many clients; no prompt-cache reuse within a batch). Off by default:
+            requests then run one after another, each reusing the prompt cache.
     """
-    server = _Server(engine, api_key, parse_special_tokens, model_name)
+    server = _Server(engine, api_key, parse_special_tokens, model_name, batch_window_ms)
     routes = [
         Route("/health", server.route(server.health, auth=False), methods=["GET"]),
         Route("/v1/models", server.route(server.models), methods=["GET"]),

@@ -331,6 +331,29 @@ def _next_request_is_correct_and_not_queued(client, engine, full_seconds: float)
     assert got.choices[0].text == expected.text
 
 
+def test_with_a_batch_window_concurrent_requests_run_as_one_batch_each_as_alone(tiny_engine):
+    prompts = [f"def g{i}(y):\n    return y * {i}\n" for i in range(8)]
+    alone = [tiny_engine.generate(p, parse_special_tokens=False, **_greedy()) for p in prompts]
+    again = tiny_engine.generate(prompts[-1], parse_special_tokens=False, **_greedy())
+    assert again.cached_tokens > 0  # alone, a repeated prompt reuses the cache...
+    running = _Running(create_app(tiny_engine, batch_window_ms=200))
+    try:
+        c = openai.OpenAI(base_url=f"{running.url}/v1", api_key="x", max_retries=0, timeout=60)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda p: c.completions.create(model="m", prompt=p, **_greedy()), prompts))
+        assert [g.choices[0].text for g in got] == [a.text for a in alone]
+        assert [g.usage.completion_tokens for g in got] == [a.completion_tokens for a in alone]
+        # ...in a batch it does not: these ran batched (the last prompt was cached just above).
+        assert all(g.usage.prompt_tokens_details.cached_tokens == 0 for g in got)
+        # A bad request in the window gets its own error; the others their answers.
+        bodies = [{"prompt": PROMPT, **_greedy()}, {"prompt": "x " * 3000, **_greedy()}]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda b: _post(f"{running.url}/v1/completions", b), bodies))
+        assert [r.status_code for r in replies] == [200, 413]
+    finally:
+        running.stop()
+
+
 def test_a_client_dropped_mid_stream_cancels_its_generation(server, client, tiny_engine):
     full = _time_long_generation(tiny_engine)
     body = {"prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
