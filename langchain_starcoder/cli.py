@@ -10,6 +10,7 @@ One file: argparse and one function per command; the library work is in checkpoi
     langchain-starcoder convert starcoder2-3b-Q4_0.gguf ./starcoder2-3b-q4
     langchain-starcoder build-test-model ./tiny --preset tiny
     langchain-starcoder info --model ./starcoder2-3b-4bit
+    langchain-starcoder serve --model ./starcoder2-3b-4bit --port 8080
     langchain-starcoder bench --help
 
 Generated text goes to stdout and nothing else does: progress, statistics and errors go to stderr, so
@@ -46,6 +47,8 @@ PROG = "langchain-starcoder"
 #: Read by the CLI, the examples and the notebooks: the model to use when none is given.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
+#: Read by ``serve`` when --api-key is not given (keeps the key out of the process list).
+API_KEY_ENV = "LANGCHAIN_STARCODER_API_KEY"
 
 
 class CommandError(StarCoderError):
@@ -374,6 +377,43 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- serve ------------------------------------------------------------------------------------------------
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .server import create_app
+    except ImportError as e:  # an optional extra
+        msg = f"serve needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\""
+        raise CommandError(msg) from e
+
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_ENV) or None
+    failed: list[BaseException] = []
+
+    def load() -> Any:
+        try:
+            return _load_engine(args)
+        except BaseException as e:  # stop serving: the command fails with the loader's one-line error
+            failed.append(e)
+            server.should_exit = True
+            raise
+
+    # The model loads in a thread once the server is up: /health says 503 until it is ready.
+    app = create_app(
+        load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
+        model_name=args.model_name, batch_window_ms=args.batch_window_ms,
+    )  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    _err(f"Serving {args.model} on http://{args.host}:{args.port} (/v1/completions, /infill, /health).")
+    server.run()
+    if failed:
+        raise failed[0]
+    return 0
+
+
 # --- bench ------------------------------------------------------------------------------------------------
 
 
@@ -511,6 +551,41 @@ def build_parser() -> argparse.ArgumentParser:
     _model_option(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
+        description=(
+            "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
+            "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
+            "/v1/models, /tokenize and /detokenize."
+        ),
+    )
+    _model_args(p)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument("--port", type=int, default=8080, help="default 8080")
+    p.add_argument(
+        "--api-key", help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)"
+    )
+    p.add_argument(
+        "--parse-special-tokens",
+        action="store_true",
+        help="parse control-token strings (<fim_prefix>...) in /v1/completions text prompts (default: data)",
+    )
+    p.add_argument("--model-name", help="the model id the API reports (default: --model)")
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="batch non-streamed requests with the same settings that arrive within MS of each other "
+        "(default 0: off, each request reuses the prompt cache)",
+    )
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=_cmd_serve)
 
     # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
     sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
