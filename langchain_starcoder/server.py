@@ -49,7 +49,7 @@ from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import StarCoderEngine
 from .errors import ContextLengthError, InvalidParameterError, StarCoderError
 from .fim import fim_stop_token_ids
-from .types import Completion, CompletionChunk, ContextFile, FIMRequest, is_int, join_chunks
+from .types import Completion, CompletionChunk, ContextFile, FIMRequest, is_int, join_chunks, usage
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -154,14 +154,10 @@ def _is_ids(value: Any) -> bool:
 
 
 def _usage(done: list[Completion]) -> dict[str, Any]:
-    prompt = sum(c.prompt_tokens for c in done)
-    completion = sum(c.completion_tokens for c in done)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(c.cached_tokens for c in done)},
-    }
+    """OpenAI's usage, cached tokens under ``prompt_tokens_details`` as OpenAI puts them."""
+    counts = usage(done)
+    cached = counts.pop("cached_tokens")
+    return {**counts, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 # --- the app -------------------------------------------------------------------------------------------
