@@ -223,12 +223,13 @@ class StarCoderEngine:
         path = _tokenizer_folder(model if tokenizer is None else tokenizer)
         config = read_config(path)
         args = model_args(config)
+        tokenizer_ = load_tokenizer(path, config)
         backend = RemoteBackend(
             base_url, model=model, api_key=api_key, timeout=timeout, max_retries=max_retries,
             max_concurrency=max_concurrency, vocab_size=args.vocab_size,
-            context_length=args.max_position_embeddings,
+            context_length=args.max_position_embeddings, token_bytes=_token_bytes(tokenizer_),
         )  # fmt: skip
-        return cls(backend, load_tokenizer(path, config), name=model)
+        return cls(backend, tokenizer_, name=model)
 
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""
@@ -585,3 +586,17 @@ def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
     except Exception as e:  # the hub client raises many types; ours says which model and why
         msg = f"Could not fetch the tokenizer of {name!r} from the hub: {e}"
         raise ModelNotFoundError(msg) from None
+
+
+def _token_bytes(tokenizer: Any) -> dict[bytes, int] | None:
+    """Each non-special token's bytes -> its id, for a byte-level BPE vocabulary (else None)."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
+
+    if not isinstance(tokenizer.detokenizer, BPEStreamingDetokenizer):
+        return None
+    decoder, special = _byte_decoder(), set(tokenizer.all_special_ids)
+    table: dict[bytes, int] = {}
+    for token, i in tokenizer.get_vocab().items():
+        if i not in special and all(c in decoder for c in token):
+            table.setdefault(bytes(decoder[c] for c in token), i)
+    return table

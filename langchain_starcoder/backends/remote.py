@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -59,6 +59,9 @@ class RemoteBackend:
         max_concurrency: Requests in flight at once; more wait in line.
         vocab_size, context_length: What the tokenizer's checkpoint says; a server whose model
             differs is refused at connect.
+        token_bytes: The bytes of each (non-special) token -> its id, for a byte-level BPE
+            vocabulary. llama.cpp does not stream a token whose text ends inside a UTF-8 character;
+            the next chunk carries the whole character's text, from which its ids are rebuilt.
     """
 
     path = None  # no local checkpoint folder
@@ -74,6 +77,7 @@ class RemoteBackend:
         max_concurrency: int = 16,
         vocab_size: int | None = None,
         context_length: int | None = None,
+        token_bytes: Mapping[bytes, int] | None = None,
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             msg = f"base_url must be an http:// or https:// URL, not {base_url!r}."
@@ -88,6 +92,8 @@ class RemoteBackend:
         self.model = model
         self.name = model
         self.max_retries = max_retries
+        self._token_bytes = dict(token_bytes or {})
+        self._id_bytes = {i: b for b, i in self._token_bytes.items()}
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             base_url=self.base_url,
@@ -254,6 +260,9 @@ class RemoteBackend:
                         "it needs a llama-server that supports return_tokens."
                     )
                     raise ServerError(msg)
+                predicted = event.get("tokens_predicted")
+                if ids and isinstance(predicted, int) and predicted > count + len(ids):
+                    ids = self._withheld(event, ids, predicted - count - len(ids)) + ids
                 for token in ids:
                     count += 1
                     if gen.sink.token(token) or count >= gen.params.max_tokens:
@@ -270,6 +279,21 @@ class RemoteBackend:
             gen.sink.start(0)
         if not gen.cancelled.is_set():
             gen.sink.finish()
+
+    def _withheld(self, event: dict[str, Any], ids: list[int], missing: int) -> list[int]:
+        """The ids of the ``missing`` tokens llama.cpp held back because their text ended inside a
+        UTF-8 character: the chunk's ``content`` is their bytes followed by those of ``ids``."""
+        text = event.get("content")
+        tail = b"".join(self._id_bytes.get(i, b"?") for i in ids)
+        data = text.encode("utf-8") if isinstance(text, str) else b""
+        found = _split(data[: -len(tail)], missing, self._token_bytes) if data.endswith(tail) else None
+        if found is None:
+            msg = (
+                f"{self.base_url} held back {missing} token ids (text ending inside a UTF-8 character) "
+                "and they could not be rebuilt from the streamed text."
+            )
+            raise ServerError(msg)
+        return found
 
     def _events(self, response: httpx.Response) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent-event stream (``data: {...}`` lines)."""
@@ -342,6 +366,19 @@ def request_body(prompt: list[int], params: GenerationParams) -> dict[str, Any]:
         "xtc_probability": 0.0,
         "mirostat": 0,
     }
+
+
+def _split(data: bytes, count: int, token_bytes: Mapping[bytes, int]) -> list[int] | None:
+    """``count`` token ids whose bytes make up ``data`` (longest first), or None. ``data`` is the
+    start of one UTF-8 character and what precedes it in its token: a few bytes."""
+    if count == 0:
+        return [] if not data else None
+    for end in range(len(data), 0, -1):
+        head = token_bytes.get(data[:end])
+        rest = _split(data[end:], count - 1, token_bytes) if head is not None else None
+        if rest is not None:
+            return [head, *rest]
+    return None
 
 
 def _cached(event: dict[str, Any]) -> int:

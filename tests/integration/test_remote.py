@@ -378,7 +378,26 @@ def test_llm_over_a_server(live_server: LlamaServer, tiny_path: Path, tiny_engin
     assert again["cached_tokens"] == again["prompt_tokens"] - 1
     # Two wrappers with the same server, model and tokenizer share one engine.
     twin = StarCoderLLM(base_url=live_server.url, model="tiny", tokenizer=str(tiny_path))
-    assert twin.engine is llm.engine and isinstance(llm.engine.backend, type(llm.engine.backend))
+    assert twin.engine is llm.engine and type(llm.engine.backend).__name__ == "RemoteBackend"
+
+
+def test_llama_index_over_a_server(
+    live_server: LlamaServer, tiny_path: Path, tiny_engine: StarCoderEngine
+) -> None:
+    from langchain_starcoder.llama_index import StarCoder
+
+    llm = StarCoder(base_url=live_server.url, model="tiny", tokenizer=str(tiny_path), max_tokens=32)
+    want = tiny_engine.generate(PROMPTS[1], **GREEDY).text
+    assert llm.complete(PROMPTS[1]).text == want
+    assert "".join(r.delta for r in llm.stream_complete(PROMPTS[1])) == want
+    assert asyncio.run(llm.acomplete(PROMPTS[1])).text == want
+
+
+def test_fields_for_a_server_are_checked(tiny_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs base_url"):
+        StarCoderLLM(model=str(tiny_path), tokenizer=str(tiny_path))
+    with pytest.raises(ValueError, match="applies to a local model"):
+        StarCoderLLM(base_url="http://127.0.0.1:1", model="tiny", quantize=4)
 
 
 def test_api_key_sent_never_shown(stub: Stub, tiny_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -441,6 +460,15 @@ class Stub:
                 elif stub.mode == "slow":
                     time.sleep(3)
                     self._send(200, b"", "text/event-stream")
+                elif stub.mode == "utf8":  # as llama.cpp: a token ending inside a character is held back
+                    first, second = stub.split_char
+                    events = [
+                        {"tokens": [first], "content": "a", "tokens_predicted": 1, "stop": False},
+                        {"tokens": [second], "content": "ж", "tokens_predicted": 3, "stop": False},
+                        {"tokens": [], "content": "", "tokens_predicted": 3, "stop": True},
+                    ]
+                    self._send(200, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
+                               "text/event-stream")  # fmt: skip
                 else:  # three tokens ("a", "b", "c" in the tiny vocabulary), then the end
                     ids = [stub.ids[c] for c in "abc"]
                     events = [{"tokens": [i], "stop": False, "timings": {"cache_n": 5}} for i in ids]
@@ -452,6 +480,8 @@ class Stub:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.ids: dict[str, int] = {}
+        self.split_char: tuple[int, int] = (0, 0)
+        self.char_ids: list[int] = []
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -463,6 +493,10 @@ class Stub:
 def stub(tiny_engine: StarCoderEngine) -> Iterator[Stub]:
     stub = Stub()
     stub.ids = {c: tiny_engine.encode(c)[0] for c in "abc"}
+    a, *char = tiny_engine.encode("aж")
+    assert len(char) == 2  # "ж" (not in the tiny tokenizer's corpus) is two byte tokens
+    stub.split_char = (a, char[1])
+    stub.char_ids = [a, *char]
     yield stub
     stub.close()
 
@@ -505,3 +539,9 @@ def test_busy_before_first_token_is_retried(stub: Stub, stub_engine: StarCoderEn
         ServerUnavailableError, match=r"stayed busy .*503 to /completion: Loading model\) after 3 tries"
     ):
         stub_engine.generate("def f():", max_tokens=3)
+
+
+def test_ids_held_back_inside_a_character_are_rebuilt(stub: Stub, stub_engine: StarCoderEngine) -> None:
+    stub.mode = "utf8"
+    completion = stub_engine.generate("def f():", max_tokens=3)
+    assert completion.text == "aж" and completion.token_ids == stub.char_ids
