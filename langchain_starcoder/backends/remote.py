@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -29,6 +29,7 @@ from . import Generation
 
 _PENALTY_CONTEXT = 20  # tokens the repetition penalty looks back over, as the MLX backend
 _BACKOFF = 0.25  # seconds before the first retry; doubled for each next one
+T = TypeVar("T", bytes, str)
 
 
 class ServerError(StarCoderError):
@@ -61,7 +62,9 @@ class RemoteBackend:
             differs is refused at connect.
         token_bytes: The bytes of each (non-special) token -> its id, for a byte-level BPE
             vocabulary. llama.cpp does not stream a token whose text ends inside a UTF-8 character;
-            the next chunk carries the whole character's text, from which its ids are rebuilt.
+            the next chunk carries the whole character's text, from which its ids are rebuilt
+            exactly. Where the model wrote invalid UTF-8 (llama-server sends U+FFFD) or ended inside
+            a character, the ids are lost: tokens that show the same text stand in (same count).
     """
 
     path = None  # no local checkpoint folder
@@ -94,6 +97,9 @@ class RemoteBackend:
         self.max_retries = max_retries
         self._token_bytes = dict(token_bytes or {})
         self._id_bytes = {i: b for b, i in self._token_bytes.items()}
+        self._by_text: dict[str, int] = {}  # what a token shows (invalid bytes as U+FFFD) -> its id
+        for i, b in sorted(self._id_bytes.items()):
+            self._by_text.setdefault(b.decode("utf-8", "replace"), i)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             base_url=self.base_url,
@@ -261,8 +267,11 @@ class RemoteBackend:
                     )
                     raise ServerError(msg)
                 predicted = event.get("tokens_predicted")
-                if ids and isinstance(predicted, int) and predicted > count + len(ids):
-                    ids = self._withheld(event, ids, predicted - count - len(ids)) + ids
+                gap = predicted - count - len(ids) if isinstance(predicted, int) else 0
+                if gap > 0 and ids:
+                    ids = self._withheld(event, ids, gap) + ids
+                elif gap > 0 and event.get("stop"):  # it ended inside a character: those ids never came
+                    ids = self._stand_ins(gap)
                 for token in ids:
                     count += 1
                     if gen.sink.token(token) or count >= gen.params.max_tokens:
@@ -286,7 +295,13 @@ class RemoteBackend:
         text = event.get("content")
         tail = b"".join(self._id_bytes.get(i, b"?") for i in ids)
         data = text.encode("utf-8") if isinstance(text, str) else b""
-        found = _split(data[: -len(tail)], missing, self._token_bytes) if data.endswith(tail) else None
+        head = data[: -len(tail)] if data.endswith(tail) else None
+        found = _split(head, missing, self._token_bytes) if head is not None else None
+        shown = tail.decode("utf-8", "replace")
+        if found is None and isinstance(text, str) and text.endswith(shown) and "\ufffd" in text:
+            # The model wrote invalid UTF-8, which llama-server sends as U+FFFD: the ids are lost.
+            # Stand-ins: tokens that show the same text (U+FFFD included), else lone 0xFF bytes.
+            found = _split(text[: len(text) - len(shown)], missing, self._by_text) or self._stand_ins(missing)
         if found is None:
             msg = (
                 f"{self.base_url} held back {missing} token ids (text ending inside a UTF-8 character) "
@@ -294,6 +309,14 @@ class RemoteBackend:
             )
             raise ServerError(msg)
         return found
+
+    def _stand_ins(self, count: int) -> list[int]:
+        if b"\xff" not in self._token_bytes:
+            msg = (
+                f"{self.base_url} ended inside a UTF-8 character without sending its last {count} token ids."
+            )
+            raise ServerError(msg)
+        return [self._token_bytes[b"\xff"]] * count
 
     def _events(self, response: httpx.Response) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent-event stream (``data: {...}`` lines)."""
@@ -368,14 +391,14 @@ def request_body(prompt: list[int], params: GenerationParams) -> dict[str, Any]:
     }
 
 
-def _split(data: bytes, count: int, token_bytes: Mapping[bytes, int]) -> list[int] | None:
-    """``count`` token ids whose bytes make up ``data`` (longest first), or None. ``data`` is the
-    start of one UTF-8 character and what precedes it in its token: a few bytes."""
+def _split(data: T, count: int, pieces: Mapping[T, int]) -> list[int] | None:
+    """``count`` token ids whose pieces (bytes, or shown text) make up ``data`` (longest first), or
+    None. ``data`` is the start of one UTF-8 character and what precedes it in its token: short."""
     if count == 0:
         return [] if not data else None
     for end in range(len(data), 0, -1):
-        head = token_bytes.get(data[:end])
-        rest = _split(data[end:], count - 1, token_bytes) if head is not None else None
+        head = pieces.get(data[:end])
+        rest = _split(data[end:], count - 1, pieces) if head is not None else None
         if rest is not None:
             return [head, *rest]
     return None
