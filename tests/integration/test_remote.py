@@ -104,7 +104,7 @@ class LlamaServer:
         self.log = gguf_path.with_suffix(".log")
         self.args = [
             str(get_binary_path()), "-m", str(gguf_path), "--alias", alias, "--host", "127.0.0.1",
-            "--port", str(_free_port()), "-c", "16384", "-np", "8", "-t", "2", "--no-webui",
+            "--port", str(_free_port()), "-c", "16384", "-np", "8", "-t", "2", "--no-webui", "--metrics",
         ]  # fmt: skip
         self.url = f"http://127.0.0.1:{self.args[self.args.index('--port') + 1]}"
         self.proc: subprocess.Popen | None = None
@@ -291,10 +291,32 @@ def test_sixteen_concurrent_threads_and_tasks(remote: StarCoderEngine) -> None:
         _same(got, want)
 
 
-def test_cancel_mid_stream_leaves_next_correct(remote: StarCoderEngine, local: StarCoderEngine) -> None:
-    stream = remote.stream(PROMPTS[1], max_tokens=1500)
+def _predicted_after_idle(url: str) -> float:
+    """The server's count of generated tokens, once no slot is busy (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(slot["is_processing"] for slot in httpx.get(f"{url}/slots", timeout=5).json()):
+            break
+        time.sleep(0.05)
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    return float(
+        next(
+            line.split()[-1]
+            for line in metrics.splitlines()
+            if line.startswith("llamacpp:tokens_predicted_total")
+        )
+    )
+
+
+def test_cancel_mid_stream_stops_the_server_and_leaves_next_correct(
+    remote: StarCoderEngine, local: StarCoderEngine, server: LlamaServer
+) -> None:
+    before = _predicted_after_idle(server.url)
+    stream = remote.stream(PROMPTS[1], max_tokens=1500)  # about 4 s of work for this server
     next(stream)
     stream.close()
+    after_close = _predicted_after_idle(server.url)
+    assert after_close - before < 500  # the server stopped soon after the HTTP stream closed
 
     async def cancelled_task() -> None:
         async def consume() -> None:
@@ -308,6 +330,7 @@ def test_cancel_mid_stream_leaves_next_correct(remote: StarCoderEngine, local: S
             await task
 
     asyncio.run(cancelled_task())
+    assert _predicted_after_idle(server.url) - after_close < 500
     _same(remote.generate(PROMPTS[3], **GREEDY), local.generate(PROMPTS[3], **GREEDY))
 
 
@@ -510,6 +533,21 @@ class Stub:
                     ]
                     self._send(200, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
                                "text/event-stream")  # fmt: skip
+                elif (
+                    stub.mode == "fffd"
+                ):  # as llama.cpp when the model writes a stray byte: held, then U+FFFD
+                    events = [
+                        {"tokens": [stub.ids["a"]], "content": "a", "tokens_predicted": 1, "stop": False},
+                        {
+                            "tokens": [stub.ids["b"]],
+                            "content": "\ufffdb",
+                            "tokens_predicted": 3,
+                            "stop": False,
+                        },
+                        {"tokens": [], "content": "", "tokens_predicted": 3, "stop": True},
+                    ]
+                    self._send(200, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
+                               "text/event-stream")  # fmt: skip
                 else:  # three tokens ("a", "b", "c" in the tiny vocabulary), then the end
                     ids = [stub.ids[c] for c in "abc"]
                     events = [{"tokens": [i], "stop": False, "timings": {"cache_n": 5}} for i in ids]
@@ -586,3 +624,10 @@ def test_ids_held_back_inside_a_character_are_rebuilt(stub: Stub, stub_engine: S
     stub.mode = "utf8"
     completion = stub_engine.generate("def f():", max_tokens=3)
     assert completion.text == "aж" and completion.token_ids == stub.char_ids
+
+
+def test_ids_lost_to_invalid_utf8_get_stand_ins(stub: Stub, stub_engine: StarCoderEngine) -> None:
+    stub.mode = "fffd"
+    completion = stub_engine.generate("def f():", max_tokens=3)
+    assert completion.text == "a\ufffdb" and completion.completion_tokens == 3
+    assert completion.token_ids[0] == stub.ids["a"] and completion.token_ids[2] == stub.ids["b"]
