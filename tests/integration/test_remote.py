@@ -143,7 +143,7 @@ def clean_path(
     their own set to zero, so its greedy text is always valid UTF-8 and runs to ``max_tokens``, as a
     trained model's mostly does. Random weights otherwise write stray bytes in most generations,
     whose ids llama-server does not stream (see RemoteBackend's token_bytes), and llama-server ends
-    any generation at ``<file_sep>`` and ``<fim_pad>`` (its end-of-generation set)."""
+    any generation at ``<fim_pad>`` (in its end-of-generation set), where a plain completion goes on."""
     import mlx.core as mx
 
     from langchain_starcoder.engine import _token_bytes
