@@ -293,9 +293,9 @@ class RemoteBackend:
         """The ids of the ``missing`` tokens llama.cpp held back because their text ended inside a
         UTF-8 character: the chunk's ``content`` is their bytes followed by those of ``ids``."""
         text = event.get("content")
-        tail = b"".join(self._id_bytes.get(i, b"?") for i in ids)
+        tail = b"".join(self._id_bytes.get(i, b"") for i in ids)  # control tokens show no text
         data = text.encode("utf-8") if isinstance(text, str) else b""
-        head = data[: -len(tail)] if data.endswith(tail) else None
+        head = data[: len(data) - len(tail)] if data.endswith(tail) else None
         found = _split(head, missing, self._token_bytes) if head is not None else None
         shown = tail.decode("utf-8", "replace")
         if found is None and isinstance(text, str) and text.endswith(shown) and "\ufffd" in text:

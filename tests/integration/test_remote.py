@@ -631,3 +631,21 @@ def test_ids_lost_to_invalid_utf8_get_stand_ins(stub: Stub, stub_engine: StarCod
     completion = stub_engine.generate("def f():", max_tokens=3)
     assert completion.text == "a\ufffdb" and completion.completion_tokens == 3
     assert completion.token_ids[0] == stub.ids["a"] and completion.token_ids[2] == stub.ids["b"]
+
+
+def test_chat_over_a_server(live_server: LlamaServer, local: StarCoderEngine, chat_path: Path) -> None:
+    """ChatStarCoder builds the chat prompt here, from the tokenizer's template, and sends its ids."""
+    from langchain_starcoder import ChatStarCoder
+    from langchain_starcoder.loading import load_tokenizer, read_config
+
+    # The local side: the served weights with the instruct checkpoint's tokenizer (same vocabulary).
+    local_chat = StarCoderEngine(
+        local.backend, load_tokenizer(chat_path, read_config(chat_path)), name="chat"
+    )
+    messages = [("system", "You write Python."), ("user", "Sum a list of numbers.")]
+    remote = ChatStarCoder(base_url=live_server.url, model="tiny", tokenizer=str(chat_path), max_tokens=32)
+    want = ChatStarCoder(engine=local_chat, max_tokens=32).invoke(messages)
+    got = remote.invoke(messages)
+    assert got.content == want.content and got.content
+    assert "".join(c.content for c in remote.stream(messages)) == want.content
+    assert got.usage_metadata == want.usage_metadata
