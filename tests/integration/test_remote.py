@@ -320,8 +320,10 @@ def test_cancel_mid_stream_stops_the_server_and_leaves_next_correct(
 
     async def cancelled_task() -> None:
         async def consume() -> None:
+            # Waits only inside the stream, where a cancel closes it at once. (A cancel that lands
+            # elsewhere in an `async for` body leaves the stream to be closed when it is collected.)
             async for _ in remote.astream(PROMPTS[2], max_tokens=1500):
-                await asyncio.sleep(0)
+                pass
 
         task = asyncio.create_task(consume())
         await asyncio.sleep(0.2)
