@@ -336,6 +336,15 @@ def test_cancel_mid_stream_stops_the_server_and_leaves_next_correct(
     _same(remote.generate(PROMPTS[3], **GREEDY), local.generate(PROMPTS[3], **GREEDY))
 
 
+def test_sampling_settings_reach_the_server(remote: StarCoderEngine) -> None:
+    sampled = {"max_tokens": 32, "temperature": 1.5, "top_k": 50, "top_p": 0.95, "seed": 7}
+    first, again = remote.generate(PROMPTS[0], **sampled), remote.generate(PROMPTS[0], **sampled)
+    other = remote.generate(PROMPTS[0], **{**sampled, "seed": 8})
+    greedy = remote.generate(PROMPTS[0], **GREEDY)
+    assert first.token_ids == again.token_ids  # the seed is the server's sampler seed
+    assert len({tuple(c.token_ids) for c in (first, other, greedy)}) == 3
+
+
 def test_cached_tokens_reported(remote: StarCoderEngine) -> None:
     request = FIM_REQUESTS["repo"]
     first = remote.infill(request, **GREEDY)
@@ -442,6 +451,19 @@ def test_llm_over_a_server(live_server: LlamaServer, clean_path: Path, local: St
     assert llm.invoke(PROMPTS[0], stop=["\n"]) == local.invoke(PROMPTS[0], stop=["\n"])
     again = llm.generate([PROMPTS[0]]).generations[0][0].generation_info
     assert again["cached_tokens"] == again["prompt_tokens"] - 1
+    # Callbacks see every streamed token, as with a local model.
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            self.seen.append(token)
+
+    handler = Tokens()
+    streamed = llm.model_copy(update={"streaming": True}).invoke(PROMPTS[3], config={"callbacks": [handler]})
+    assert streamed == local.invoke(PROMPTS[3]) == "".join(handler.seen) and len(handler.seen) > 2
     # Two wrappers with the same server, model and tokenizer share one engine.
     twin = StarCoderLLM(base_url=live_server.url, model="tiny", tokenizer=str(clean_path))
     assert twin.engine is llm.engine and type(llm.engine.backend).__name__ == "RemoteBackend"
