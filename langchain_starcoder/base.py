@@ -164,7 +164,8 @@ class StarCoderSettings(BaseModel):
         # Refuse bad settings at construction, before anything is loaded.
         GenerationParams.create(**self._default_generation())
         remote_only = {"tokenizer"} & self.model_fields_set if self.base_url is None else set()
-        local_only = {"quantize", "dtype", "kv_bits", "gguf_file"} & self.model_fields_set if self.base_url else set()
+        local = {"quantize", "dtype", "kv_bits", "gguf_file"}
+        local_only = local & self.model_fields_set if self.base_url else set()
         if remote_only or local_only:
             which = "needs base_url" if remote_only else "applies to a local model, not to base_url"
             msg = f"{sorted(remote_only or local_only)} {which}."

@@ -207,8 +207,9 @@ class StarCoderEngine:
             base_url: The server's root, e.g. ``http://127.0.0.1:8080``.
             model: The served model's name (``llama-server --alias``); unless ``tokenizer`` is
                 given, also where the tokenizer comes from.
-            tokenizer: A checkpoint folder or hub id to take the tokenizer (and config) from;
-                from the hub only tokenizer and config files are fetched, never weights.
+            tokenizer: A checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer
+                (and config) from; from the hub only tokenizer and config files are fetched, never
+                weights, and of a GGUF file only its header is read.
             api_key: Sent as a bearer token; never logged or shown.
             timeout: Seconds the server may stay silent (connect, prefill, between tokens).
             max_retries: Retries, with backoff, of a connect error or a 503 before the first token.
@@ -220,10 +221,17 @@ class StarCoderEngine:
         from .backends.remote import RemoteBackend
         from .loading import load_tokenizer, model_args, read_config
 
-        path = _tokenizer_folder(model if tokenizer is None else tokenizer)
-        config = read_config(path)
+        source = model if tokenizer is None else tokenizer
+        if os.fspath(source).lower().endswith(".gguf") and os.path.isfile(source):
+            from .gguf_format import gguf_tokenizer, read_gguf
+
+            gguf = read_gguf(source)  # its header: the tokenizer and config, not the weights
+            config, tokenizer_ = gguf.config, gguf_tokenizer(gguf)
+        else:
+            path = _tokenizer_folder(source)
+            config = read_config(path)
+            tokenizer_ = load_tokenizer(path, config)
         args = model_args(config)
-        tokenizer_ = load_tokenizer(path, config)
         backend = RemoteBackend(
             base_url, model=model, api_key=api_key, timeout=timeout, max_retries=max_retries,
             max_concurrency=max_concurrency, vocab_size=args.vocab_size,

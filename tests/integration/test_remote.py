@@ -24,6 +24,7 @@ import pytest
 
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
+from langchain_starcoder.gguf_testing import write_gguf
 from langchain_starcoder.types import ContextFile, FIMRequest
 
 GREEDY = {"max_tokens": 32, "temperature": 0.0}
@@ -33,57 +34,6 @@ PROMPTS = [
     "for row in range(12):\n    total += row * ",
     "import parser\nfrom reader import Tree, Node\n\n",
 ]
-
-
-# --- a GGUF of the tiny checkpoint, as llama.cpp's convert_hf_to_gguf.py would write it -------------
-
-
-def write_gguf(checkpoint: Path, out: Path) -> Path:
-    """A float32 GGUF of a StarCoder2 checkpoint folder: llama.cpp's starcoder2 tensor names and
-    metadata keys, and the BPE vocabulary as ``tokenizer.ggml.*`` (gpt2 model, starcoder pre-tokenizer)."""
-    import gguf
-    import mlx.core as mx
-
-    config = json.loads((checkpoint / "config.json").read_text())
-    weights = {
-        k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(checkpoint / "model.safetensors")).items()
-    }
-    arch = gguf.MODEL_ARCH.STARCODER2
-    names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name(checkpoint.name)
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_theta"])
-    writer.add_layer_norm_eps(config["norm_epsilon"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-
-    spec = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = {**spec["model"]["vocab"], **{t["content"]: t["id"] for t in spec["added_tokens"]}}
-    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
-    tokens = [""] * config["vocab_size"]
-    for token, i in vocab.items():
-        tokens[i] = token
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("starcoder")  # digits split one by one, then GPT-2's regex: as ours
-    writer.add_token_list(tokens)
-    writer.add_token_types(
-        [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
-    )
-    writer.add_add_bos_token(False)
-    gguf.SpecialVocab(checkpoint, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
-    for name, value in weights.items():
-        base, _, suffix = name.rpartition(".")
-        writer.add_tensor(f"{names.get_name(base)}.{suffix}", value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
 
 
 # --- the real server -------------------------------------------------------------------------------
@@ -392,6 +342,17 @@ def test_connect_refuses_another_model(
     (other / "config.json").write_text(json.dumps({**config, key: value}))
     with pytest.raises(ServerError, match="not the same model"):
         StarCoderEngine.connect(live_server.url, model="tiny", tokenizer=other)
+
+
+def test_tokenizer_from_the_gguf_file(
+    live_server: LlamaServer, tiny_gguf: Path, local: StarCoderEngine
+) -> None:
+    engine = StarCoderEngine.connect(live_server.url, model="tiny", tokenizer=tiny_gguf)
+    try:
+        _same(engine.generate(PROMPTS[2], **GREEDY), local.generate(PROMPTS[2], **GREEDY))
+        _same(engine.infill(FIM_REQUESTS["repo"], **GREEDY), local.infill(FIM_REQUESTS["repo"], **GREEDY))
+    finally:
+        engine.close()
 
 
 def test_connect_refuses_unknown_model_name(live_server: LlamaServer, clean_path: Path) -> None:
