@@ -279,6 +279,11 @@ class RemoteBackend:
                         return
                 if event.get("stop"):
                     break
+            else:  # the body ended without the server's last chunk
+                msg = (
+                    f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
+                )
+                raise ServerError(msg)
         except httpx.TimeoutException:
             raise self._timeout("/completion", count) from None
         except httpx.TransportError as e:  # the connection broke: no retry once a token was sent

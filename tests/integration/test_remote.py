@@ -506,6 +506,9 @@ class Stub:
                     self._send(500, b'{"error": {"code": 500, "message": "out of KV cache slots"}}')
                 elif stub.mode == "garbage":
                     self._send(200, b"data: {not json at all\n\n", "text/event-stream")
+                elif stub.mode == "cut":  # one token, then the body ends without the last chunk
+                    event = {"tokens": [stub.ids["a"]], "stop": False}
+                    self._send(200, b"data: " + json.dumps(event).encode() + b"\n\n", "text/event-stream")
                 elif stub.mode == "slow":
                     time.sleep(3)
                     self._send(200, b"", "text/event-stream")
@@ -578,6 +581,7 @@ def stub_engine(stub: Stub, tiny_path: Path) -> Iterator[StarCoderEngine]:
         ("500", ServerError, "answered 500 to /completion: out of KV cache slots"),
         ("garbage", ServerError, "not a JSON object: '\\{not json at all'"),
         ("slow", ServerTimeoutError, "sent nothing for 1"),
+        ("cut", ServerError, "ended its stream after 1 generated tokens without its last chunk"),
     ],
 )
 def test_faults_each_one_clear_error(
