@@ -108,8 +108,9 @@ class StarCoderSettings(BaseModel):
     stop strings and detokenization run here (README "Scaling out")."""
 
     tokenizer: str | None = None
-    """With ``base_url``: the checkpoint folder or hub id to take the tokenizer from (default:
-    ``model``). From the hub only tokenizer and config files are fetched, never weights."""
+    """With ``base_url``: the checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer
+    from (default: ``model``). From the hub only tokenizer and config files are fetched, never
+    weights; of a GGUF file only its header is read."""
 
     api_key: SecretStr | None = Field(
         default_factory=secret_from_env("STARCODER_API_KEY", default=None), exclude=True, repr=False
@@ -138,7 +139,7 @@ class StarCoderSettings(BaseModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         """LangSmith's tracing parameters of one call."""
         params = LangSmithParams(
-            ls_provider="mlx",
+            ls_provider="llamacpp" if self.base_url else "mlx",
             ls_model_name=kwargs.get("model") or self.model,
             ls_model_type=self._ls_model_type,  # type: ignore[typeddict-item]
             ls_temperature=kwargs.get("temperature", self.temperature),
