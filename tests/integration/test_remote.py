@@ -262,17 +262,19 @@ def test_cancel_mid_stream_stops_the_server_and_leaves_next_correct(
     remote: StarCoderEngine, local: StarCoderEngine, server: LlamaServer
 ) -> None:
     before = _predicted_after_idle(server.url)
-    stream = remote.stream(PROMPTS[1], max_tokens=1500)  # about 4 s of work for this server
+    # 1900 tokens are about 5 s of work for this server; a cancelled request stops far earlier. (The
+    # server runs ahead of a slow reader by what the socket buffers hold: some hundred tokens.)
+    stream = remote.stream(PROMPTS[1], max_tokens=1900)
     next(stream)
     stream.close()
     after_close = _predicted_after_idle(server.url)
-    assert after_close - before < 500  # the server stopped soon after the HTTP stream closed
+    assert after_close - before < 1000
 
     async def cancelled_task() -> None:
         async def consume() -> None:
             # Waits only inside the stream, where a cancel closes it at once. (A cancel that lands
             # elsewhere in an `async for` body leaves the stream to be closed when it is collected.)
-            async for _ in remote.astream(PROMPTS[2], max_tokens=1500):
+            async for _ in remote.astream(PROMPTS[2], max_tokens=1900):
                 pass
 
         task = asyncio.create_task(consume())
@@ -282,7 +284,7 @@ def test_cancel_mid_stream_stops_the_server_and_leaves_next_correct(
             await task
 
     asyncio.run(cancelled_task())
-    assert _predicted_after_idle(server.url) - after_close < 500
+    assert _predicted_after_idle(server.url) - after_close < 1000
     _same(remote.generate(PROMPTS[3], **GREEDY), local.generate(PROMPTS[3], **GREEDY))
 
 
