@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.language_models import LangSmithParams
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from langchain_core.utils import secret_from_env
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from . import registry
 from .engine import StarCoderEngine
@@ -101,6 +102,21 @@ class StarCoderSettings(BaseModel):
     (retrieved files, user input): all of it is then data. ``StarCoderPromptTemplate`` and
     ``FIMPromptTemplate`` keep their variables data either way."""
 
+    base_url: str | None = None
+    """The root URL of a llama.cpp ``llama-server`` that serves ``model`` (its ``--alias``), e.g.
+    ``http://127.0.0.1:8080``: the model then runs there, and only the tokenizer, prompt building,
+    stop strings and detokenization run here (README "Scaling out")."""
+
+    tokenizer: str | None = None
+    """With ``base_url``: the checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer
+    from (default: ``model``). From the hub only tokenizer and config files are fetched, never
+    weights; of a GGUF file only its header is read."""
+
+    api_key: SecretStr | None = Field(
+        default_factory=secret_from_env("STARCODER_API_KEY", default=None), exclude=True, repr=False
+    )
+    """With ``base_url``: sent as a bearer token; read from ``STARCODER_API_KEY`` when not given."""
+
     given_engine: StarCoderEngine | None = Field(default=None, alias="engine", exclude=True, repr=False)
     """An already loaded :class:`StarCoderEngine` to use instead of loading ``model``
     (pass it as ``engine=``)."""
@@ -111,6 +127,10 @@ class StarCoderSettings(BaseModel):
     def is_lc_serializable(cls) -> bool:
         return True
 
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": "STARCODER_API_KEY"}
+
     @classmethod
     def get_lc_namespace(cls) -> list[str]:
         """``["langchain_starcoder", <module>]``: where LangChain's ``load`` finds the class."""
@@ -119,7 +139,7 @@ class StarCoderSettings(BaseModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         """LangSmith's tracing parameters of one call."""
         params = LangSmithParams(
-            ls_provider="mlx",
+            ls_provider="llamacpp" if self.base_url else "mlx",
             ls_model_name=kwargs.get("model") or self.model,
             ls_model_type=self._ls_model_type,  # type: ignore[typeddict-item]
             ls_temperature=kwargs.get("temperature", self.temperature),
@@ -144,6 +164,13 @@ class StarCoderSettings(BaseModel):
     def _check_settings(self) -> Self:
         # Refuse bad settings at construction, before anything is loaded.
         GenerationParams.create(**self._default_generation())
+        remote_only = {"tokenizer"} & self.model_fields_set if self.base_url is None else set()
+        local = {"quantize", "dtype", "kv_bits", "gguf_file"}
+        local_only = local & self.model_fields_set if self.base_url else set()
+        if remote_only or local_only:
+            which = "needs base_url" if remote_only else "applies to a local model, not to base_url"
+            msg = f"{sorted(remote_only or local_only)} {which}."
+            raise ValueError(msg)
         engine = self.given_engine
         if engine is not None:
             if "model" not in self.model_fields_set:
@@ -187,6 +214,8 @@ class StarCoderSettings(BaseModel):
         return self.model if self.gguf_file is None else f"{self.model}/{self.gguf_file}"
 
     def _load_settings(self) -> dict[str, Any]:
+        if self.base_url is not None:  # one engine per server, model, tokenizer and key
+            return {"base_url": self.base_url, "tokenizer": self.tokenizer, "api_key": self.api_key}
         return {
             "quantize": self.quantize,
             "dtype": self.dtype,
@@ -224,7 +253,7 @@ class StarCoderSettings(BaseModel):
         the field ``stop`` is "default_stop": LangChain puts a call's stop under "stop")."""
         settings = {
             "model": self.model,
-            **self._load_settings(),
+            **{k: v for k, v in self._load_settings().items() if k != "api_key"},
             **self._default_generation(),
             "parse_special_tokens": self.parse_special_tokens,
         }

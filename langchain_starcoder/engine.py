@@ -185,6 +185,60 @@ class StarCoderEngine:
         )  # fmt: skip
         return cls(backend, tokenizer)
 
+    @classmethod
+    def connect(
+        cls,
+        base_url: str,
+        *,
+        model: str,
+        tokenizer: str | os.PathLike[str] | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        max_concurrency: int = 16,
+    ) -> StarCoderEngine:
+        """An engine whose model runs on a llama.cpp ``llama-server`` (see README "Scaling out").
+
+        The tokenizer, prompt building, stop strings and detokenization stay here; the server gets
+        token ids and streams token ids back, so text is never re-tokenized by the server (where a
+        ``<file_sep>`` in a user's file would become a control token).
+
+        Args:
+            base_url: The server's root, e.g. ``http://127.0.0.1:8080``.
+            model: The served model's name (``llama-server --alias``); unless ``tokenizer`` is
+                given, also where the tokenizer comes from.
+            tokenizer: A checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer
+                (and config) from; from the hub only tokenizer and config files are fetched, never
+                weights, and of a GGUF file only its header is read.
+            api_key: Sent as a bearer token; never logged or shown.
+            timeout: Seconds the server may stay silent (connect, prefill, between tokens).
+            max_retries: Retries, with backoff, of a connect error or a 503 before the first token.
+            max_concurrency: HTTP streams in flight at once (the server batches them).
+
+        A server whose model has another vocabulary size or training context than the tokenizer's
+        checkpoint is refused here.
+        """
+        from .backends.remote import RemoteBackend
+        from .loading import load_tokenizer, model_args, read_config
+
+        source = model if tokenizer is None else tokenizer
+        if os.fspath(source).lower().endswith(".gguf") and os.path.isfile(source):
+            from .gguf_format import gguf_tokenizer, read_gguf
+
+            gguf = read_gguf(source)  # its header: the tokenizer and config, not the weights
+            config, tokenizer_ = gguf.config, gguf_tokenizer(gguf)
+        else:
+            path = _tokenizer_folder(source)
+            config = read_config(path)
+            tokenizer_ = load_tokenizer(path, config)
+        args = model_args(config)
+        backend = RemoteBackend(
+            base_url, model=model, api_key=api_key, timeout=timeout, max_retries=max_retries,
+            max_concurrency=max_concurrency, vocab_size=args.vocab_size,
+            context_length=args.max_position_embeddings, token_bytes=_token_bytes(tokenizer_),
+        )  # fmt: skip
+        return cls(backend, tokenizer_, name=model)
+
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""
         self.backend.close()
@@ -511,3 +565,46 @@ def _fim_request(prefix: str | FIMRequest, suffix: str, settings: dict[str, Any]
             raise InvalidParameterError(msg)
         return prefix, rest
     return FIMRequest(prefix, suffix, **fim_settings), rest
+
+
+#: The files a remote engine needs from the hub: the tokenizer and configs, never weights.
+_TOKENIZER_PATTERNS = ["*.json", "*.txt", "*.jinja", "tokenizer.model"]
+
+
+def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
+    """A local folder as it is; a hub id's tokenizer and config files, downloaded (and cached)."""
+    from pathlib import Path
+
+    from .errors import ModelNotFoundError
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    name = os.fspath(source)
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        msg = (
+            f"The tokenizer comes from a checkpoint folder or a hub id (owner/name); {name!r} is "
+            "neither. Pass tokenizer= with the served model's checkpoint folder or hub id."
+        )
+        raise ModelNotFoundError(msg)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=_TOKENIZER_PATTERNS))
+    except Exception as e:  # the hub client raises many types; ours says which model and why
+        msg = f"Could not fetch the tokenizer of {name!r} from the hub: {e}"
+        raise ModelNotFoundError(msg) from None
+
+
+def _token_bytes(tokenizer: Any) -> dict[bytes, int] | None:
+    """Each non-special token's bytes -> its id, for a byte-level BPE vocabulary (else None)."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
+
+    if not isinstance(tokenizer.detokenizer, BPEStreamingDetokenizer):
+        return None
+    decoder, special = _byte_decoder(), set(tokenizer.all_special_ids)
+    table: dict[bytes, int] = {}
+    for token, i in tokenizer.get_vocab().items():
+        if i not in special and all(c in decoder for c in token):
+            table.setdefault(bytes(decoder[c] for c in token), i)
+    return table

@@ -24,7 +24,7 @@ _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 def _key(model: str | os.PathLike[str], settings: dict[str, Any]) -> tuple[Any, ...]:
     """The registry key: the checkpoint (a folder by its real path) and the load settings
     (``quantize``, ``dtype``, ``kv_bits``, ``revision``, ``gguf_file``: keywords of
-    ``StarCoderEngine.load``)."""
+    ``StarCoderEngine.load``; or ``base_url``, ``tokenizer``, ``api_key`` of ``StarCoderEngine.connect``)."""
     path = Path(model).expanduser()
     name = str(path.resolve()) if path.exists() else str(model)
     return (name, *sorted({**_LOAD_DEFAULTS, **settings}.items()))
@@ -53,7 +53,7 @@ def get_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngin
             future = _engines[key] = Future()
     if loading:
         try:
-            engine = StarCoderEngine.load(model, **settings)
+            engine = _open(model, settings)
         except BaseException as e:
             with _lock:
                 del _engines[key]  # a failed load is not remembered: the next call tries again
@@ -61,6 +61,19 @@ def get_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngin
             raise
         future.set_result(engine)
     return future.result()
+
+
+def _open(model: str | os.PathLike[str], settings: dict[str, Any]) -> StarCoderEngine:
+    """Load the checkpoint, or, with a ``base_url``, connect to the server that serves it."""
+    if settings.get("base_url") is None:
+        return StarCoderEngine.load(model, **settings)
+    key = settings.get("api_key")
+    return StarCoderEngine.connect(
+        settings["base_url"],
+        model=os.fspath(model),
+        tokenizer=settings.get("tokenizer"),
+        api_key=key.get_secret_value() if hasattr(key, "get_secret_value") else key,
+    )
 
 
 def release_engines() -> None:

@@ -1,0 +1,423 @@
+"""The remote backend: a llama.cpp ``llama-server`` given token ids, streaming token ids back.
+
+The front keeps everything about text (tokenizer, FIM and chat prompts, budgets, stop strings,
+detokenization, counts) and sends the server **token ids**, never text: a server re-tokenizes text
+with special-token parsing on, so a ``<file_sep>`` inside a user's file would become a control token.
+
+Why llama.cpp's native ``/completion`` and not ``/v1/completions``: it takes a list of ids as
+``prompt`` and, with ``return_tokens``, streams each generated token's id (``/v1/completions``
+streams text only, which we would have to re-tokenize, and re-tokenized text is not the ids the
+model produced). ``timings_per_token`` puts the server's prompt-cache hit (``cache_n``) on the first
+chunk. One HTTP stream per generation runs on a small thread pool; the server batches concurrent
+streams itself (its slots).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import httpx
+
+from ..errors import EngineClosedError, InvalidParameterError, StarCoderError
+from ..types import GREEDY_BELOW, GenerationParams
+from . import Generation
+
+_PENALTY_CONTEXT = 20  # tokens the repetition penalty looks back over, as the MLX backend
+_BACKOFF = 0.25  # seconds before the first retry; doubled for each next one
+T = TypeVar("T", bytes, str)
+
+
+class ServerError(StarCoderError):
+    """The server answered with an error, or something that is not its protocol."""
+
+
+class ServerUnavailableError(ServerError, ConnectionError):
+    """The server could not be reached (or stayed busy) after the retries."""
+
+
+class ServerTimeoutError(ServerError, TimeoutError):
+    """The server sent nothing for longer than the timeout."""
+
+
+class _Retry(Exception):
+    """A failure before the first token that is worth another try (connect error, 503)."""
+
+
+class RemoteBackend:
+    """A model served by llama.cpp's ``llama-server``, reached over HTTP with token ids.
+
+    Args:
+        base_url: The server's root, e.g. ``http://127.0.0.1:8080`` (a trailing ``/v1`` is dropped).
+        model: The served model's name (``llama-server --alias``), checked against ``/v1/models``.
+        api_key: Sent as ``Authorization: Bearer ...``; never logged or shown.
+        timeout: Seconds the server may stay silent (connecting, prefilling, between tokens).
+        max_retries: Retries of a connect error or a 503 before the first token, with backoff.
+        max_concurrency: Requests in flight at once; more wait in line.
+        vocab_size, context_length: What the tokenizer's checkpoint says; a server whose model
+            differs is refused at connect.
+        token_bytes: The bytes of each (non-special) token -> its id, for a byte-level BPE
+            vocabulary. llama.cpp does not stream a token whose text ends inside a UTF-8 character;
+            the next chunk carries the whole character's text, from which its ids are rebuilt
+            exactly. Where the model wrote invalid UTF-8 (llama-server sends U+FFFD) or ended inside
+            a character, the ids are lost: tokens that show the same text stand in (same count).
+    """
+
+    path = None  # no local checkpoint folder
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        max_concurrency: int = 16,
+        vocab_size: int | None = None,
+        context_length: int | None = None,
+        token_bytes: Mapping[bytes, int] | None = None,
+    ):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            msg = f"base_url must be an http:// or https:// URL, not {base_url!r}."
+            raise InvalidParameterError(msg)
+        if not (isinstance(timeout, int | float) and timeout > 0):
+            msg = f"timeout must be a positive number of seconds, not {timeout!r}."
+            raise InvalidParameterError(msg)
+        if not isinstance(max_retries, int) or max_retries < 0:
+            msg = f"max_retries must be an integer >= 0, not {max_retries!r}."
+            raise InvalidParameterError(msg)
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.model = model
+        self.name = model
+        self.max_retries = max_retries
+        self._token_bytes = dict(token_bytes or {})
+        self._id_bytes = {i: b for b, i in self._token_bytes.items()}
+        self._by_text: dict[str, int] = {}  # what a token shows (invalid bytes as U+FFFD) -> its id
+        for i, b in sorted(self._id_bytes.items()):
+            self._by_text.setdefault(b.decode("utf-8", "replace"), i)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+        )
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="starcoder-remote")
+        self._live: set[Generation] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self.vocab_size, self.context_window = self._check_server(vocab_size, context_length)
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:  # the api key stays out of it
+        return f"RemoteBackend(base_url={self.base_url!r}, model={self.model!r})"
+
+    # --- connect -----------------------------------------------------------------------------------
+
+    def _check_server(self, vocab_size: int | None, context_length: int | None) -> tuple[int, int]:
+        """The served model's vocabulary size and the context a request may use, checked against
+        the tokenizer's checkpoint (``/v1/models`` and llama.cpp's ``/props``)."""
+        models = self._get_json("/v1/models")
+        served = {m.get("id"): m for m in models.get("data") or [] if isinstance(m, dict)}
+        if self.model not in served:
+            msg = (
+                f"{self.base_url} serves {sorted(map(str, served))}, not {self.model!r}; pass one "
+                "of those as model (llama-server: --alias NAME)."
+            )
+            raise ServerError(msg)
+        meta = served[self.model].get("meta") or {}
+        n_vocab, n_ctx_train = meta.get("n_vocab"), meta.get("n_ctx_train")
+        props = self._get_json("/props")
+        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+        if not isinstance(n_vocab, int) or not isinstance(n_ctx, int):
+            msg = (
+                f"{self.base_url} does not report its vocabulary size and context (/v1/models, "
+                "/props): is it llama.cpp's llama-server?"
+            )
+            raise ServerError(msg)
+        for what, server, ours in (("vocabulary size", n_vocab, vocab_size),
+                                   ("training context length", n_ctx_train, context_length)):  # fmt: skip
+            if ours is not None and server is not None and server != ours:
+                msg = (
+                    f"{self.base_url} serves {self.model!r} with a {what} of {server}, but the "
+                    f"tokenizer's checkpoint has {ours}: they are not the same model."
+                )
+                raise ServerError(msg)
+        return n_vocab, n_ctx  # a request may use a slot's context (llama-server -c / -np)
+
+    def _get_json(self, path: str) -> dict[str, Any]:
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self._client.get(path)
+                if response.status_code >= 400:  # 503: still loading the model
+                    error = self._http_error(response, response.text)
+                    raise _Retry(error) if response.status_code == 503 else error
+                return self._json(response.text, path)
+            except (httpx.ConnectError, httpx.ConnectTimeout, _Retry) as e:
+                if attempt == self.max_retries:
+                    raise self._unreachable(e) from None
+                time.sleep(_BACKOFF * 2**attempt)
+            except httpx.TimeoutException:
+                raise self._timeout(path) from None
+        raise AssertionError  # the loop returns or raises
+
+    # --- the backend contract ------------------------------------------------------------------
+
+    def submit(self, generations: Sequence[Generation]) -> Future[None]:
+        gens = list(generations)
+        done: Future[None] = Future()
+        done.set_running_or_notify_cancel()
+        left = [len(gens)]
+        errors: list[BaseException] = []
+
+        def run(gen: Generation) -> None:
+            try:
+                self._run(gen)
+            except BaseException as e:
+                errors.append(e)
+            finally:
+                with self._lock:
+                    self._live.discard(gen)
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    done.set_exception(errors[0]) if errors else done.set_result(None)
+
+        with self._lock:
+            if self._closed:
+                msg = f"The engine for {self.name} at {self.base_url} is closed; connect a new one."
+                raise EngineClosedError(msg)
+            self._live.update(gens)
+            for gen in gens:  # one stream each: the server batches concurrent requests
+                self._pool.submit(run, gen)
+        return done
+
+    def logits(self, token_ids: Sequence[int]) -> Any:
+        msg = f"{self.base_url} serves {self.name}: a remote backend does not return logits."
+        raise StarCoderError(msg)
+
+    def clear_cache(self) -> None:
+        """The server manages its prompt cache; nothing is held here."""
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Cancel what is running (its HTTP streams close) and free the connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = list(self._live)
+        for gen in live:
+            gen.cancelled.set()
+        self._pool.shutdown(wait=True)  # each stream sees its cancel at its next event
+        self._client.close()
+
+    # --- one generation (on a pool thread) -----------------------------------------------------
+
+    def _run(self, gen: Generation) -> None:
+        body = request_body(gen.prompt, gen.params)
+        for attempt in range(self.max_retries + 1):
+            if gen.cancelled.is_set():
+                return
+            try:
+                with self._client.stream("POST", "/completion", json=body) as response:
+                    if response.status_code >= 400:
+                        error = self._http_error(response, response.read().decode("utf-8", "replace"))
+                        raise _Retry(error) if response.status_code == 503 else error
+                    self._relay(gen, response)  # leaving the block closes the stream
+                return
+            except (httpx.ConnectError, httpx.ConnectTimeout, _Retry) as e:
+                if attempt == self.max_retries:
+                    raise self._unreachable(e) from None
+            except httpx.TimeoutException:  # no answer in time (prefill or a hung server)
+                raise self._timeout("/completion") from None
+            except httpx.TransportError as e:
+                msg = f"The connection to {self.base_url} broke before the first token ({e!r})."
+                raise ServerError(msg) from None
+            if gen.cancelled.wait(_BACKOFF * 2**attempt):  # a cancel ends the wait
+                return
+
+    def _relay(self, gen: Generation, response: httpx.Response) -> None:
+        """Hand each streamed id to the sink until it, the server or the budget ends it."""
+        started = False
+        count = 0
+        try:
+            for event in self._events(response):
+                if gen.cancelled.is_set():
+                    return  # returning closes the HTTP stream: the server stops generating
+                if not started:
+                    gen.sink.start(_cached(event))
+                    started = True
+                ids = event.get("tokens")
+                if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                    msg = (
+                        f"{self.base_url} did not stream token ids (no 'tokens' list in {str(event)[:200]}); "
+                        "it needs a llama-server that supports return_tokens."
+                    )
+                    raise ServerError(msg)
+                predicted = event.get("tokens_predicted")
+                gap = predicted - count - len(ids) if isinstance(predicted, int) else 0
+                if gap > 0 and ids:
+                    ids = self._withheld(event, ids, gap) + ids
+                elif gap > 0 and event.get("stop"):  # it ended inside a character: those ids never came
+                    ids = self._stand_ins(gap)
+                for token in ids:
+                    count += 1
+                    if gen.sink.token(token) or count >= gen.params.max_tokens:
+                        gen.sink.finish()
+                        return
+                if event.get("stop"):
+                    break
+            else:  # the body ended without the server's last chunk
+                msg = (
+                    f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
+                )
+                raise ServerError(msg)
+        except httpx.TimeoutException:
+            raise self._timeout("/completion", count) from None
+        except httpx.TransportError as e:  # the connection broke: no retry once a token was sent
+            msg = f"The connection to {self.base_url} broke after {count} generated tokens ({e!r})."
+            raise ServerError(msg) from None
+        if not started:
+            gen.sink.start(0)
+        if not gen.cancelled.is_set():
+            gen.sink.finish()
+
+    def _withheld(self, event: dict[str, Any], ids: list[int], missing: int) -> list[int]:
+        """The ids of the ``missing`` tokens llama.cpp held back because their text ended inside a
+        UTF-8 character: the chunk's ``content`` is their bytes followed by those of ``ids``."""
+        text = event.get("content")
+        tail = b"".join(self._id_bytes.get(i, b"") for i in ids)  # control tokens show no text
+        data = text.encode("utf-8") if isinstance(text, str) else b""
+        head = data[: len(data) - len(tail)] if data.endswith(tail) else None
+        found = _split(head, missing, self._token_bytes) if head is not None else None
+        shown = tail.decode("utf-8", "replace")
+        if found is None and isinstance(text, str) and text.endswith(shown) and "\ufffd" in text:
+            # The model wrote invalid UTF-8, which llama-server sends as U+FFFD: the ids are lost.
+            # Stand-ins: tokens that show the same text (U+FFFD included), else lone 0xFF bytes.
+            found = _split(text[: len(text) - len(shown)], missing, self._by_text) or self._stand_ins(missing)
+        if found is None:
+            msg = (
+                f"{self.base_url} held back {missing} token ids (text ending inside a UTF-8 character) "
+                "and they could not be rebuilt from the streamed text."
+            )
+            raise ServerError(msg)
+        return found
+
+    def _stand_ins(self, count: int) -> list[int]:
+        if b"\xff" not in self._token_bytes:
+            msg = (
+                f"{self.base_url} ended inside a UTF-8 character without sending its last {count} token ids."
+            )
+            raise ServerError(msg)
+        return [self._token_bytes[b"\xff"]] * count
+
+    def _events(self, response: httpx.Response) -> Iterator[dict[str, Any]]:
+        """The JSON objects of a server-sent-event stream (``data: {...}`` lines)."""
+        for line in response.iter_lines():
+            if not line.strip() or line.startswith(":"):
+                continue
+            field, _, value = line.partition(":")
+            value = value.strip()
+            if field == "error" or (field == "data" and value.startswith('{"error"')):
+                msg = f"{self.base_url} failed mid-stream: {_message(self._json(value, 'error'))}"
+                raise ServerError(msg)
+            if field != "data" or value == "[DONE]":
+                continue
+            yield self._json(value, "/completion")
+
+    # --- errors --------------------------------------------------------------------------------
+
+    def _json(self, text: str, what: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):
+            msg = f"{self.base_url}{what} answered something that is not a JSON object: {text[:200]!r}"
+            raise ServerError(msg)
+        return value
+
+    def _http_error(self, response: httpx.Response, text: str) -> ServerError:
+        try:
+            detail = _message(json.loads(text))
+        except json.JSONDecodeError:
+            detail = text.strip()[:300] or response.reason_phrase
+        msg = f"{self.base_url} answered {response.status_code} to {response.request.url.path}: {detail}"
+        return ServerError(msg)
+
+    def _unreachable(self, error: BaseException) -> ServerUnavailableError:
+        why = f"stayed busy ({error})" if isinstance(error, _Retry) else f"could not be reached ({error!r})"
+        msg = f"{self.base_url} {why} after {self.max_retries + 1} tries. Is the server running?"
+        return ServerUnavailableError(msg)
+
+    def _timeout(self, path: str, count: int = 0) -> ServerTimeoutError:
+        msg = (
+            f"{self.base_url}{path} sent nothing for {self._client.timeout.read} s "
+            f"(after {count} generated tokens); raise timeout= for long prompts on a slow server."
+        )
+        return ServerTimeoutError(msg)
+
+
+def request_body(prompt: list[int], params: GenerationParams) -> dict[str, Any]:
+    """llama.cpp's ``/completion`` request: the prompt as ids and our sampling settings, with its
+    other samplers turned off. Stop strings stay with the front (they need our detokenizer)."""
+    return {
+        "prompt": prompt,
+        "n_predict": params.max_tokens,
+        "stream": True,
+        "return_tokens": True,
+        "timings_per_token": True,  # the prompt-cache hit comes with the first token
+        "cache_prompt": True,  # reuse the slot's KV cache for a shared prefix
+        "temperature": 0.0 if params.temperature < GREEDY_BELOW else params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,  # llama.cpp's default is 0.05, ours 0: always sent
+        "repeat_penalty": params.repetition_penalty or 1.0,
+        "repeat_last_n": _PENALTY_CONTEXT,
+        "seed": -1 if params.seed is None else params.seed % 2**32,  # llama.cpp seeds are 32-bit
+        "typical_p": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "dry_multiplier": 0.0,
+        "xtc_probability": 0.0,
+        "mirostat": 0,
+    }
+
+
+def _split(data: T, count: int, pieces: Mapping[T, int]) -> list[int] | None:
+    """``count`` token ids whose pieces (bytes, or shown text) make up ``data`` (longest first), or
+    None. ``data`` is the start of one UTF-8 character and what precedes it in its token: short."""
+    if count == 0:
+        return [] if not data else None
+    for end in range(len(data), 0, -1):
+        head = pieces.get(data[:end])
+        rest = _split(data[end:], count - 1, pieces) if head is not None else None
+        if rest is not None:
+            return [head, *rest]
+    return None
+
+
+def _cached(event: dict[str, Any]) -> int:
+    timings = event.get("timings")
+    cached = timings.get("cache_n") if isinstance(timings, dict) else None
+    return cached if isinstance(cached, int) and cached >= 0 else 0
+
+
+def _message(body: Any) -> str:
+    """The human part of an error body: llama.cpp's and OpenAI's ``{"error": {"message": ...}}``."""
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return str(error)[:300]
