@@ -15,6 +15,8 @@ Endpoints:
   files become StarCoder2's repository context with their real names; ``prompt`` (the text of the
   cursor's line before the cursor, as llama.vim sends it) is appended to ``input_prefix``.
 - ``GET /health``, ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
+- llama.cpp's ``POST /completion`` (token-id prompts, streamed with ids) and ``GET /props``: so
+  ``StarCoderEngine.connect("http://host:8080", model=...)`` drives this server like a llama-server.
 
 Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input,
 401 without the API key when one is set, 413 when the prompt plus ``max_tokens`` pass the context
@@ -265,8 +267,41 @@ class _Server:
             "created": self.created,
             "owned_by": "langchain-starcoder",
             "context_window": engine.context_window,
+            # llama.cpp's fields, which StarCoderEngine.connect checks against its tokenizer.
+            "meta": {"n_vocab": engine.vocab_size, "n_ctx_train": engine.context_window},
         }
         return JSONResponse({"object": "list", "data": [model]})
+
+    async def props(self, request: Request) -> Response:
+        """llama.cpp's ``/props``: the context a request may fill (StarCoderEngine.connect reads it)."""
+        engine = self.ready()
+        return JSONResponse({"default_generation_settings": {"n_ctx": engine.context_window}})
+
+    async def completion(self, request: Request) -> Response:
+        """llama.cpp's ``/completion`` for token-id prompts, streamed with each chunk's ids: what
+        ``StarCoderEngine.connect`` speaks. The client keeps its stop strings; this engine ends at
+        end-of-text only."""
+        engine = self.ready()
+        body = await _body(request)
+        ids = body.get("prompt")
+        if not _is_ids(ids):
+            raise _bad("/completion takes the prompt as a list of token ids.", "prompt")
+        if not _get(body, "stream", bool, False) or not _get(body, "return_tokens", bool, False):
+            raise _bad("/completion answers stream=true with return_tokens=true only.", "stream")
+        settings = _llama_settings(body, _get(body, "n_predict", int, INFILL_MAX_TOKENS))
+        stream = engine.astream(ids, **settings)
+        predicted = 0
+
+        def events(c: CompletionChunk) -> list[dict[str, Any]]:
+            nonlocal predicted
+            predicted += len(c.token_ids)
+            event = {"content": c.text, "tokens": c.token_ids, "tokens_predicted": predicted}
+            event["stop"] = c.finish_reason is not None
+            if c.finish_reason is not None:
+                event["timings"] = {"cache_n": c.cached_tokens or 0, "prompt_n": c.prompt_tokens}
+            return [event]
+
+        return await _sse(request, stream, events, done_marker=False)
 
     async def tokenize(self, request: Request) -> Response:
         engine = self.ready()
@@ -402,21 +437,7 @@ class _Server:
         n_predict = _get(body, "n_predict", int, -1)
         warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
         max_tokens = 1 if warm_up else (INFILL_MAX_TOKENS if n_predict < 0 else n_predict)
-        temperature = body.get("temperature")
-        settings: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": 0.0 if temperature is None else temperature,
-        }
-        for key in ("top_p", "top_k", "min_p", "seed"):
-            if body.get(key) is not None:
-                settings[key] = body[key]
-        if body.get("stop"):
-            settings["stop"] = body["stop"]
-        penalty = body.get("repeat_penalty")
-        if penalty is not None and penalty != 1.0:
-            settings["repetition_penalty"] = penalty
-        if settings.get("seed") in (-1, 0xFFFFFFFF):  # llama.cpp's "a random seed"
-            del settings["seed"]
+        settings = _llama_settings(body, max_tokens)
         limit_ms = _get(body, "t_max_predict_ms", (int, float), 0)
         fields = body.get("response_fields")
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
@@ -444,6 +465,23 @@ class _Server:
             return [{"content": c.text, "stop": False, "id_slot": 0}]
 
         return await _sse(request, stream, events, done_marker=False)
+
+
+def _llama_settings(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """Engine settings from llama.cpp's request fields (greedy unless a temperature is given)."""
+    temperature = body.get("temperature")
+    settings: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature or 0.0}
+    for key in ("top_p", "top_k", "min_p", "seed"):
+        if body.get(key) is not None:
+            settings[key] = body[key]
+    if body.get("stop"):
+        settings["stop"] = body["stop"]
+    penalty = body.get("repeat_penalty")
+    if penalty is not None and penalty != 1.0:
+        settings["repetition_penalty"] = penalty
+    if settings.get("seed") in (-1, 0xFFFFFFFF):  # llama.cpp's "a random seed"
+        del settings["seed"]
+    return settings
 
 
 class _Batcher:
@@ -727,6 +765,8 @@ def create_app(
         Route("/v1/completions", server.route(server.completions), methods=["POST"]),
         Route("/v1/chat/completions", server.route(server.chat), methods=["POST"]),
         Route("/infill", server.route(server.infill), methods=["POST"]),
+        Route("/completion", server.route(server.completion), methods=["POST"]),
+        Route("/props", server.route(server.props), methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=server.lifespan)
 

@@ -577,3 +577,29 @@ def test_serve_help_is_fast_and_imports_nothing_heavy():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert json.loads(result.stdout.splitlines()[-1]) == {"code": 0, "heavy": []}
     assert "--parse-special-tokens" in result.stdout and "127.0.0.1" in result.stdout
+
+
+# --- StarCoderEngine.connect against this server ----------------------------------------------------------
+
+
+def test_connect_drives_this_server_like_the_local_engine(server, tiny_engine, tiny_path):
+    """The remote backend speaks llama.cpp's /completion in token ids; this server answers it, so a
+    client engine (tokenizer, FIM, stop strings on its side) equals the local engine."""
+    remote = StarCoderEngine.connect(server, model="tiny", tokenizer=str(tiny_path), max_retries=0)
+    try:
+        assert remote.context_window == tiny_engine.context_window
+        for prompt in (PROMPT, "class Stack:\n    def push(self, item):\n        "):
+            local = tiny_engine.generate(prompt, max_tokens=N)
+            got = remote.generate(prompt, max_tokens=N)
+            assert (got.token_ids, got.text) == (local.token_ids, local.text)
+            assert "".join(c.text for c in remote.stream(prompt, max_tokens=N)) == local.text
+        hostile = [ContextFile("a.py", "x = '<file_sep>'  # <|endoftext|>\n")]
+        local = tiny_engine.infill(PREFIX, SUFFIX, context_files=hostile, file_path="b.py", max_tokens=N)
+        got = remote.infill(PREFIX, SUFFIX, context_files=hostile, file_path="b.py", max_tokens=N)
+        assert (got.text, got.prompt_tokens) == (local.text, local.prompt_tokens)
+        stop = local.text[2:5]
+        if stop:
+            cut = remote.generate(PREFIX, max_tokens=N, stop=[stop])
+            assert cut.text == tiny_engine.generate(PREFIX, max_tokens=N, stop=[stop]).text
+    finally:
+        remote.close()
