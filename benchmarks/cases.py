@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import statistics
@@ -897,6 +898,107 @@ def bench_gguf(ctx: Context) -> Section:
     return section
 
 
+# --- 11. the HTTP server -----------------------------------------------------------------------------
+
+
+def bench_server(ctx: Context) -> Section:
+    """Through ``langchain-starcoder serve``'s app over HTTP: a repeated /infill's time to first token
+    against the first, and streamed tokens/s against the engine in-process."""
+    import socket
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from langchain_starcoder.server import create_app
+
+    section = Section("server", 11, "HTTP server")
+    shape = ctx.checkpoints.shape(NARROW)
+    engine = _engine(ctx.checkpoints.get(NARROW))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine, model_name="bench"), port=port, log_level="error")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+    context = code_tokens(engine, ctx.size(2000, 2000, 300), seed=7)
+    head = code_tokens(engine, 40, seed=11)
+    tails = iter([code_tokens(engine, 24, seed=100 + i) for i in range(2 * (ctx.reps + ctx.warmup) + 2)])
+
+    def first_content(body: dict[str, Any]) -> float:
+        """Seconds until the first streamed event with text (llama.vim waits for this)."""
+        start = time.perf_counter()
+        with client.stream("POST", "/infill", json={**body, "stream": True}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:") and json.loads(line[5:]).get("content"):
+                    return time.perf_counter() - start
+        return time.perf_counter() - start
+
+    def infill_body() -> dict[str, Any]:
+        return {
+            "input_prefix": head + next(tails),
+            "input_suffix": "\n    return result\n",
+            "input_extra": [{"filename": "app/util.py", "text": context}],
+            "file_path": "app/main.py",
+            "n_predict": 4,
+        }
+
+    def cold() -> float:
+        engine.clear_cache()
+        return first_content(infill_body())
+
+    def warm() -> float:  # right after cold(): the same file and context, another line being typed
+        return first_content(infill_body())
+
+    samples = interleave([("cold", cold), ("warm", warm)], ctx.reps, ctx.warmup)
+    section.rows.append(
+        Row(11, "HTTP server", "time to first token, /infill", "repeated (cache reused)", "first",
+            samples["warm"], samples["cold"], "s", shape.describe(), ("<=", 0.2))
+    )  # fmt: skip
+
+    n = ctx.size(64, 32, 16)
+    ids = code_ids(engine, 32)
+
+    def in_process() -> float:
+        engine.clear_cache()
+        start, count = time.perf_counter(), 0
+        for chunk in engine.stream(ids, max_tokens=n):
+            count += len(chunk.token_ids)
+        return count / (time.perf_counter() - start)
+
+    def over_http() -> float:
+        engine.clear_cache()
+        body = {"prompt": ids, "stream": True, "return_tokens": True, "n_predict": n, "temperature": 0}
+        start, count = time.perf_counter(), 0
+        with client.stream("POST", "/completion", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    count += len(json.loads(line[5:]).get("tokens", []))
+        return count / (time.perf_counter() - start)
+
+    rates = interleave([("engine", in_process), ("server", over_http)], max(ctx.reps, 4), ctx.warmup)
+    section.rows.append(
+        Row(11, "HTTP server", "streamed tokens/s", "over HTTP (/completion)", "engine.stream in-process",
+            rates["server"], rates["engine"], "tok/s", shape.describe(), (">=", 0.9))
+    )  # fmt: skip
+    section.notes.append(
+        "The server runs in this process (uvicorn on 127.0.0.1), the client is httpx. /infill: a "
+        "repository-level request with a long context file, the first after clearing the prompt caches, "
+        "the repeat with another line typed at the cursor; time to the first streamed text. Rate: a "
+        f"{len(ids)}-token prompt, {n} new tokens, greedy, prompt caches cleared before every call."
+    )
+    client.close()
+    server.should_exit = True
+    thread.join(timeout=30)
+    engine.close()
+    return section
+
+
 #: Every benchmark, in report order; the default run takes all but the optional ones.
 BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "overhead": bench_overhead,
@@ -909,6 +1011,7 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "baselines": bench_baselines,
     "fullmodel": bench_fullmodel,
     "gguf": bench_gguf,
+    "server": bench_server,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` runs the other.
 OPTIONAL = ("baselines", "fullmodel")
