@@ -26,7 +26,7 @@ class SuffixOverlap:
     def __init__(self, suffix: str, *, min_chars: int = MIN_OVERLAP_CHARS):
         self.suffix = suffix
         self.min_chars = min_chars
-        self._border = _borders(suffix)
+        self._border = _Borders(suffix)  # grows with the middle: a long suffix costs nothing up front
         self._matched = 0  # the longest end of the middle so far that is a start of the suffix
         self._held = ""
         self._last = ""  # the last character already released
@@ -71,17 +71,26 @@ class SuffixOverlap:
         return whole_lines_end and before in ("", "\n")
 
 
-def _borders(pattern: str) -> list[int]:
-    """``b[k]``: the length of the longest proper border of ``pattern[:k]`` (KMP failure function)."""
-    border = [0] * (len(pattern) + 1)
-    k = 0
-    for i in range(1, len(pattern)):
-        while k and pattern[i] != pattern[k]:
-            k = border[k]
-        if pattern[i] == pattern[k]:
-            k += 1
-        border[i + 1] = k
-    return border
+class _Borders:
+    """``b[k]``: the length of the longest proper border of ``pattern[:k]`` (KMP failure function),
+    computed only as far as it is asked for."""
+
+    def __init__(self, pattern: str):
+        self._pattern = pattern
+        self._border = [0, 0]
+        self._k = 0  # the border of the prefix the next entry extends
+
+    def __getitem__(self, n: int) -> int:
+        pattern, border = self._pattern, self._border
+        while len(border) <= n:
+            i, k = len(border) - 1, self._k
+            while k and pattern[i] != pattern[k]:
+                k = border[k]
+            if pattern[i] == pattern[k]:
+                k += 1
+            self._k = k
+            border.append(k)
+        return border[n]
 
 
 def trim_suffix_overlap(middle: str, suffix: str) -> str:
