@@ -55,3 +55,40 @@ def window_engine(window_path: Path) -> StarCoderEngine:
     engine = StarCoderEngine.load(window_path)
     yield engine
     engine.close()
+
+
+class BackendSpy:
+    """What an engine hands its backend (the ids the model is fed): every generation, its prompt, and
+    how many generations each submit held. The lists are live: they fill as the engine works."""
+
+    def __init__(self) -> None:
+        self.generations: list = []
+        self.prompts: list[list[int]] = []
+        self.calls: list[int] = []
+
+    def take(self) -> list[list[int]]:
+        """The prompts so far; then start afresh."""
+        prompts = list(self.prompts)
+        for recorded in (self.generations, self.prompts, self.calls):
+            recorded.clear()
+        return prompts
+
+
+@pytest.fixture
+def backend_spy(monkeypatch: pytest.MonkeyPatch):
+    """``backend_spy(engine)`` records what ``engine`` submits from then on (the backend still runs)."""
+
+    def watch(engine: StarCoderEngine) -> BackendSpy:
+        spy = BackendSpy()
+        submit = engine.backend.submit
+
+        def recording(generations):
+            spy.generations.extend(generations)
+            spy.prompts.extend(list(g.prompt) for g in generations)
+            spy.calls.append(len(generations))
+            return submit(generations)
+
+        monkeypatch.setattr(engine.backend, "submit", recording)
+        return spy
+
+    return watch

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -186,19 +187,6 @@ def test_chat_prompt_is_the_templates_text(chat_engine: StarCoderEngine, user: s
 # --- raw prompts: parse_special_tokens and StarCoderPromptTemplate -------------------------------------
 
 
-def _fed(monkeypatch: pytest.MonkeyPatch, engine: StarCoderEngine) -> list[list[int]]:
-    """The prompt ids the engine hands its backend."""
-    seen: list[list[int]] = []
-    submit = engine.backend.submit
-
-    def spy(generations: list) -> object:
-        seen.extend(list(g.prompt) for g in generations)
-        return submit(generations)
-
-    monkeypatch.setattr(engine.backend, "submit", spy)
-    return seen
-
-
 TEMPLATE = "<file_sep>{path}\n{code}<file_sep>notes.md\n# {title}\n"
 
 
@@ -221,12 +209,12 @@ def test_template_variables_are_data(
 
 
 async def test_template_and_raw_paths_reach_the_model_as_data(
-    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch
+    tiny_engine: StarCoderEngine, backend_spy: Any
 ) -> None:
     from langchain_starcoder import StarCoderPromptTemplate
     from langchain_starcoder.llama_index import StarCoder
 
-    fed = _fed(monkeypatch, tiny_engine)
+    fed = backend_spy(tiny_engine).prompts
     code = "x = '<|endoftext|>'  # <file_sep>\n"
     chain = StarCoderPromptTemplate.from_template(TEMPLATE) | StarCoderLLM(engine=tiny_engine, max_tokens=3)
     values = {"path": "a.py", "code": code, "title": "<fim_prefix>"}

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import psutil
@@ -169,20 +170,8 @@ def test_model_folder_deleted_after_loading(
 
 
 # --- abandoned work never keeps the engine busy -------------------------------------------------------
-# Each test watches the generations the engine hands its backend, waits until the worker has run
+# Each test watches the generations the engine hands its backend (backend_spy), waits until the worker has run
 # everything queued before (a no-op job), and then counts what each generation did.
-
-
-def _watch(monkeypatch: pytest.MonkeyPatch, engine: StarCoderEngine) -> list[Generation]:
-    seen: list[Generation] = []
-    submit = engine.backend.submit
-
-    def spy(generations: list[Generation]) -> object:
-        seen.extend(generations)
-        return submit(generations)
-
-    monkeypatch.setattr(engine.backend, "submit", spy)
-    return seen
 
 
 def _idle(engine: StarCoderEngine) -> None:
@@ -199,9 +188,9 @@ LONG = 1000  # max_tokens of work that must not run to the end
 @pytest.mark.parametrize("how", ["close", "drop"])
 @pytest.mark.parametrize("kind", ["stream", "stream_infill"])
 def test_stream_left_before_its_first_chunk(
-    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch, kind: str, how: str
+    tiny_engine: StarCoderEngine, backend_spy: Any, kind: str, how: str
 ) -> None:
-    seen = _watch(monkeypatch, tiny_engine)
+    seen = backend_spy(tiny_engine).generations
     stream = getattr(tiny_engine, kind)(SNIPPETS[2], max_tokens=LONG)
     if how == "close":
         stream.close()
@@ -212,10 +201,8 @@ def test_stream_left_before_its_first_chunk(
     assert tiny_engine.generate(SNIPPETS[2], max_tokens=6).completion_tokens == 6
 
 
-async def test_astream_left_before_its_first_chunk(
-    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seen = _watch(monkeypatch, tiny_engine)
+async def test_astream_left_before_its_first_chunk(tiny_engine: StarCoderEngine, backend_spy: Any) -> None:
+    seen = backend_spy(tiny_engine).generations
     for i, kind in enumerate(("astream", "astream_infill")):
         stream = getattr(tiny_engine, kind)(SNIPPETS[3], max_tokens=LONG)
         first = asyncio.ensure_future(stream.__anext__())
@@ -229,10 +216,8 @@ async def test_astream_left_before_its_first_chunk(
     assert len(seen) == 2 and all(g.cancelled.is_set() and _generated(g) < 50 for g in seen)
 
 
-async def test_cancelled_agenerate_batch(
-    tiny_engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seen = _watch(monkeypatch, tiny_engine)
+async def test_cancelled_agenerate_batch(tiny_engine: StarCoderEngine, backend_spy: Any) -> None:
+    seen = backend_spy(tiny_engine).generations
     task = asyncio.ensure_future(tiny_engine.agenerate_batch(SNIPPETS[:3], max_tokens=LONG))
     while not seen or not any(_generated(g) for g in seen):
         await asyncio.sleep(0.001)
@@ -244,11 +229,11 @@ async def test_cancelled_agenerate_batch(
 
 
 def test_cancel_between_prefill_chunks_and_before_start(
-    tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, backend_spy: Any
 ) -> None:
     engine = StarCoderEngine.load(tiny_path, prefill_step_size=16)
     try:
-        seen = _watch(monkeypatch, engine)
+        seen = backend_spy(engine).generations
         model = engine.backend.model
 
         class CancelAfterFiveSteps:

@@ -317,12 +317,10 @@ def test_bind_tools_says_why_not() -> None:
             call()
 
 
-def test_a_streaming_batch_is_generated_once(chat: ChatStarCoder, monkeypatch: Any) -> None:
+def test_a_streaming_batch_is_generated_once(chat: ChatStarCoder, backend_spy: Any) -> None:
     """streaming=True (or streaming callbacks) makes LangChain stream each list of a batch: the
     answers come from the one engine batch, not from a second generation per list."""
-    calls: list[int] = []
-    submit = chat.engine.backend.submit
-    monkeypatch.setattr(chat.engine.backend, "submit", lambda gens: calls.append(len(gens)) or submit(gens))
+    calls = backend_spy(chat.engine).calls
     inputs = [[("human", f"Write function number {i}.")] for i in range(3)]
     plain = chat.batch(inputs)
     streaming = chat.model_copy(update={"streaming": True})

@@ -75,27 +75,6 @@ def controls(engine: StarCoderEngine, ids: list[int]) -> dict[str, int]:
     return {t: counts[engine.token_id(t)] for t in CONTROLS if counts[engine.token_id(t)]}
 
 
-class PromptSpy:
-    """Records the prompt ids of each request the engine hands to its backend (the ids the model
-    is fed), and how many prompts each backend call held."""
-
-    def __init__(self, engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch):
-        self.prompts: list[list[int]] = []
-        self.calls: list[int] = []  # prompts per backend call
-        submit = engine.backend.submit
-
-        def recording(generations: Any) -> Any:
-            self.prompts.extend(list(g.prompt) for g in generations)
-            self.calls.append(len(generations))
-            return submit(generations)
-
-        monkeypatch.setattr(engine.backend, "submit", recording)
-
-    def take(self) -> list[list[int]]:
-        prompts, self.prompts, self.calls = self.prompts, [], []
-        return prompts
-
-
 async def collect(chunks: AsyncIterator[str]) -> str:
     return "".join([c async for c in chunks])
 
@@ -175,12 +154,12 @@ def test_template_and_value_serialize() -> None:
     "inputs, layout", [(FULL, FULL_CONTROLS), (PLAIN, PLAIN_CONTROLS)], ids=["repo", "psm"]
 )
 async def test_control_ids_on_every_path(
-    llm: StarCoderLLM, monkeypatch: pytest.MonkeyPatch, inputs: dict, layout: dict
+    llm: StarCoderLLM, backend_spy: Any, inputs: dict, layout: dict
 ) -> None:
     engine = llm.engine
     want = expected_ids(engine, inputs)
     assert controls(engine, want) == layout
-    spy = PromptSpy(engine, monkeypatch)
+    spy = backend_spy(engine)
     chain = FIMPromptTemplate() | llm
 
     chain.invoke(inputs)
@@ -213,9 +192,9 @@ async def test_control_ids_on_every_path(
     assert controls(engine, raw) != layout
 
 
-def test_options_reach_the_prompt(llm: StarCoderLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_options_reach_the_prompt(llm: StarCoderLLM, backend_spy: Any) -> None:
     engine = llm.engine
-    spy = PromptSpy(engine, monkeypatch)
+    spy = backend_spy(engine)
     (FIMPromptTemplate(mode="spm") | llm).invoke(FULL)
     assert spy.take() == [expected_ids(engine, FULL, mode="spm")]
     long = {**FULL, "context_files": [("big.py", "x = 1\n" * 400)]}
@@ -242,10 +221,10 @@ async def test_chain_returns_the_middle_on_every_path(
     assert await chain.abatch(inputs) == middles
 
 
-def test_fim_batch_is_one_engine_batch(llm: StarCoderLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fim_batch_is_one_engine_batch(llm: StarCoderLLM, backend_spy: Any) -> None:
     inputs = [PLAIN, FULL, {**FULL, "suffix": ""}]
     singles = [(FIMPromptTemplate() | llm).invoke(i) for i in inputs]
-    spy = PromptSpy(llm.engine, monkeypatch)
+    spy = backend_spy(llm.engine)
     assert (FIMPromptTemplate() | llm).batch(inputs) == singles
     assert spy.calls == [3]
     assert spy.take() == [expected_ids(llm.engine, i) for i in inputs]
