@@ -5,6 +5,7 @@ A notebook that builds three chains over one checkpoint holds one copy of the we
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from concurrent.futures import Future
@@ -16,7 +17,12 @@ from .engine import StarCoderEngine
 #: The model the wrappers and the command line use when none is named.
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
-_LOAD_DEFAULTS = {"quantize": None, "dtype": "auto", "kv_bits": None, "revision": None, "gguf_file": None}
+# A setting left out and the same setting at its default are one engine (defaults read from the loader).
+_LOAD_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(StarCoderEngine.load).parameters.items()
+    if p.kind is p.KEYWORD_ONLY
+}
 _lock = threading.Lock()
 _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 
