@@ -218,11 +218,21 @@ class MLXBackend:
             if gen.cancelled.is_set():
                 raise _Cancelled
 
+        # mlx-lm computes token n+1 before it yields token n, so at max_tokens it would run one forward
+        # pass past the end (a whole decode step of waiting for the next request): ask for one token
+        # less and take the last one from the sampler.
+        sampled: list[mx.array] = []
+        sampler = _sampler(params)
+
+        def sample(logprobs: mx.array) -> mx.array:
+            sampled[:] = [sampler(logprobs)]
+            return sampled[0]
+
         steps = generate_step(
             mx.array(ids[cached:]),
             self.model,
-            max_tokens=params.max_tokens,
-            sampler=_sampler(params),
+            max_tokens=params.max_tokens - 1,
+            sampler=sample,
             logits_processors=_logits_processors(params, ids[:cached]),
             prompt_cache=cache,
             prefill_step_size=self._prefill_chunk,
@@ -235,6 +245,9 @@ class MLXBackend:
                 generated.append(token)
                 if gen.sink.token(token) or gen.cancelled.is_set():
                     break
+            else:  # max_tokens - 1 yielded: the last token was sampled, never yielded
+                generated.append(int(sampled[0].item()))
+                gen.sink.token(generated[-1])
             clean = True
         except _Cancelled:
             clean = True  # stopped between prefill chunks: what the cache holds is exact

@@ -57,6 +57,35 @@ def test_eight_threads_get_what_they_get_alone(
     assert together == alone
 
 
+class _CountingModel:
+    """A model that counts its forward passes (and is otherwise the model)."""
+
+    def __init__(self, model: object) -> None:
+        self.model, self.calls = model, 0
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7])
+def test_no_forward_pass_past_the_last_token(tiny_path: Path, max_tokens: int) -> None:
+    """A generation that ends at max_tokens costs its prompt and max_tokens - 1 decode steps: no step
+    for a token nobody asked for (mlx-lm's generate_step alone runs one more)."""
+    engine = StarCoderEngine.load(tiny_path, max_prompt_caches=0)
+    reference = engine.generate(PROMPTS[0], max_tokens=max_tokens, temperature=0.0)
+    counting = engine.backend.model = _CountingModel(engine.backend.model)
+    completion = engine.generate(PROMPTS[0], max_tokens=max_tokens, temperature=0.0)
+    engine.close()
+    assert completion.finish_reason == "length" and completion.token_ids == reference.token_ids
+    assert len(completion.token_ids) == max_tokens
+    # mlx-lm feeds a prompt as two passes (all but its last token, then the last), then one a token.
+    assert counting.calls == 2 + (max_tokens - 1)
+
+
 # --- prompt-cache reuse --------------------------------------------------------------------------
 
 
