@@ -103,7 +103,7 @@ class StarCoderSettings(BaseModel):
     ``FIMPromptTemplate`` keep their variables data either way."""
 
     base_url: str | None = None
-    """The root URL of a llama.cpp ``llama-server`` that serves ``model`` (its ``--alias``), e.g.
+    """The root URL of a vLLM server or a llama.cpp ``llama-server`` that serves ``model``, e.g.
     ``http://127.0.0.1:8080``: the model then runs there, and only the tokenizer, prompt building,
     stop strings and detokenization run here (README "Scaling out")."""
 

@@ -197,7 +197,7 @@ class StarCoderEngine:
         max_retries: int = 2,
         max_concurrency: int = 16,
     ) -> StarCoderEngine:
-        """An engine whose model runs on a llama.cpp ``llama-server`` (see README "Scaling out").
+        """An engine whose model runs on a vLLM server or a llama.cpp ``llama-server`` (README "Scaling out").
 
         The tokenizer, prompt building, stop strings and detokenization stay here; the server gets
         token ids and streams token ids back, so text is never re-tokenized by the server (where a
@@ -205,7 +205,8 @@ class StarCoderEngine:
 
         Args:
             base_url: The server's root, e.g. ``http://127.0.0.1:8080``.
-            model: The served model's name (``llama-server --alias``); unless ``tokenizer`` is
+            model: The served model's name (vLLM: the hub id or ``--served-model-name``; llama.cpp:
+                ``--alias``); unless ``tokenizer`` is
                 given, also where the tokenizer comes from.
             tokenizer: A checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer
                 (and config) from; from the hub only tokenizer and config files are fetched, never

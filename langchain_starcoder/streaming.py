@@ -100,8 +100,10 @@ class ChunkSink:
             self._emit(CompletionChunk(piece, self._text.take_ids()))
         return stopped
 
-    def finish(self) -> None:
+    def finish(self, cached_tokens: int | None = None) -> None:
         end = time.perf_counter()
+        if cached_tokens is not None:
+            self._cached = cached_tokens
         first = self._first or end
         text = self._held + self._shown(self._text.finish("length"))
         if self._overlap is not None:

@@ -16,7 +16,8 @@ The contract, in prose:
   once the prompt is accepted (``cached``: the leading prompt tokens it did not have to prefill),
   then ``sink.token(id)`` for every generated id, including the stop id that ends it. When
   ``token`` returns True the front has seen enough (a stop string, a stop id): the backend stops
-  that generation at once. It stops by itself at ``params.max_tokens``. Then ``sink.finish()``.
+  that generation at once. It stops by itself at ``params.max_tokens``. Then ``sink.finish()``
+  (a backend that learns the prompt-cache hit only at the end, as vLLM reports it, passes it there).
 - ``Generation.cancelled`` is set when the caller leaves (a closed stream, a cancelled task). The
   backend checks it before a queued generation starts, between prefill chunks and between tokens,
   and then stops without calling ``finish``; it never blocks the next request for long.
@@ -49,7 +50,9 @@ class TokenSink(Protocol):
         """Take one generated id; True ends the generation."""
         ...
 
-    def finish(self) -> None: ...
+    def finish(self, cached_tokens: int | None = None) -> None:
+        """The generation ended; ``cached_tokens``, when given, replaces what ``start`` said."""
+        ...
 
 
 @dataclass(eq=False)  # compared and hashed by identity: a backend keeps sets of them

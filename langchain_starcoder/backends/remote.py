@@ -1,23 +1,33 @@
-"""The remote backend: a llama.cpp ``llama-server`` given token ids, streaming token ids back.
+"""The remote backend: a serving engine given token ids, streaming token ids back.
+
+Why one file: the two protocols below share the transport (client, pool, retries, cancel, errors) and
+differ only in a request body and the reading of a stream.
 
 The front keeps everything about text (tokenizer, FIM and chat prompts, budgets, stop strings,
 detokenization, counts) and sends the server **token ids**, never text: a server re-tokenizes text
 with special-token parsing on, so a ``<file_sep>`` inside a user's file would become a control token.
 
-Why llama.cpp's native ``/completion`` and not ``/v1/completions``: it takes a list of ids as
-``prompt`` and, with ``return_tokens``, streams each generated token's id (``/v1/completions``
-streams text only, which we would have to re-tokenize, and re-tokenized text is not the ids the
-model produced). ``timings_per_token`` puts the server's prompt-cache hit (``cache_n``) on the first
-chunk. One HTTP stream per generation runs on a small thread pool; the server batches concurrent
-streams itself (its slots).
+Two protocols, chosen at connect from what ``/v1/models`` reports:
+
+- llama.cpp's ``llama-server``: its native ``/completion``, which takes a list of ids as ``prompt``
+  and, with ``return_tokens``, streams each generated token's id (its ``/v1/completions`` streams
+  text only). ``timings_per_token`` puts the prompt-cache hit (``cache_n``) on the first chunk.
+- vLLM (and servers that speak its protocol): ``/v1/completions`` with the ids as ``prompt`` and
+  ``return_token_ids``, which streams each chunk's new ids (and echoes the prompt's ids once);
+  ``stream_options.include_usage`` brings the prompt-cache hit (``cached_tokens``, when the server
+  runs with ``--enable-prompt-tokens-details``) in the last chunk.
+
+One HTTP stream per generation runs on a small thread pool; the server batches concurrent streams
+itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -49,11 +59,12 @@ class _Retry(Exception):
 
 
 class RemoteBackend:
-    """A model served by llama.cpp's ``llama-server``, reached over HTTP with token ids.
+    """A model served by llama.cpp's ``llama-server`` or vLLM, reached over HTTP with token ids.
 
     Args:
         base_url: The server's root, e.g. ``http://127.0.0.1:8080`` (a trailing ``/v1`` is dropped).
-        model: The served model's name (``llama-server --alias``), checked against ``/v1/models``.
+        model: The served model's name (``llama-server --alias``, ``vllm serve --served-model-name``),
+            checked against ``/v1/models``.
         api_key: Sent as ``Authorization: Bearer ...``; never logged or shown.
         timeout: Seconds the server may stay silent (connecting, prefilling, between tokens).
         max_retries: Retries of a connect error or a 503 before the first token, with backoff.
@@ -111,6 +122,7 @@ class RemoteBackend:
         self._live: set[Generation] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._vllm = False  # which protocol: set by the connect check
         try:
             self.vocab_size, self.context_window = self._check_server(vocab_size, context_length)
         except BaseException:
@@ -133,14 +145,18 @@ class RemoteBackend:
                 "of those as model (llama-server: --alias NAME)."
             )
             raise ServerError(msg)
-        meta = served[self.model].get("meta") or {}
+        meta = served[self.model].get("meta")
+        max_model_len = served[self.model].get("max_model_len")
+        if not isinstance(meta, dict) and isinstance(max_model_len, int):
+            return self._check_vllm(max_model_len, vocab_size, context_length)
+        meta = meta or {}
         n_vocab, n_ctx_train = meta.get("n_vocab"), meta.get("n_ctx_train")
         props = self._get_json("/props")
         n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
         if not isinstance(n_vocab, int) or not isinstance(n_ctx, int):
             msg = (
-                f"{self.base_url} does not report its vocabulary size and context (/v1/models, "
-                "/props): is it llama.cpp's llama-server?"
+                f"{self.base_url} does not report its context (max_model_len in /v1/models, or "
+                "llama.cpp's /props): is it vLLM or llama.cpp's llama-server?"
             )
             raise ServerError(msg)
         for what, server, ours in (("vocabulary size", n_vocab, vocab_size),
@@ -152,6 +168,20 @@ class RemoteBackend:
                 )
                 raise ServerError(msg)
         return n_vocab, n_ctx  # a request may use a slot's context (llama-server -c / -np)
+
+    def _check_vllm(
+        self, max_model_len: int, vocab_size: int | None, context_length: int | None
+    ) -> tuple[int, int]:
+        """vLLM reports the context a request may use (``max_model_len``) but not its vocabulary: a
+        context longer than the checkpoint's is another model (or one stretched beyond its training)."""
+        if context_length is not None and max_model_len > context_length:
+            msg = (
+                f"{self.base_url} serves {self.model!r} with a context of {max_model_len} tokens, but the "
+                f"tokenizer's checkpoint has {context_length}: they are not the same model."
+            )
+            raise ServerError(msg)
+        self._vllm = True
+        return vocab_size or len(self._id_bytes), max_model_len
 
     def _get_json(self, path: str) -> dict[str, Any]:
         for attempt in range(self.max_retries + 1):
@@ -226,22 +256,26 @@ class RemoteBackend:
     # --- one generation (on a pool thread) -----------------------------------------------------
 
     def _run(self, gen: Generation) -> None:
-        body = request_body(gen.prompt, gen.params)
+        if self._vllm:
+            path, body = "/v1/completions", vllm_request_body(self.model, gen.prompt, gen.params)
+        else:
+            path, body = "/completion", request_body(gen.prompt, gen.params)
         for attempt in range(self.max_retries + 1):
             if gen.cancelled.is_set():
                 return
             try:
-                with self._client.stream("POST", "/completion", json=body) as response:
+                with self._client.stream("POST", path, json=body) as response:
                     if response.status_code >= 400:
                         error = self._http_error(response, response.read().decode("utf-8", "replace"))
                         raise _Retry(error) if response.status_code == 503 else error
-                    self._relay(gen, response)  # leaving the block closes the stream
+                    # leaving the block closes the stream
+                    self._relay_vllm(gen, response) if self._vllm else self._relay(gen, response)
                 return
             except (httpx.ConnectError, httpx.ConnectTimeout, _Retry) as e:
                 if attempt == self.max_retries:
                     raise self._unreachable(e) from None
             except httpx.TimeoutException:  # no answer in time (prefill or a hung server)
-                raise self._timeout("/completion") from None
+                raise self._timeout(path) from None
             except httpx.TransportError as e:
                 msg = f"The connection to {self.base_url} broke before the first token ({e!r})."
                 raise ServerError(msg) from None
@@ -252,8 +286,8 @@ class RemoteBackend:
         """Hand each streamed id to the sink until it, the server or the budget ends it."""
         started = False
         count = 0
-        try:
-            for event in self._events(response):
+        with self._stream_errors("/completion", lambda: count):
+            for event in self._events(response, "/completion"):
                 if gen.cancelled.is_set():
                     return  # returning closes the HTTP stream: the server stops generating
                 if not started:
@@ -284,15 +318,67 @@ class RemoteBackend:
                     f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
                 )
                 raise ServerError(msg)
-        except httpx.TimeoutException:
-            raise self._timeout("/completion", count) from None
-        except httpx.TransportError as e:  # the connection broke: no retry once a token was sent
-            msg = f"The connection to {self.base_url} broke after {count} generated tokens ({e!r})."
-            raise ServerError(msg) from None
         if not started:
             gen.sink.start(0)
         if not gen.cancelled.is_set():
             gen.sink.finish()
+
+    def _relay_vllm(self, gen: Generation, response: httpx.Response) -> None:
+        """Hand each streamed id to the sink; at the server's own end, read on to the usage chunk."""
+        count, cached, started, ended = 0, None, False, False
+        with self._stream_errors("/v1/completions", lambda: count):
+            for event in self._events(response, "/v1/completions"):
+                if gen.cancelled.is_set():
+                    return  # returning closes the HTTP stream: the server stops generating
+                usage = event.get("usage")
+                if isinstance(usage, dict):
+                    cached = _vllm_cached(usage)
+                for choice in event.get("choices") or []:
+                    if not started:
+                        self._check_echo(choice, gen.prompt)
+                        gen.sink.start(0)
+                        started = True
+                    ids = choice.get("token_ids")
+                    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                        msg = (
+                            f"{self.base_url} did not stream token ids (no 'token_ids' in "
+                            f"{str(event)[:200]}); it needs vLLM >= 0.10.2 (return_token_ids)."
+                        )
+                        raise ServerError(msg)
+                    for token in ids[: gen.params.max_tokens - count]:
+                        count += 1
+                        if gen.sink.token(token):
+                            gen.sink.finish()  # a stop of ours: leave now, the server stops with us
+                            return
+                    ended = ended or choice.get("finish_reason") is not None
+        if not ended:
+            msg = f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
+            raise ServerError(msg)
+        if not started:
+            gen.sink.start(0)
+        if not gen.cancelled.is_set():
+            gen.sink.finish(cached)
+
+    def _check_echo(self, choice: dict[str, Any], prompt: list[int]) -> None:
+        """The server's echo of the prompt's ids must be the ids sent (never re-tokenized text)."""
+        echoed = choice.get("prompt_token_ids")
+        if echoed is not None and echoed != prompt:
+            msg = (
+                f"{self.base_url} ran other prompt ids than were sent ({len(echoed)} for {len(prompt)}): "
+                "it re-tokenized the prompt, so control-token safety would not hold."
+            )
+            raise ServerError(msg)
+
+    @contextlib.contextmanager
+    def _stream_errors(self, path: str, count: Callable[[], int]) -> Iterator[None]:
+        """A timeout or a broken connection mid-stream as one clear error (never retried)."""
+        try:
+            yield
+        except httpx.TimeoutException:
+            raise self._timeout(path, count()) from None
+        except httpx.TransportError as e:
+            msg = f"The connection to {self.base_url} broke after {count()} generated tokens ({e!r})."
+            raise ServerError(msg) from None
 
     def _withheld(self, event: dict[str, Any], ids: list[int], missing: int) -> list[int]:
         """The ids of the ``missing`` tokens llama.cpp held back because their text ended inside a
@@ -323,7 +409,7 @@ class RemoteBackend:
             raise ServerError(msg)
         return [self._token_bytes[b"\xff"]] * count
 
-    def _events(self, response: httpx.Response) -> Iterator[dict[str, Any]]:
+    def _events(self, response: httpx.Response, path: str) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent-event stream (``data: {...}`` lines)."""
         for line in response.iter_lines():
             if not line.strip() or line.startswith(":"):
@@ -335,7 +421,7 @@ class RemoteBackend:
                 raise ServerError(msg)
             if field != "data" or value == "[DONE]":
                 continue
-            yield self._json(value, "/completion")
+            yield self._json(value, path)
 
     # --- errors --------------------------------------------------------------------------------
 
@@ -396,6 +482,35 @@ def request_body(prompt: list[int], params: GenerationParams) -> dict[str, Any]:
     }
 
 
+def vllm_request_body(model: str, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
+    """vLLM's ``/v1/completions`` request: the prompt as ids, ids streamed back, our sampling settings
+    (vLLM's repetition penalty looks at the whole prompt and output, not the last 20 tokens)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": params.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "temperature": 0.0 if params.temperature < GREEDY_BELOW else params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k or -1,  # -1: off, in every vLLM version
+        "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty or 1.0,
+        "stop_token_ids": sorted(params.stop_token_ids),
+        "skip_special_tokens": False,
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    return body
+
+
+def _vllm_cached(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and cached >= 0 else None
+
+
 def _split(data: T, count: int, pieces: Mapping[T, int]) -> list[int] | None:
     """``count`` token ids whose pieces (bytes, or shown text) make up ``data`` (longest first), or
     None. ``data`` is the start of one UTF-8 character and what precedes it in its token: short."""
@@ -417,7 +532,7 @@ def _cached(event: dict[str, Any]) -> int:
 
 def _message(body: Any) -> str:
     """The human part of an error body: llama.cpp's and OpenAI's ``{"error": {"message": ...}}``."""
-    error = body.get("error", body) if isinstance(body, dict) else body
+    error = body.get("error", body) if isinstance(body, dict) else body  # older vLLM: the body itself
     if isinstance(error, dict) and "message" in error:
         return str(error["message"])
     return str(error)[:300]
