@@ -44,6 +44,16 @@ def reference_logits(path: Path, ids: list[int]) -> np.ndarray:
         return reference(path)(torch.tensor([ids])).logits[0].numpy()
 
 
+def assert_matches_transformers(path: Path, seed: int) -> None:
+    """The checkpoint's logits on a 100-token prompt are within TOLERANCE of transformers'."""
+    engine = StarCoderEngine.load(path)
+    try:
+        ids = prompt_ids(100, seed=seed)
+        assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
+    finally:
+        engine.close()
+
+
 @pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
 def bigcode(request: pytest.FixtureRequest, checkpoints: Path) -> tuple[Path, StarCoderEngine]:
     """A tiny GPTBigCode checkpoint (n_inner null) and an engine on it."""
@@ -213,12 +223,7 @@ def test_tied_checkpoint_with_stored_head_and_mask_buffers(tmp_path: Path) -> No
     weights["transformer.bias"] = np.tril(np.ones((8, 8), dtype=bool))
     weights["transformer.h.0.attn.masked_bias"] = np.array(-1e4, dtype=np.float32)
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    engine = StarCoderEngine.load(path)
-    try:
-        ids = prompt_ids(100, seed=2)
-        assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
-    finally:
-        engine.close()
+    assert_matches_transformers(path, seed=2)
 
 
 @pytest.mark.parametrize("activation", ["gelu_fast", "gelu_new", "gelu", "relu"])
@@ -227,9 +232,4 @@ def test_other_activations_match_transformers(tmp_path: Path, activation: str) -
     path = build_gpt_bigcode(tmp_path / activation, seed=10)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "activation_function": activation}))
-    engine = StarCoderEngine.load(path)
-    try:
-        ids = prompt_ids(100, seed=4)
-        assert np.abs(engine.logits(ids) - reference_logits(path, ids)).max() < TOLERANCE
-    finally:
-        engine.close()
+    assert_matches_transformers(path, seed=4)
