@@ -32,14 +32,13 @@ class TextStream:
         self._matcher = StopMatcher(params.stop)
         self._stop_ids = params.stop_token_ids
         self.token_ids: list[int] = []
-        self._unsent_ids: list[int] = []
+        self._sent = 0  # token_ids before this one went out with a chunk
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
 
     def add(self, token: int) -> str:
         """Take one generated token; return the text that became safe to show (maybe "")."""
         self.token_ids.append(token)
-        self._unsent_ids.append(token)
         if token in self._stop_ids:
             self.finish_reason = "stop"
             return self._drain()
@@ -50,7 +49,7 @@ class TextStream:
         return text
 
     def take_ids(self) -> list[int]:
-        ids, self._unsent_ids = self._unsent_ids, []
+        ids, self._sent = self.token_ids[self._sent :], len(self.token_ids)
         return ids
 
     def finish(self, reason: str) -> str:

@@ -113,6 +113,8 @@ def counts(completion: Completion | CompletionChunk) -> dict[str, Any]:
 # Below this a temperature is greedy: 1/T would overflow float32 and turn sampling uniform, and
 # logits scaled by 1e6 already pick the top token whenever the top two differ by more than 1e-4.
 GREEDY_BELOW = 1e-6
+#: Tokens the repetition penalty looks back over (mlx-lm's default; the remote backends send it too).
+PENALTY_CONTEXT = 20
 _MAX_SEED = 2**64 - 1  # MLX seeds are unsigned 64-bit
 
 

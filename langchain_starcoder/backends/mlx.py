@@ -23,13 +23,12 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
-from ..types import GenerationParams, is_int
+from ..types import PENALTY_CONTEXT, GenerationParams, is_int
 from . import Generation
 from .prompt_cache import PromptCacheStore
 
 T = TypeVar("T")
 
-_PENALTY_CONTEXT = 20  # tokens the repetition penalty looks back over (mlx-lm's default)
 
 # MLX aborts the process at exit if a thread that ran MLX work has ended, or is woken while Python
 # shuts down. So worker threads never end and are never woken at exit: a closed backend's worker
@@ -317,11 +316,11 @@ def _logits_processors(params: GenerationParams, cached: Sequence[int]) -> list[
     if params.repetition_penalty is None:
         return None
     processors = make_logits_processors(
-        repetition_penalty=params.repetition_penalty, repetition_context_size=_PENALTY_CONTEXT
+        repetition_penalty=params.repetition_penalty, repetition_context_size=PENALTY_CONTEXT
     )
     if not cached:
         return processors
-    head = mx.array(list(cached[-_PENALTY_CONTEXT:]))
+    head = mx.array(list(cached[-PENALTY_CONTEXT:]))
     return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors]
 
 

@@ -24,6 +24,7 @@ itself.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -34,10 +35,9 @@ from typing import Any, TypeVar
 import httpx
 
 from ..errors import EngineClosedError, InvalidParameterError, StarCoderError
-from ..types import GREEDY_BELOW, GenerationParams
+from ..types import PENALTY_CONTEXT, GenerationParams
 from . import Generation
 
-_PENALTY_CONTEXT = 20  # tokens the repetition penalty looks back over, as the MLX backend
 _BACKOFF = 0.25  # seconds before the first retry; doubled for each next one
 T = TypeVar("T", bytes, str)
 
@@ -108,9 +108,6 @@ class RemoteBackend:
         self.max_retries = max_retries
         self._token_bytes = dict(token_bytes or {})
         self._id_bytes = {i: b for b, i in self._token_bytes.items()}
-        self._by_text: dict[str, int] = {}  # what a token shows (invalid bytes as U+FFFD) -> its id
-        for i, b in sorted(self._id_bytes.items()):
-            self._by_text.setdefault(b.decode("utf-8", "replace"), i)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             base_url=self.base_url,
@@ -380,6 +377,14 @@ class RemoteBackend:
             msg = f"The connection to {self.base_url} broke after {count()} generated tokens ({e!r})."
             raise ServerError(msg) from None
 
+    @functools.cached_property
+    def _by_text(self) -> dict[str, int]:
+        """What a token shows (invalid bytes as U+FFFD) -> its id: built only if a stream needs it."""
+        by_text: dict[str, int] = {}
+        for i, b in sorted(self._id_bytes.items()):
+            by_text.setdefault(b.decode("utf-8", "replace"), i)
+        return by_text
+
     def _withheld(self, event: dict[str, Any], ids: list[int], missing: int) -> list[int]:
         """The ids of the ``missing`` tokens llama.cpp held back because their text ended inside a
         UTF-8 character: the chunk's ``content`` is their bytes followed by those of ``ids``."""
@@ -466,12 +471,12 @@ def request_body(prompt: list[int], params: GenerationParams) -> dict[str, Any]:
         "return_tokens": True,
         "timings_per_token": True,  # the prompt-cache hit comes with the first token
         "cache_prompt": True,  # reuse the slot's KV cache for a shared prefix
-        "temperature": 0.0 if params.temperature < GREEDY_BELOW else params.temperature,
+        "temperature": params.temperature,  # below GREEDY_BELOW already 0 (greedy)
         "top_k": params.top_k,
         "top_p": params.top_p,
         "min_p": params.min_p,  # llama.cpp's default is 0.05, ours 0: always sent
         "repeat_penalty": params.repetition_penalty or 1.0,
-        "repeat_last_n": _PENALTY_CONTEXT,
+        "repeat_last_n": PENALTY_CONTEXT,
         "seed": -1 if params.seed is None else params.seed % 2**32,  # llama.cpp seeds are 32-bit
         "typical_p": 1.0,
         "presence_penalty": 0.0,
@@ -492,7 +497,7 @@ def vllm_request_body(model: str, prompt: list[int], params: GenerationParams) -
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
-        "temperature": 0.0 if params.temperature < GREEDY_BELOW else params.temperature,
+        "temperature": params.temperature,  # below GREEDY_BELOW already 0 (greedy)
         "top_p": params.top_p,
         "top_k": params.top_k or -1,  # -1: off, in every vLLM version
         "min_p": params.min_p,
