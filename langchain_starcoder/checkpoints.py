@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import shutil
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +246,7 @@ def quantize_checkpoint(
     with staged_folder(dst, force, source=src_path, command="quantize") as tmp:
         log(f"Loading {src} ...")
         # float16 like mlx-community checkpoints: the quantization scales take the weights' dtype.
-        loaded = load_model(src_path, quantize=None, group_size=group_size, dtype="float16")
+        loaded = load_model(src_path, quantize=None, group_size=group_size, dtype="float16", config=config)
         # mlx-lm reports the bits per weight on stdout; stdout is only for generated text here.
         with contextlib.redirect_stdout(sys.stderr):
             model, qconfig = quantize_model(loaded.model, loaded.config, group_size=group_size, bits=bits)
@@ -290,27 +291,21 @@ def _verify_checkpoint(path: Path) -> None:
 # --- info ------------------------------------------------------------------------------------------
 
 
-def _numel(shape: Iterable[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) -> dict[str, Any]:
     """What a checkpoint is, read from its config and safetensors headers (the weights stay on disk)."""
     import mlx.core as mx
 
-    from .loading import model_args, read_config, resolve_model_path, safetensors_header, weight_files
+    from .loading import model_args, read_config, resolve_model_path, weight_headers
 
     path = resolve_model_path(model, revision)
     config = read_config(path)
     args = model_args(config)  # the family's settings (StarCoder2 or GPTBigCode)
     quant = config.get("quantization")
     tensors: dict[str, dict[str, Any]] = {}
-    files = weight_files(path)
-    for file in files:
-        tensors.update(safetensors_header(file))
+    headers = weight_headers(path)
+    files = list(headers)
+    for header in headers.values():
+        tensors.update(header)
 
     parameters = 0
     float_bytes: Counter[str] = Counter()
@@ -319,7 +314,7 @@ def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) 
         packed = tensors.get(stem + ".weight", {}).get("dtype") == "U32"
         if packed and name.endswith((".scales", ".biases")):
             continue  # quantization metadata, not parameters
-        count = _numel(tensor["shape"])
+        count = math.prod(tensor["shape"])
         if tensor["dtype"] == "U32" and quant:
             layer_bits = (quant.get(stem) or {}).get("bits", quant.get("bits", 4))
             count = count * 32 // layer_bits

@@ -176,7 +176,7 @@ class StarCoderEngine:
             name, path = str(model), resolve_model_path(model, revision)
             config = read_config(path)
             make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
-            loader = lambda: load_model(path, **settings)  # noqa: E731
+            loader = lambda: load_model(path, config=config, **settings)  # noqa: E731
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
         tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
         backend = MLXBackend(
@@ -223,9 +223,9 @@ class StarCoderEngine:
         from .loading import load_tokenizer, model_args, read_config
 
         source = model if tokenizer is None else tokenizer
-        if os.fspath(source).lower().endswith(".gguf") and os.path.isfile(source):
-            from .gguf_format import gguf_tokenizer, read_gguf
+        from .gguf_format import gguf_tokenizer, is_gguf, read_gguf
 
+        if is_gguf(source, None) and os.path.isfile(source):
             gguf = read_gguf(source)  # its header: the tokenizer and config, not the weights
             config, tokenizer_ = gguf.config, gguf_tokenizer(gguf)
         else:
@@ -437,10 +437,7 @@ class StarCoderEngine:
             )
             raise InvalidParameterError(msg)
         self._check_room(params.max_tokens)
-        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            msg = f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
-            raise InvalidParameterError(msg)
+        self._check_in_vocab(params.stop_token_ids, "stop_token_ids")
         stops = params.stop_token_ids | self.eos_token_ids
         return dataclasses.replace(params, stop_token_ids=stops), parse
 
@@ -494,10 +491,7 @@ class StarCoderEngine:
         if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
             msg = "A batch is a non-empty list of prompts."
             raise InvalidParameterError(msg)
-        return [
-            self._prepare_fim(p, settings) if isinstance(p, FIMRequest) else self._prepare(p, settings)
-            for p in prompts
-        ]
+        return [self._prepare(p, settings) for p in prompts]
 
     def _check_ids(self, token_ids: Sequence[int]) -> list[int]:
         if isinstance(token_ids, str) or not all(is_int(t) for t in token_ids):
@@ -507,11 +501,14 @@ class StarCoderEngine:
         if not ids:
             msg = "The prompt is empty: give at least one token."
             raise InvalidParameterError(msg)
+        self._check_in_vocab(ids, "Token ids")
+        return ids
+
+    def _check_in_vocab(self, ids: Iterable[int], what: str) -> None:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            msg = f"Token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
+            msg = f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
             raise InvalidParameterError(msg)
-        return ids
 
     # --- internals: running ----------------------------------------------------------------------
 
@@ -577,12 +574,13 @@ def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
     from pathlib import Path
 
     from .errors import ModelNotFoundError
+    from .loading import is_hub_id
 
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     name = os.fspath(source)
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+    if path.exists() or not is_hub_id(name):
         msg = (
             f"The tokenizer comes from a checkpoint folder or a hub id (owner/name); {name!r} is "
             "neither. Pass tokenizer= with the served model's checkpoint folder or hub id."

@@ -33,7 +33,7 @@ from .errors import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from .loading import LoadedModel, default_compute_dtype, model_args
+from .loading import LoadedModel, _is_positive, _is_size, default_compute_dtype, is_hub_id, model_args
 
 #: StarCoder2's published attention window; llama.cpp's converter does not write it into GGUF files.
 STARCODER2_SLIDING_WINDOW = 4096
@@ -268,7 +268,7 @@ def _meta_int(header: GGUFHeader, key: str, default: int | None = None) -> int:
     if value is None:
         msg = f"{header.path} has no {key!r} in its metadata; it is not a complete llama.cpp model file."
         raise CheckpointError(msg)
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**31 - 1:
+    if not _is_size(value):
         msg = f"{header.path}: {key} is {value!r}, but it must be a whole number >= 1. Re-convert the file."
         raise CheckpointError(msg)
     return value
@@ -276,7 +276,7 @@ def _meta_int(header: GGUFHeader, key: str, default: int | None = None) -> int:
 
 def _meta_float(header: GGUFHeader, key: str, default: float) -> float:
     value = header.metadata.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < float("inf"):
+    if not _is_positive(value):
         msg = f"{header.path}: {key} is {value!r}, but it must be a positive number. Re-convert the file."
         raise CheckpointError(msg)
     # GGUF stores float32: its shortest decimal gives back what the config said (1e-05, not 9.99e-06)
@@ -552,7 +552,6 @@ def load_gguf_model(
 
     config = dict(checkpoint.config)
     layers = quantized_layers(checkpoint.header)
-    _check_quantize(checkpoint, quantize)
     family = FAMILIES[config["model_type"]]
     model = family.Model(family.ModelArgs.from_dict(config))
     if layers:
@@ -723,7 +722,7 @@ def resolve_gguf_file(model: str | os.PathLike[str], gguf_file: str | None, revi
             raise ModelNotFoundError(msg)
         return file
     name = os.fspath(model)
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+    if not is_hub_id(name):
         msg = f"No folder at {path} and {name!r} is not a hub id (owner/name) to fetch {gguf_file} from."
         raise ModelNotFoundError(msg)
     return _download(name, gguf_file, revision)
@@ -739,29 +738,30 @@ def _download(repo_id: str, filename: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
+    # Raised "from None", as loading's: the hub's chained errors (50 lines of httpx) would bury the message.
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision))
-    except RevisionNotFoundError as e:
+    except RevisionNotFoundError:
         msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
-        raise ModelNotFoundError(msg) from e
-    except GatedRepoError as e:
+        raise ModelNotFoundError(msg) from None
+    except GatedRepoError:
         msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
-        raise ModelNotFoundError(msg) from e
-    except RepositoryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except RepositoryNotFoundError:
         msg = f"Hub model {repo_id!r} does not exist (or is private: log in with `hf auth login`)."
-        raise ModelNotFoundError(msg) from e
-    except LocalEntryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except LocalEntryNotFoundError:
         msg = (
             f"Could not download {filename} of {repo_id!r}: the hub cannot be reached (or "
             "HF_HUB_OFFLINE is set) and it is not in the local cache."
         )
-        raise ModelNotFoundError(msg) from e
-    except EntryNotFoundError as e:
+        raise ModelNotFoundError(msg) from None
+    except EntryNotFoundError:
         msg = f"Hub model {repo_id!r} has no file {filename!r}; check the name (case matters)."
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
     except (OSError, ValueError) as e:
         msg = f"Download of {filename} from {repo_id!r} failed: {e}"
-        raise ModelNotFoundError(msg) from e
+        raise ModelNotFoundError(msg) from None
 
 
 # --- convert ---------------------------------------------------------------------------------------------

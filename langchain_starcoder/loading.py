@@ -83,7 +83,7 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
             raise ModelNotFoundError(msg)
         return path
     name = str(model)
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+    if not is_hub_id(name):
         msg = (
             f"No model folder at {path} and {name!r} is not a hub id (owner/name). "
             "Check the path, or build an offline checkpoint with "
@@ -91,6 +91,11 @@ def resolve_model_path(model: str | os.PathLike[str], revision: str | None = Non
         )
         raise ModelNotFoundError(msg)
     return _download(name, revision)
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` has the shape of a hub id (owner/name) rather than of a local path."""
+    return not name.startswith((".", "/", "~")) and name.count("/") == 1
 
 
 def _download(repo_id: str, revision: str | None) -> Path:
@@ -284,11 +289,6 @@ def _validate_starcoder2(config: dict[str, Any], config_file: Path) -> None:
         raise CheckpointError(msg)
 
 
-def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint, checked to be whole. Pickled weights are refused."""
-    return list(weight_headers(path))
-
-
 def weight_headers(path: Path) -> dict[Path, dict[str, Any]]:
     """Each safetensors file of a checkpoint with its checked header. Pickled weights are refused."""
     index_file = path / "model.safetensors.index.json"
@@ -479,13 +479,15 @@ def default_compute_dtype() -> mx.Dtype | None:
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
-def load_model(path: Path, *, quantize: int | None, group_size: int, dtype: str) -> LoadedModel:
+def load_model(
+    path: Path, *, quantize: int | None, group_size: int, dtype: str, config: dict[str, Any] | None = None
+) -> LoadedModel:
     """Load our module of the checkpoint's family through mlx-lm's loader; then dtype policy and
-    quantize-on-load."""
+    quantize-on-load. ``config``: the checkpoint's :func:`read_config`, when the caller has it."""
     from mlx_lm.utils import load_model as mlx_load_model
     from mlx_lm.utils import quantize_model
 
-    config = read_config(path)
+    config = read_config(path) if config is None else config
     headers = weight_headers(path)
     files = list(headers)
     check_weights_match_config(path, config, headers)

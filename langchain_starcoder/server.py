@@ -121,6 +121,11 @@ def _get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], default:
     return value
 
 
+def _include_usage(body: dict[str, Any]) -> bool:
+    """OpenAI's ``stream_options.include_usage``: a last chunk with the usage."""
+    return bool(_get(body, "stream_options", dict, {}).get("include_usage"))
+
+
 def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise _bad(f"{what} must be a string, not {type(value).__name__}.", what)
@@ -353,7 +358,7 @@ class _Server:
             return JSONResponse(chunk(choices, usage=_usage(done)))
         if len(prompts) > 1:
             raise _bad("Streaming takes one prompt; send a list of prompts without stream.", "prompt")
-        include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+        include_usage = _include_usage(body)
 
         def events(c: CompletionChunk) -> list[dict[str, Any]]:
             out = [chunk([choice(0, c.text, c.finish_reason)])] if c.text or c.finish_reason else []
@@ -412,7 +417,7 @@ class _Server:
             message = {"role": "assistant", "content": done.text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
             return JSONResponse(chunk("chat.completion", [choice], usage=_usage([done])))
-        include_usage = bool((_get(body, "stream_options", dict, {}) or {}).get("include_usage"))
+        include_usage = _include_usage(body)
         first = [True]
 
         def events(c: CompletionChunk) -> list[dict[str, Any]]:

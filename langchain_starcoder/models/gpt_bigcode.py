@@ -23,9 +23,6 @@ from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_
 from ..errors import UnsupportedModelError
 from . import ACTIVATIONS
 
-#: The ``activation_function`` values this module runs, and their MLX functions (transformers'
-#: ``gelu_fast`` and ``gelu_new`` are the tanh approximation, as ``gelu_pytorch_tanh`` is).
-
 
 @dataclass
 class ModelArgs(BaseModelArgs):
@@ -86,11 +83,6 @@ class ModelArgs(BaseModelArgs):
 
     @property
     def sliding_window(self) -> None:
-        return None
-
-    @property
-    def rope_theta(self) -> None:
-        """No RoPE: positions are learned (``checkpoints.info`` reports this)."""
         return None
 
 

@@ -19,8 +19,6 @@ from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_
 from ..errors import UnsupportedModelError
 from . import ACTIVATIONS
 
-#: The ``hidden_act`` values this module runs, and their MLX functions.
-
 
 @dataclass
 class ModelArgs(BaseModelArgs):
