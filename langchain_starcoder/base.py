@@ -200,14 +200,13 @@ class StarCoderSettings(BaseModel):
 
     async def _aengine_for(self, model: str | None) -> StarCoderEngine:
         """:meth:`_engine_for` for async code: a first load runs in a thread, off the event loop."""
+        return self._loaded_engine(model) or await asyncio.to_thread(self._engine_for, model)
+
+    def _loaded_engine(self, model: str | None = None) -> StarCoderEngine | None:
+        """The engine for ``model`` (None: this wrapper's) if loaded already, else None (never loads)."""
         if self.given_engine is not None and model in (None, self.model):
             return self.given_engine
-        loaded = registry.peek_engine(model or self.model, **self._load_settings())
-        return loaded or await asyncio.to_thread(self._engine_for, model)
-
-    def _loaded_engine(self) -> StarCoderEngine | None:
-        """The engine if it is loaded already, else None (never loads)."""
-        return self.given_engine or registry.peek_engine(self.model, **self._load_settings())
+        return registry.peek_engine(model or self.model, **self._load_settings())
 
     def _checkpoint_name(self) -> str:
         """``model``, or the GGUF file ``gguf_file`` in it (as the engine names it)."""

@@ -202,7 +202,7 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
         request.file_path or None,
         request.max_prompt_tokens,
     )
-    repo_level = bool(files or repo_name or file_path)
+    repo_level = request.repo_level
     layout = _layout(codec) if repo_level else "fim"
     if layout == "starcoder":
         needed = list(_FIM) + (["<reponame>"] if repo_name else [])

@@ -127,8 +127,6 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     # Set here too: LangChain's base classes would otherwise turn extra="forbid" back to "ignore".
     model_config = MODEL_CONFIG
 
-    _ls_model_type = "llm"
-
     @property
     def _llm_type(self) -> str:
         return "starcoder-mlx"

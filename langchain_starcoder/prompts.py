@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, fields
+from dataclasses import fields
 from string import Formatter
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,7 +44,7 @@ def render_fim_text(request: FIMRequest) -> str:
         hole = f"<fim_prefix><fim_suffix>{suffix}<fim_middle>{header}{prefix}"
     else:
         hole = f"<fim_prefix>{header}{prefix}<fim_suffix>{suffix}<fim_middle>"
-    if not (files or repo_name or file_path):
+    if not request.repo_level:
         return hole
     head = f"<repo_name>{repo_name}" if repo_name else ""
     body = "".join(f"<file_sep>{f.path}\n{f.text}" if f.path else f"<file_sep>{f.text}" for f in files)
@@ -190,7 +190,7 @@ class FIMPromptValue(_InPrompts, PromptValue):
 
     @classmethod
     def from_request(cls, request: FIMRequest) -> FIMPromptValue:
-        data = asdict(request)
+        data = {f.name: getattr(request, f.name) for f in fields(FIMRequest)}
         data["context_files"] = [(f.path, f.text) for f in request.context_files]
         return cls(**data)
 
