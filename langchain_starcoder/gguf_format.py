@@ -543,12 +543,10 @@ def load_gguf_model(
     checkpoint: GGUFCheckpoint, *, quantize: int | None, group_size: int, dtype: str
 ) -> LoadedModel:
     """Build our module from a checked GGUF file; then the same dtype policy and quantize-on-load
-    as safetensors checkpoints (``loading.load_model``)."""
-    import mlx.core as mx
+    as safetensors checkpoints (``loading.finish_loading``)."""
     import mlx.nn as nn
-    from mlx_lm.utils import quantize_model
 
-    from .loading import FAMILIES
+    from .loading import FAMILIES, finish_loading
 
     config = dict(checkpoint.config)
     layers = quantized_layers(checkpoint.header)
@@ -562,15 +560,9 @@ def load_gguf_model(
     except ValueError as e:
         msg = f"The weights of {checkpoint.path} do not fit a {config['model_type']} model: {e}"
         raise CheckpointError(msg) from e
-    target = default_compute_dtype() if dtype == "auto" else getattr(mx, dtype)
-    if target is not None:
-        model.set_dtype(target)  # floats only: packed quantized weights stay as they are
     if layers:
         config["quantization"] = {"group_size": GROUP_SIZE, **_quantization_entries(layers)}
-    if quantize is not None:
-        model, config = quantize_model(model, config, group_size=group_size, bits=quantize)
-    mx.eval(model.parameters())
-    return LoadedModel(model, model_args(config), config)
+    return finish_loading(model, config, quantize=quantize, group_size=group_size, dtype=dtype)
 
 
 def _check_quantize(checkpoint: GGUFCheckpoint, quantize: int | None) -> None:

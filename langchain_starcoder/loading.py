@@ -485,7 +485,6 @@ def load_model(
     """Load our module of the checkpoint's family through mlx-lm's loader; then dtype policy and
     quantize-on-load. ``config``: the checkpoint's :func:`read_config`, when the caller has it."""
     from mlx_lm.utils import load_model as mlx_load_model
-    from mlx_lm.utils import quantize_model
 
     config = read_config(path) if config is None else config
     headers = weight_headers(path)
@@ -511,6 +510,16 @@ def load_model(
     except (RuntimeError, OSError) as e:
         msg = f"Could not read the weights {[f.name for f in files]} in {path}: {e}. Re-download them."
         raise CheckpointError(msg) from e
+
+    return finish_loading(model, config, quantize=quantize, group_size=group_size, dtype=dtype)
+
+
+def finish_loading(
+    model: Any, config: dict[str, Any], *, quantize: int | None, group_size: int, dtype: str
+) -> LoadedModel:
+    """What every weight format gets once its module holds the weights: the dtype policy, then
+    quantize-on-load; the weights evaluated."""
+    from mlx_lm.utils import quantize_model
 
     target = default_compute_dtype() if dtype == "auto" else getattr(mx, dtype)
     if target is not None:
