@@ -178,10 +178,10 @@ class StarCoderSettings(BaseModel):
     def _check_settings(self) -> Self:
         # Refuse bad settings at construction, before anything is loaded.
         GenerationParams.create(**self._default_generation())
-        remote = {"tokenizer", *_CONNECTION}
-        remote_only = remote & self.model_fields_set if self.base_url is None else set()
-        local = {"quantize", "dtype", "kv_bits", "gguf_file"}
-        local_only = local & self.model_fields_set if self.base_url else set()
+        # Set away from its default (LangChain's serialization sets every truthy field, defaults too).
+        changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+        remote_only = changed & {"tokenizer", *_CONNECTION} if self.base_url is None else set()
+        local_only = changed & {"quantize", "dtype", "kv_bits", "gguf_file"} if self.base_url else set()
         if remote_only or local_only:
             which = "needs base_url" if remote_only else "applies to a local model, not to base_url"
             msg = f"{sorted(remote_only or local_only)} {which}."

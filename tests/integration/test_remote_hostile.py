@@ -501,3 +501,22 @@ def test_infill_timings_say_unknown_as_null() -> None:
     timings = _infill_response("tiny", completion, "x", False, 1)["timings"]
     assert timings["prompt_ms"] is None and timings["prompt_per_second"] is None
     assert timings["prompt_per_token_ms"] is None and timings["predicted_per_second"] == 2.0
+
+
+def test_a_remote_wrapper_round_trips_through_langchain_serialization(tiny_path: Path) -> None:
+    """LangChain writes every truthy field, defaults included (dtype "auto", timeout 60): loading that
+    back is not "a local setting with base_url" nor "a remote setting without it"."""
+    from langchain_core.load import dumpd, load
+
+    for llm in (
+        StarCoderLLM(
+            base_url="http://127.0.0.1:1", model="tiny", tokenizer=str(tiny_path), timeout=7, deadline=30
+        ),
+        StarCoderLLM(model=str(tiny_path)),
+    ):
+        restored = load(dumpd(llm), valid_namespaces=["langchain_starcoder"], allowed_objects=[StarCoderLLM])
+        assert (restored.base_url, restored.timeout, restored.deadline) == (
+            llm.base_url,
+            llm.timeout,
+            llm.deadline,
+        )
