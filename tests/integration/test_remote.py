@@ -264,7 +264,9 @@ def test_prompt_seconds_is_the_servers_own_prefill_time(remote: StarCoderEngine,
     before = _predicted_after_idle(server.url, "prompt_seconds_total")
     completion = remote.generate("# a prompt no other test sends\n" + PROMPTS[1] * 30, max_tokens=4)
     spent = _predicted_after_idle(server.url, "prompt_seconds_total") - before
-    assert completion.prompt_seconds == pytest.approx(spent, rel=0.01, abs=1e-4)
+    # The metric is summed a little apart from each answer's timings (0.1-0.4 ms here); the old
+    # figure was some microseconds, for a prefill of 10+ ms.
+    assert completion.prompt_seconds == pytest.approx(spent, rel=0.05, abs=1e-3)
     new = completion.prompt_tokens - completion.cached_tokens
     assert completion.prompt_tps == pytest.approx(new / spent, rel=0.05)
 

@@ -520,3 +520,13 @@ def test_a_remote_wrapper_round_trips_through_langchain_serialization(tiny_path:
             llm.timeout,
             llm.deadline,
         )
+
+
+def test_the_local_engine_still_times_its_prefill(tiny_engine: StarCoderEngine) -> None:
+    started = time.perf_counter()
+    completion = tiny_engine.generate("def local_timing(x):\n" * 8, max_tokens=2)
+    assert 0 < completion.prompt_seconds < time.perf_counter() - started
+    assert (
+        completion.prompt_tps
+        == (completion.prompt_tokens - completion.cached_tokens) / completion.prompt_seconds
+    )
