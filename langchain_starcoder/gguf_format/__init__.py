@@ -3,7 +3,8 @@ our modules' weights, tokenizer.
 
 One module per step, each reading the one before's checked view of the file:
 
-- ``header``: the binary header (metadata, tensor table), checked against the file's size;
+- ``header``: the binary header (metadata, tensor table); every count and length it declares is
+  checked against the file's size before anything is allocated from it (hostile files fail fast);
 - ``ggml_types``: ggml's tensor types and which of them this package reads;
 - ``layout``: llama.cpp's tensor names and shapes per architecture, and ours;
 - ``checkpoint``: the config the metadata implies, and the tensors it must hold (``read_gguf``);
@@ -11,6 +12,9 @@ One module per step, each reading the one before's checked view of the file:
 - ``tokenizer``: the tokenizer ``tokenizer.ggml.*`` describes;
 - ``hub``: where the file is (a path, a folder, a hub repo); ``load``: the engine's entry point;
 - ``convert``: GGUF -> an MLX checkpoint folder.
+
+Writing GGUF files (any checkpoint, with the ``gguf`` package) belongs beside ``convert`` as its own
+module, reusing ``layout``'s names and shapes.
 
 The weights are read by MLX's own GGUF reader (``mx.load``), which returns Q4_0, Q4_1 and Q8_0 as MLX
 affine group-32 quantized triples (exactly: no dequantize-requantize round trip) and the K-quants

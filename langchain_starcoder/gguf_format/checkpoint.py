@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import reprlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, InvalidParameterError, UnsupportedModelError
-from ..loading import _is_positive, _is_size, model_args
+from ..loading import model_args, validate_config
 from .ggml_types import DEQUANTIZED_TYPES, QUANTIZED_TYPES, SUPPORTED_TYPES, supported_types_text
 from .header import GGUFHeader, read_header
-from .layout import LAYOUTS, expected_shapes
+from .layout import LAYOUTS, block_of, expected_shapes
 
 #: StarCoder2's published attention window; llama.cpp's converter does not write it into GGUF files.
 STARCODER2_SLIDING_WINDOW = 4096
@@ -37,29 +38,42 @@ class GGUFCheckpoint:
         return self.header.path
 
 
-def _meta_int(header: GGUFHeader, key: str, default: int | None = None) -> int:
-    value = header.metadata.get(key, default)
-    if value is None:
-        msg = f"{header.path} has no {key!r} in its metadata; it is not a complete llama.cpp model file."
-        raise CheckpointError(msg)
-    if not _is_size(value):
-        msg = f"{header.path}: {key} is {value!r}, but it must be a whole number >= 1. Re-convert the file."
-        raise CheckpointError(msg)
-    return value
-
-
-def _meta_float(header: GGUFHeader, key: str, default: float) -> float:
-    value = header.metadata.get(key, default)
-    if not _is_positive(value):
-        msg = f"{header.path}: {key} is {value!r}, but it must be a positive number. Re-convert the file."
-        raise CheckpointError(msg)
-    # GGUF stores float32: its shortest decimal gives back what the config said (1e-05, not 9.99e-06)
-    return float(str(np.float32(value))) if isinstance(value, float) else float(value)
+#: Each config.json setting and the llama.cpp metadata key (after ``{arch}.``) it comes from.
+_STARCODER2_KEYS = {
+    "hidden_size": "embedding_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "intermediate_size": "feed_forward_length",
+    "max_position_embeddings": "context_length",
+    "rope_theta": "rope.freq_base",
+    "norm_epsilon": "attention.layer_norm_epsilon",
+    "sliding_window": "attention.sliding_window",
+}
+_STARCODER_KEYS = {
+    "n_embd": "embedding_length",
+    "n_layer": "block_count",
+    "n_head": "attention.head_count",
+    "n_inner": "feed_forward_length",
+    "n_positions": "context_length",
+    "layer_norm_epsilon": "attention.layer_norm_epsilon",
+}
+#: What llama.cpp itself requires of a model file (config.json may leave some of these out).
+_REQUIRED = (
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "feed_forward_length",
+    "context_length",
+)
+_TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id"}
+_FIX = "Re-convert the file with llama.cpp's convert_hf_to_gguf.py, or download it again."
 
 
 def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None) -> GGUFCheckpoint:
     """Parse and check a GGUF file: architecture, sizes, every tensor's name, type and shape.
 
+    The config its metadata implies passes the same rules as a config.json (``loading.validate_config``).
     ``sliding_window`` (StarCoder2): the attention window (0 for full attention); by default the
     file's ``starcoder2.attention.sliding_window``, else StarCoder2's published 4096 (with a notice).
     """
@@ -76,9 +90,9 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
         )
         raise CheckpointError(msg)
     arch = header.arch
-    if arch not in LAYOUTS:
+    if not isinstance(arch, str) or arch not in LAYOUTS:
         msg = (
-            f"{header.path} holds a {arch!r} model; langchain-starcoder runs GGUF files of the "
+            f"{header.path} holds a {reprlib.repr(arch)} model; langchain-starcoder runs GGUF files of the "
             f"architectures {list(LAYOUTS)} (StarCoder2, and StarCoder / GPTBigCode)."
         )
         raise UnsupportedModelError(msg)
@@ -86,61 +100,70 @@ def read_gguf(path: str | os.PathLike[str], *, sliding_window: int | None = None
     if embed is None or len(embed.shape) != 2:
         msg = f"{header.path} has no 2-D tensor token_embd.weight; it is not a complete model file."
         raise CheckpointError(msg)
+    missing = [f"{arch}.{key}" for key in _REQUIRED if f"{arch}.{key}" not in header.metadata]
+    if missing:
+        msg = (
+            f"{header.path} has no {missing[0]!r} in its metadata; it is not a complete llama.cpp model file."
+        )
+        raise CheckpointError(msg)
     notices: list[str] = []
     if arch == "starcoder":
         config = _starcoder_config(header, sliding_window)
     else:
         config = _starcoder2_config(header, sliding_window, notices)
     config |= {"vocab_size": embed.shape[0], "tie_word_embeddings": "output.weight" not in header.tensors}
-    for key, name in (("bos_token_id", "bos"), ("eos_token_id", "eos")):
-        token = header.metadata.get(f"tokenizer.ggml.{name}_token_id")
-        if isinstance(token, int):
-            config[key] = token
+    config |= {key: header.metadata[name] for key, name in _TOKEN_KEYS.items() if name in header.metadata}
+    keys = _STARCODER_KEYS if arch == "starcoder" else _STARCODER2_KEYS
+    names = {key: f"{arch}.{name}" for key, name in keys.items()}
+    names |= {**_TOKEN_KEYS, "vocab_size": "the rows of token_embd.weight"}
+    validate_config(config, header.path, names=names, fix=_FIX)
+    if arch == "starcoder":
+        _check_one_kv_head(header)
     _check_tensors(header, config)
     return GGUFCheckpoint(header, config, notices)
 
 
+def _from_metadata(header: GGUFHeader, keys: dict[str, str]) -> dict[str, Any]:
+    """The settings the metadata records, as they are (``validate_config`` checks them)."""
+    config = {}
+    for key, name in keys.items():
+        if (value := header.metadata.get(f"{header.arch}.{name}")) is not None:
+            # GGUF stores float32: its shortest decimal gives back what the config said (1e-05, not 9.99e-06)
+            config[key] = float(str(np.float32(value))) if isinstance(value, float) else value
+    return config
+
+
 def _starcoder2_config(header: GGUFHeader, sliding_window: int | None, notices: list[str]) -> dict[str, Any]:
     """A Starcoder2 config.json's settings from llama.cpp's ``starcoder2.*`` metadata."""
-    window = sliding_window
-    if window is None:
-        window = header.metadata.get("starcoder2.attention.sliding_window")
-        if window is None:
-            window = STARCODER2_SLIDING_WINDOW
-            notices.append(
-                f"{header.path.name} does not record StarCoder2's attention window (llama.cpp's converter "
-                f"drops it); using the published {window}. Pass sliding_window= to override."
-            )
-    if "starcoder2.rope.freq_base" not in header.metadata:
+    config = _from_metadata(header, _STARCODER2_KEYS)
+    if sliding_window is not None:
+        config["sliding_window"] = sliding_window
+    elif "sliding_window" not in config:
+        config["sliding_window"] = STARCODER2_SLIDING_WINDOW
+        notices.append(
+            f"{header.path.name} does not record StarCoder2's attention window (llama.cpp's converter "
+            f"drops it); using the published {STARCODER2_SLIDING_WINDOW}. To override it, pass "
+            "sliding_window= (--sliding-window on the command line)."
+        )
+    if type(config["sliding_window"]) is int and config["sliding_window"] == 0:
+        config["sliding_window"] = None  # GGUF's (and our parameter's) 0 is full attention
+    if "rope_theta" not in config:
         notices.append(
             f"{header.path.name} does not record rope.freq_base; using llama.cpp's default 10000 "
             "(StarCoder2 checkpoints use 100000 to 1000000: check where the file came from)."
         )
-    heads = _meta_int(header, "starcoder2.attention.head_count")
-    config = {
+    # llama.cpp's defaults when a key is absent: as many KV heads as heads, RoPE base 10000
+    if "num_attention_heads" in config:
+        config.setdefault("num_key_value_heads", config["num_attention_heads"])
+    config.setdefault("rope_theta", 10000.0)
+    config.setdefault("norm_epsilon", 1e-5)
+    return {
         "model_type": "starcoder2",
         "architectures": ["Starcoder2ForCausalLM"],
-        "hidden_size": _meta_int(header, "starcoder2.embedding_length"),
-        "num_hidden_layers": _meta_int(header, "starcoder2.block_count"),
-        "num_attention_heads": heads,
-        # llama.cpp's defaults when a key is absent: as many KV heads as heads, RoPE base 10000
-        "num_key_value_heads": _meta_int(header, "starcoder2.attention.head_count_kv", heads),
-        "intermediate_size": _meta_int(header, "starcoder2.feed_forward_length"),
-        "max_position_embeddings": _meta_int(header, "starcoder2.context_length"),
-        "rope_theta": _meta_float(header, "starcoder2.rope.freq_base", 10000.0),
-        "norm_epsilon": _meta_float(header, "starcoder2.attention.layer_norm_epsilon", 1e-5),
-        "sliding_window": window or None,
+        **config,
         "hidden_act": "gelu_pytorch_tanh",  # what llama.cpp's starcoder2 graph computes
         "use_bias": "blk.0.attn_q.bias" in header.tensors,
     }
-    hidden, kv_heads = config["hidden_size"], config["num_key_value_heads"]
-    if hidden % heads or heads % kv_heads:
-        msg = (
-            f"{header.path}: embedding_length {hidden}, head_count {heads} and head_count_kv {kv_heads} "
-            "do not fit: the heads must divide the embedding and the KV heads the heads."
-        )
-        raise CheckpointError(msg)
-    return config
 
 
 def _starcoder_config(header: GGUFHeader, sliding_window: int | None) -> dict[str, Any]:
@@ -148,36 +171,42 @@ def _starcoder_config(header: GGUFHeader, sliding_window: int | None) -> dict[st
     if sliding_window:
         msg = f"sliding_window= applies to StarCoder2; {header.path.name} is a StarCoder (v1) model."
         raise InvalidParameterError(msg)
-    hidden, heads = (
-        _meta_int(header, "starcoder.embedding_length"),
-        _meta_int(header, "starcoder.attention.head_count"),
-    )
-    kv_heads = _meta_int(header, "starcoder.attention.head_count_kv", 1)
-    if kv_heads != 1 or hidden % heads:
-        msg = (
-            f"{header.path}: head_count_kv {kv_heads}, embedding_length {hidden}, head_count {heads}: "
-            "StarCoder GGUF files have one key/value head (multi-query) and heads that divide the embedding."
-        )
-        raise UnsupportedModelError(msg)
     return {
         "model_type": "gpt_bigcode",
         "architectures": ["GPTBigCodeForCausalLM"],
-        "n_embd": hidden,
-        "n_layer": _meta_int(header, "starcoder.block_count"),
-        "n_head": heads,
-        "n_inner": _meta_int(header, "starcoder.feed_forward_length"),
-        "n_positions": _meta_int(header, "starcoder.context_length"),
-        "layer_norm_epsilon": _meta_float(header, "starcoder.attention.layer_norm_epsilon", 1e-5),
+        "layer_norm_epsilon": 1e-5,
+        **_from_metadata(header, _STARCODER_KEYS),
         "activation_function": "gelu_pytorch_tanh",  # what llama.cpp's starcoder graph computes
         "multi_query": True,
         "scale_attn_weights": True,
     }
 
 
+def _check_one_kv_head(header: GGUFHeader) -> None:
+    kv_heads = header.metadata.get("starcoder.attention.head_count_kv", 1)
+    if type(kv_heads) is not int or kv_heads != 1:
+        msg = (
+            f"{header.path}: starcoder.attention.head_count_kv is {reprlib.repr(kv_heads)}: StarCoder GGUF "
+            "files have one key/value head (multi-query)."
+        )
+        raise UnsupportedModelError(msg)
+
+
 def _check_tensors(header: GGUFHeader, config: dict[str, Any]) -> None:
     """Every tensor the metadata implies, of that shape and a supported type, and no other."""
-    expected = expected_shapes(config)
     args = model_args(config)
+    # The blocks first: the table of expected tensors grows with block_count, which a header may
+    # set to millions; the file's own tensor table is bounded by its size.
+    n = args.num_hidden_layers
+    blocks = {i for name in header.tensors if (i := block_of(name)) is not None}
+    if len(blocks) != n or max(blocks, default=-1) != n - 1:  # i.e. blocks 0 to n - 1
+        found = f"blocks {min(blocks)} to {max(blocks)}" if blocks else "no blocks"
+        msg = (
+            f"{header.path}: its metadata says {header.arch}.block_count is {n}, but its tensors are "
+            f"of {found} ({len(blocks)} in all). {_FIX}"
+        )
+        raise CheckpointError(msg)
+    expected = expected_shapes(config)
     sizes = ", ".join(
         f"{k} {getattr(args, k)}" for k in ("num_hidden_layers", "hidden_size", "intermediate_size")
     )

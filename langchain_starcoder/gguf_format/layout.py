@@ -48,6 +48,15 @@ LAYOUTS = {
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)")
 
 
+_BLOCK = re.compile(r"blk\.(\d{1,9})\.")
+
+
+def block_of(name: str) -> int | None:
+    """The block (layer) a llama.cpp tensor is in (``blk.3.ffn_up.weight`` -> 3); None outside the blocks."""
+    m = _BLOCK.match(name)
+    return None if m is None else int(m[1])
+
+
 def our_name(name: str, arch: str = "starcoder2") -> str | None:
     """llama.cpp's tensor name (``blk.3.ffn_up.weight``, or its ``.scales``/``.biases`` as MLX reads
     a quantized one) -> Hugging Face's (``model.layers.3.mlp.c_fc.weight``); None if unknown."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from ..errors import CheckpointError, UnsupportedModelError
@@ -10,6 +11,8 @@ from .checkpoint import GGUFCheckpoint
 
 _CONTROL, _USER_DEFINED = 3, 4
 _PRE_TOKENIZERS = ("starcoder",)
+#: The special tokens a file may name by id (``tokenizer.ggml.{name}_token_id``).
+_SPECIAL = ("bos", "eos", "unknown", "padding")
 
 
 def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
@@ -30,13 +33,25 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
     tokens, merges = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges")
     if kind != "gpt2" or not isinstance(tokens, list) or not isinstance(merges, list):
         msg = (
-            f"{path} carries no byte-level BPE tokenizer (tokenizer.ggml.model is {kind!r}, with "
-            "tokens and merges): StarCoder files have one. Re-convert it with llama.cpp."
+            f"{path} carries no byte-level BPE tokenizer (tokenizer.ggml.model is {reprlib.repr(kind)}, "
+            "with tokens and merges): StarCoder files have one. Re-convert it with llama.cpp."
         )
         raise CheckpointError(msg)
     if pre not in _PRE_TOKENIZERS:
-        msg = f"{path}: tokenizer.ggml.pre {pre!r} is not StarCoder's; supported: {list(_PRE_TOKENIZERS)}."
+        msg = (
+            f"{path}: tokenizer.ggml.pre {reprlib.repr(pre)} is not StarCoder's; "
+            f"supported: {list(_PRE_TOKENIZERS)}."
+        )
         raise UnsupportedModelError(msg)
+    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not all(isinstance(t, str) for t in [*tokens, *merges]) or not (
+        isinstance(types, list) and len(types) == len(tokens) and all(type(t) is int for t in types)
+    ):
+        msg = (
+            f"{path}: the tokenizer's tokens and merges must be strings and its token types one whole "
+            "number a token; re-convert the file."
+        )
+        raise CheckpointError(msg)
     vocab = {token: i for i, token in enumerate(tokens)}
     if len(vocab) != len(tokens) or len(tokens) > checkpoint.config["vocab_size"]:
         msg = (
@@ -44,7 +59,17 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
             f"embedding's {checkpoint.config['vocab_size']} rows; re-convert the file."
         )
         raise CheckpointError(msg)
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    special: dict[str, int] = {}
+    for key in _SPECIAL:
+        name = f"tokenizer.ggml.{key}_token_id"
+        if name in meta:
+            i = special[key] = meta[name]
+            if type(i) is not int or not 0 <= i < len(tokens):
+                msg = (
+                    f"{path}: {name} is {reprlib.repr(i)}, but it must be the id of one of its "
+                    f"{len(tokens)} tokens (0 to {len(tokens) - 1}); re-convert the file."
+                )
+                raise CheckpointError(msg)
     try:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         bpe = models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False)
@@ -66,8 +91,7 @@ def gguf_tokenizer(checkpoint: GGUFCheckpoint) -> Any:
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
 
     def token(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+        return tokens[special[key]] if key in special else None
 
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
