@@ -45,9 +45,13 @@ def tokenizer_copy(backend: Any, *, parse_special_tokens: bool) -> Any:
     """A private copy of a ``tokenizers.Tokenizer`` that parses control-token strings, or reads them
     as plain text. Private: transformers flips the shared one's ``encode_special_tokens`` whenever
     anyone encodes with ``split_special_tokens=True``."""
+    return _copy(backend.to_str(), parse_special_tokens)
+
+
+def _copy(spec: str, parse_special_tokens: bool) -> Any:
     from tokenizers import Tokenizer
 
-    copy = Tokenizer.from_str(backend.to_str())
+    copy = Tokenizer.from_str(spec)
     copy.encode_special_tokens = not parse_special_tokens
     return copy
 
@@ -110,10 +114,10 @@ def codec_for(tokenizer: Any) -> Codec:
             return _codecs[inner]
     backend = inner if isinstance(inner, Tokenizer) else getattr(inner, "backend_tokenizer", None)
     if isinstance(backend, Tokenizer):
+        spec = backend.to_str()
         controls = frozenset(t.content for t in backend.get_added_tokens_decoder().values() if t.special)
-        encode, encode_ids = _fast_encoders(tokenizer_copy(backend, parse_special_tokens=False))
-        token_id = backend.token_to_id
-        longest = _longest_token(backend)
+        encode, encode_ids = _fast_encoders(_copy(spec, parse_special_tokens=False))
+        token_id, longest = backend.token_to_id, _longest_token(json.loads(spec))
     elif all(callable(getattr(inner, name, None)) for name in ("encode", "get_vocab")) and isinstance(
         getattr(inner, "added_tokens_decoder", None), Mapping
     ):  # a Python (slow) transformers tokenizer
@@ -180,20 +184,18 @@ def _keeps_text(pre_tokenizer: dict[str, Any] | None) -> bool:
     return pre_tokenizer.get("type") in _KEEPING_PRE_TOKENIZERS and pre_tokenizer.get("behavior") != "Removed"
 
 
-def _longest_token(backend: Any) -> int | None:
-    """See :func:`max_text_chars`."""
-    from tokenizers import models
-
-    model, spec = backend.model, json.loads(backend.to_str())
+def _longest_token(spec: dict[str, Any]) -> int | None:
+    """See :func:`max_text_chars`; ``spec`` is the tokenizer.json."""
+    model, added = spec.get("model") or {}, spec.get("added_tokens") or []
     if (
         spec.get("normalizer") is not None
         or not _keeps_text(spec.get("pre_tokenizer"))
-        or not isinstance(model, models.BPE)
-        or (model.unk_token is not None and model.fuse_unk)
-        or any(t.lstrip or t.rstrip for t in backend.get_added_tokens_decoder().values())
+        or model.get("type") != "BPE"
+        or (model.get("unk_token") is not None and model.get("fuse_unk"))
+        or any(t.get("lstrip") or t.get("rstrip") for t in added)
     ):
         return None
-    return max(map(len, backend.get_vocab(with_added_tokens=True)), default=1)
+    return max(map(len, [*model.get("vocab", {}), *(t["content"] for t in added)]), default=1)
 
 
 def parsing_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
