@@ -7,10 +7,12 @@ so the command line starts fast.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -110,18 +112,73 @@ def check_destination(dst: Path, force: bool, source: Path | None = None) -> Non
             raise DestinationError(msg)
 
 
+#: Inside a staging folder while its writer lives, locked by it: a folder whose lock nobody holds is the
+#: leftover of a run that was killed (out of memory, SIGKILL), and the next run removes it.
+_STAGING_LOCK = "langchain-starcoder.partial"
+
+
+def _claim(tmp: Path) -> int:
+    """Lock ``tmp`` as this process's staging folder; the lock lives as long as the returned descriptor
+    (or the process: the kernel drops it even on SIGKILL). The file appears under its name already locked,
+    so another run never sees it unlocked."""
+    pending = tmp / f"{_STAGING_LOCK}.new"
+    fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"written_by": _WRITTEN_BY, "pid": os.getpid()}).encode())
+    os.rename(pending, tmp / _STAGING_LOCK)
+    return fd
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether ``folder`` is a staging folder of this package whose writer is gone. Folders without the
+    lock file (another program's, or an older version's) are never taken for one."""
+    try:
+        fd = os.open(folder / _STAGING_LOCK, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False  # its writer is still at work
+    try:
+        return json.loads(os.read(fd, 4096) or b"{}").get("written_by") == _WRITTEN_BY
+    except (ValueError, AttributeError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_abandoned(dst: Path) -> None:
+    """Delete what killed runs writing ``dst`` left beside it; name, but keep, lookalikes that are not
+    provably abandoned builds of ours."""
+    pattern = re.compile(rf"\.{re.escape(dst.name)}\.[0-9a-f]{{8}}\.partial")
+    for folder in sorted(dst.parent.iterdir()):
+        if not (pattern.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink()):
+            continue
+        if _abandoned(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            _log(f"Removed {folder}, left by an earlier run that did not finish.")
+        elif not (folder / _STAGING_LOCK).exists():
+            _log(f"Left {folder} alone (no lock file: not a run of this version); delete it if it is stale.")
+
+
 @contextlib.contextmanager
 def staged_folder(dst: Path, force: bool, *, source: Path | None = None, command: str) -> Iterator[Path]:
     """Yield a temporary folder beside ``dst``; on success it gets the marker and becomes ``dst``, on
-    any failure (Ctrl-C included) it is deleted, so a half-written ``dst`` never exists."""
+    any failure (Ctrl-C included) it is deleted, so a half-written ``dst`` never exists. Staging folders
+    of earlier runs for ``dst`` that were killed before they could clean up are removed first."""
     check_destination(dst, force, source)
     given, dst = dst, dst.resolve()  # "." or "a/.." have no usable name or parent; links were checked
     dst.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkdtemp: its folders are private (0700), and this one becomes dst.
     tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
     tmp.mkdir()
+    lock = _claim(tmp)
     try:
+        _remove_abandoned(dst)
         yield tmp
+        (tmp / _STAGING_LOCK).unlink()  # still held through ``lock`` until the end
         marker = {"written_by": _WRITTEN_BY, "command": command}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         check_destination(given, force, source)  # someone may have written dst meanwhile
@@ -140,6 +197,7 @@ def staged_folder(dst: Path, force: bool, *, source: Path | None = None, command
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        os.close(lock)
 
 
 # --- filling a file in place -----------------------------------------------------------------------
@@ -291,19 +349,34 @@ def _verify_checkpoint(path: Path) -> None:
 # --- info ------------------------------------------------------------------------------------------
 
 
-def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) -> dict[str, Any]:
-    """What a checkpoint is, read from its config and safetensors headers (the weights stay on disk)."""
-    import mlx.core as mx
+def checkpoint_info(
+    model: str | os.PathLike[str],
+    revision: str | None = None,
+    *,
+    gguf_file: str | None = None,
+    sliding_window: int | None = None,
+) -> dict[str, Any]:
+    """What a checkpoint is, read from its config and safetensors headers, or from a GGUF file's metadata
+    and tensor table (the weights stay on disk). ``gguf_file`` and ``sliding_window`` as in
+    ``StarCoderEngine.load``; a GGUF file's notices (defaults it filled in) are warnings (``GGUFNotice``)."""
+    from .gguf_format import is_gguf
 
-    from .loading import model_args, read_config, resolve_model_path, weight_headers
+    if is_gguf(model, gguf_file):
+        return _gguf_info(model, gguf_file, revision, sliding_window)
+    if sliding_window is not None:
+        msg = "--sliding-window applies to GGUF files only; a checkpoint folder's config.json sets it."
+        raise InvalidParameterError(msg)
+    return _folder_info(model, revision)
+
+
+def _folder_info(model: str | os.PathLike[str], revision: str | None) -> dict[str, Any]:
+    from .loading import read_config, resolve_model_path, weight_headers
 
     path = resolve_model_path(model, revision)
     config = read_config(path)
-    args = model_args(config)  # the family's settings (StarCoder2 or GPTBigCode)
     quant = config.get("quantization")
     tensors: dict[str, dict[str, Any]] = {}
     headers = weight_headers(path)
-    files = list(headers)
     for header in headers.values():
         tensors.update(header)
 
@@ -329,6 +402,68 @@ def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) 
     with contextlib.suppress(OSError, json.JSONDecodeError):
         tok = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
         added |= {t.get("content") for t in tok.get("added_tokens", [])}
+    chat_template = bool(tokenizer_config.get("chat_template")) or (path / "chat_template.jinja").is_file()
+    quantization = None
+    if quant:
+        quantization = {"bits": quant.get("bits"), "group_size": quant.get("group_size")}
+        quantization["mode"] = quant.get("mode", "affine")
+    return _describe(
+        model, path, config, parameters, stored, quantization, list(headers), added, chat_template
+    )
+
+
+def _gguf_info(
+    model: str | os.PathLike[str], gguf_file: str | None, revision: str | None, sliding_window: int | None
+) -> dict[str, Any]:
+    from .gguf_format import (
+        FLOAT_TYPES,
+        GROUP_SIZE,
+        quantized_layers,
+        read_gguf,
+        resolve_gguf_file,
+        warn_notices,
+    )
+
+    checkpoint = read_gguf(resolve_gguf_file(model, gguf_file, revision), sliding_window=sliding_window)
+    warn_notices(checkpoint)
+    tensors = checkpoint.header.tensors.values()
+    float_bytes: Counter[str] = Counter()
+    for t in tensors:
+        if t.type_name in FLOAT_TYPES:
+            float_bytes[t.type_name] += t.nbytes
+    stored = _SAFETENSORS_DTYPES.get(float_bytes.most_common(1)[0][0], "?") if float_bytes else "?"
+    bits = Counter(q["bits"] for q in quantized_layers(checkpoint.header).values())
+    quantization = None  # the bits most tensors kept (a file may mix Q4_0 and Q8_0)
+    if bits:
+        quantization = {"bits": bits.most_common(1)[0][0], "group_size": GROUP_SIZE, "mode": "affine"}
+    meta = checkpoint.header.metadata
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    name = os.fspath(model) if gguf_file is None else f"{os.fspath(model)}/{gguf_file}"
+    info = _describe(
+        name, checkpoint.path, checkpoint.config, sum(math.prod(t.shape) for t in tensors), stored,
+        quantization, [checkpoint.path], set(tokens), bool(meta.get("tokenizer.chat_template")),
+    )  # fmt: skip
+    info["gguf_types"] = dict(Counter(t.type_name for t in tensors).most_common())
+    return info
+
+
+def _describe(
+    model: str | os.PathLike[str],
+    path: Path,
+    config: dict[str, Any],
+    parameters: int,
+    stored: str,
+    quantization: dict[str, Any] | None,
+    files: list[Path],
+    tokens: set[str | None],
+    chat_template: bool,
+) -> dict[str, Any]:
+    """The info dict of a checkpoint, from what its format says."""
+    import mlx.core as mx
+
+    from .loading import model_args
+
+    args = model_args(config)  # the family's settings (StarCoder2 or GPTBigCode)
     on_cpu = mx.default_device() == mx.cpu
     return {
         "model": str(model),
@@ -345,25 +480,15 @@ def checkpoint_info(model: str | os.PathLike[str], revision: str | None = None) 
         "parameters": parameters,
         "dtype": stored,
         "compute_dtype": "float32" if on_cpu else stored,
-        "quantization": (
-            {
-                "bits": quant.get("bits"),
-                "group_size": quant.get("group_size"),
-                "mode": quant.get("mode", "affine"),
-            }
-            if quant
-            else None
-        ),
+        "quantization": quantization,
         "context_window": args.max_position_embeddings,
         "sliding_window": args.sliding_window,
         "rope_theta": getattr(args, "rope_base", None),  # None: GPTBigCode's learned positions
         "weight_files": len(files),
         "weight_bytes": sum(f.stat().st_size for f in files),
-        "fim": {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"} <= added,
-        "repo_level_fim": {"<repo_name>", "<file_sep>"} <= added,
-        "chat_template": (
-            bool(tokenizer_config.get("chat_template")) or (path / "chat_template.jinja").is_file()
-        ),
+        "fim": {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"} <= tokens,
+        "repo_level_fim": {"<repo_name>", "<file_sep>"} <= tokens,
+        "chat_template": chat_template,
     }
 
 
@@ -375,6 +500,8 @@ def format_info(info: dict[str, Any]) -> str:
     """:func:`checkpoint_info` as aligned ``key: value`` lines for people."""
     q = info["quantization"]
     window = info["sliding_window"]
+    types = info.get("gguf_types")
+    gguf = f" (GGUF tensors: {', '.join(f'{n} {t}' for t, n in types.items())})" if types else ""
     rows: Sequence[tuple[str, str]] = [
         ("model", info["model"] if info["model"] == info["path"] else f"{info['model']} ({info['path']})"),
         (
@@ -396,7 +523,7 @@ def format_info(info: dict[str, Any]) -> str:
             "rope theta",
             "none (learned positions)" if info["rope_theta"] is None else f"{info['rope_theta']:g}",
         ),
-        ("weights", f"{human_bytes(info['weight_bytes'])} in {info['weight_files']} file(s)"),
+        ("weights", f"{human_bytes(info['weight_bytes'])} in {info['weight_files']} file(s){gguf}"),
         (
             "tokens",
             f"FIM {_yes(info['fim'])}, repository FIM {_yes(info['repo_level_fim'])}, "

@@ -44,7 +44,7 @@ DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 #: ``testing.PRESETS``'s names, repeated because importing it imports numpy (checked by a test).
 PRESET_NAMES = ("tiny", "small", "3b", "7b", "15b")
 PROG = "langchain-starcoder"
-#: Read by the CLI, the examples and the notebooks: the model to use when none is given.
+#: ``testing.MODEL_ENV`` (the model when none is given), repeated: importing testing imports numpy.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
 #: Read by ``serve`` when --api-key is not given (keeps the key out of the process list).
@@ -372,7 +372,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .checkpoints import checkpoint_info
 
-    info = checkpoint_info(args.model, args.revision)
+    with _notes():
+        info = checkpoint_info(
+            args.model, args.revision, gguf_file=args.gguf_file, sliding_window=args.sliding_window
+        )
     print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
@@ -546,9 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
         "info",
         parents=[common],
         help="describe a checkpoint",
-        description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint.",
+        description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
+        "(a folder, hub id or .gguf file; the weights are not loaded).",
     )
-    _model_option(p)
+    _model_option(p, gguf=True)
+    _gguf_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
 

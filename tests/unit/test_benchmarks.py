@@ -18,7 +18,6 @@ from benchmarks.cases import BENCHMARKS, OPTIONAL
 from benchmarks.harness import (
     Row,
     Section,
-    build_quantized_layerwise,
     interleave,
     markdown_table,
     rate_from_marks,
@@ -186,30 +185,3 @@ def test_fullmodel_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) ->
     # The tiny preset stands in for the 30 layers (2) and the one 3b layer (2 as well).
     assert section["data"]["30 layers"]["layers"] == 2
 
-
-def test_layerwise_build_matches_build_starcoder2(tmp_path: Path) -> None:
-    import mlx.core as mx
-
-    from langchain_starcoder import StarCoderEngine
-    from langchain_starcoder.testing import build_starcoder2
-
-    def tensors(path: Path) -> dict[str, tuple]:
-        weights: dict[str, mx.array] = {}
-        for file in path.glob("model*.safetensors"):
-            weights.update(mx.load(str(file)))
-        return {name: (tuple(w.shape), w.dtype) for name, w in weights.items()}
-
-    ours = build_quantized_layerwise(tmp_path / "layerwise", "tiny", 3, 4, 0)
-    reference = build_starcoder2(tmp_path / "whole", preset="tiny", num_layers=3, quantize=4)
-    assert tensors(ours) == tensors(reference)
-    assert json.loads((ours / "config.json").read_text()) == json.loads(
-        (reference / "config.json").read_text()
-    )
-    index = json.loads((ours / "model.safetensors.index.json").read_text())
-    assert index["weight_map"]["model.layers.2.mlp.c_fc.scales"] == "model-layer-002.safetensors"
-    engine = StarCoderEngine.load(ours)
-    try:
-        assert len(engine.backend.model.layers) == 3
-        assert engine.generate("def f(x):", max_tokens=4).completion_tokens >= 1
-    finally:
-        engine.close()

@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,6 +19,7 @@ from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.checkpoints import MARKER, quantize_checkpoint
 
 PROMPT = "def count_items(items):\n    "
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
@@ -220,6 +223,58 @@ def test_build_test_model(capsys, tmp_path):
     assert run(capsys, "build-test-model", dst, "--force", "--sliding-window", 0)[0] == 0
     assert json.loads((dst / "config.json").read_text())["sliding_window"] is None
     assert hidden_entries(tmp_path) == []
+
+
+# A run that stages dst and then waits (a build in progress), until it is killed.
+STAGE_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from langchain_starcoder.checkpoints import staged_folder
+with staged_folder(Path(sys.argv[1]), False, command="build-test-model") as tmp:
+    print(tmp, flush=True)
+    time.sleep(120)
+"""
+
+
+def staging_run(dst: Path) -> tuple[subprocess.Popen[str], Path]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", STAGE_AND_WAIT, str(dst)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert child.stdout is not None
+    return child, Path(child.stdout.readline().strip())
+
+
+def test_the_staging_folder_of_a_killed_run_is_removed_by_the_next(capsys, tmp_path):
+    dst = tmp_path / "m"
+    child, staged = staging_run(dst)
+    child.kill()  # SIGKILL, as the out-of-memory killer sends: nothing in the run could clean up
+    child.wait(timeout=30)
+    assert staged.is_dir() and staged.name.startswith(".m.") and staged.name.endswith(".partial")
+    code, _, err = run(capsys, "build-test-model", dst, "--layers", 1)
+    assert code == 0 and not staged.exists()
+    assert f"Removed {staged}, left by an earlier run that did not finish." in err
+    assert hidden_entries(tmp_path) == []
+    assert sorted(p.name for p in dst.iterdir()) == sorted(
+        ["config.json", "generation_config.json", MARKER, "model.safetensors", "special_tokens_map.json",
+         "tokenizer.json", "tokenizer_config.json"]
+    )  # fmt: skip
+
+
+def test_a_build_in_progress_and_folders_not_ours_are_left_alone(capsys, tmp_path):
+    dst = tmp_path / "m"
+    lookalike = tmp_path / ".m.0123abcd.partial"  # no lock file: another program's, or an older version's
+    lookalike.mkdir()
+    (lookalike / "notes.txt").write_text("keep me")
+    child, staged = staging_run(dst)
+    try:
+        code, _, err = run(capsys, "build-test-model", dst, "--layers", 1)
+        assert code == 0 and (dst / "config.json").is_file()
+        assert staged.is_dir()  # another process's build, still at work
+        assert (lookalike / "notes.txt").read_text() == "keep me"
+        assert f"Left {lookalike} alone" in err and str(staged) not in err
+    finally:
+        child.kill()
+        child.wait(timeout=30)
 
 
 def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_engine, tmp_path):
