@@ -27,6 +27,7 @@ import importlib.machinery
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -231,11 +232,25 @@ def _stream(engine: Any, chunks: Iterator[Any], echo: bool) -> str:
     finally:
         chunks.close()  # type: ignore[attr-defined]  # Ctrl-C: stop the generation, also mid-prefill
         engine.close()
-    if echo and sys.stdout.isatty() and pieces and not pieces[-1].endswith("\n"):
-        _out("\n")  # keep the shell prompt and the speeds off the last line of code; only on a terminal
+    apart = ""
+    if echo and pieces and not pieces[-1].endswith("\n"):
+        if sys.stdout.isatty():
+            _out("\n")  # keep the shell prompt and the speeds off the last line of code
+        elif _stderr_shows_stdout():
+            apart = "\n"  # on stderr: stdout stays exactly the generated text
     if last is not None:
-        _err(_stats(last))
+        _err(apart + _stats(last))
     return "".join(pieces)
+
+
+def _stderr_shows_stdout() -> bool:
+    """Whether what reads stderr also shows stdout: one pipe or file for both (``2>&1``, an IDE's console,
+    a CI log), or stdout piped on (``| tee``, ``| less``) to the terminal stderr writes to."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # streams that are not files (captured, notebooks)
+        return False
+    return os.path.samestat(out, err) or (stat.S_ISFIFO(out.st_mode) and sys.stderr.isatty())
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -421,8 +436,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """Run ``python -m benchmarks ARGS`` in a child process. The benchmarks live in the repository, not the
-    wheel, and the package never imports them."""
+    """Run the benchmarks (``python -m benchmarks ARGS``) in a child process. They live in the repository,
+    not the wheel, and the package never imports them."""
     # The child's sys.path starts with the working directory, as `python -m` does.
     spec = importlib.machinery.PathFinder.find_spec("benchmarks", [os.getcwd(), *sys.path])
     if spec is None or not spec.submodule_search_locations:
@@ -432,7 +447,9 @@ def _run_bench(argv: list[str]) -> int:
             f"{PROG} bench` (or `python -m benchmarks`) from its root folder."
         )
         raise CommandError(msg)
-    return subprocess.call([sys.executable, "-m", "benchmarks", *argv])
+    # As `python -m benchmarks` (the working directory first on sys.path), but named as it was typed.
+    run = "import sys; from benchmarks.__main__ import main; sys.exit(main(sys.argv[2:], prog=sys.argv[1]))"
+    return subprocess.call([sys.executable, "-c", run, f"{PROG} bench", *argv])
 
 
 # --- the parser --------------------------------------------------------------------------------------------

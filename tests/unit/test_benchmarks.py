@@ -89,6 +89,18 @@ def test_markdown_has_a_row_per_comparison(tiny_run: tuple[int, dict, str]) -> N
     assert "Wrapper overhead" in md and "python -m benchmarks" in md
 
 
+def test_a_tiny_run_shows_the_goals_without_judging_them(tiny_run: tuple[int, dict, str]) -> None:
+    """Tiny checkpoints say nothing about speed: the goals are shown as the real shapes' and left unmarked."""
+    _, data, md = tiny_run
+    goals = [row for s in data["sections"] for row in s["rows"] if row["goal"] is not None]
+    table = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| #")]
+    judged = [line for line in table if "✅" in line or "❌" in line]
+    assert goals and not judged
+    assert sum("(real shapes only; not judged on tiny)" in line for line in table) == len(goals)
+    real = markdown_table([_section(Row(3, "t", "m", "A", "B", [1.0], [2.0], "s", "shape", ("<=", 1.0)))])
+    assert "<= 1.00 ✅" in real  # a run on the real shapes marks them
+
+
 def test_only_and_unknown_names(tmp_path: Path, tiny_path: Path) -> None:
     assert main(["--preset", "tiny", "--only", "memory", "--quiet", "--workdir", str(tmp_path / "w"),
                  "--out", str(tmp_path)]) == 0  # fmt: skip
@@ -184,4 +196,3 @@ def test_fullmodel_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) ->
     assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
     # The tiny preset stands in for the 30 layers (2) and the one 3b layer (2 as well).
     assert section["data"]["30 layers"]["layers"] == 2
-

@@ -309,6 +309,39 @@ def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_eng
     assert "parameters:" in out and "weights:" in out and "architecture:" in out
 
 
+def test_info_reads_a_gguf_file_as_it_reads_a_folder(capsys, tiny_path, tmp_path):
+    from langchain_starcoder.gguf_testing import write_gguf
+
+    folder = json.loads(run(capsys, "info", "--model", tiny_path, "--json")[1])
+    file = write_gguf(tiny_path, tmp_path / "tiny-q8.gguf", ftype="Q8_0", sliding_window=512)
+    code, out, err = run(capsys, "info", "--model", file, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    same = ("architecture", "layers", "hidden_size", "attention_heads", "kv_heads", "head_dim",
+            "intermediate_size", "vocab_size", "tied_embeddings", "parameters", "context_window",
+            "sliding_window", "rope_theta", "fim", "repo_level_fim", "chat_template")  # fmt: skip
+    assert {k: info[k] for k in same} == {k: folder[k] for k in same}
+    assert info["path"] == str(file) and info["weight_files"] == 1
+    assert info["weight_bytes"] == file.stat().st_size
+    assert info["quantization"] == {"bits": 8, "group_size": 32, "mode": "affine"}
+    assert info["gguf_types"] == {"Q8_0": 2 * 6 + 2, "F32": len(folder_tensors(tiny_path)) - 2 * 6 - 2}
+
+    # A file without the window: the loader's notice as a note line, and what the engine would use.
+    plain = write_gguf(tiny_path, tmp_path / "tiny.gguf")
+    code, out, err = run(capsys, "info", "--model", plain)
+    assert code == 0 and err.startswith("langchain-starcoder: note:")
+    assert re.search(r"context:\s+2048 tokens, sliding window 4096", out)
+    assert re.search(r"weights:.*GGUF tensors: \d+ F32", out)
+    code, out, _ = run(capsys, "info", "--model", plain, "--sliding-window", 0)
+    assert code == 0 and "full attention" in out
+    code, _, err = run(capsys, "info", "--model", tiny_path, "--sliding-window", 0)
+    assert code == 1 and "GGUF files only" in one_line(err)
+
+
+def folder_tensors(path: Path) -> dict[str, mx.array]:
+    return mx.load(str(path / "model.safetensors"))
+
+
 def test_info_reads_the_model_from_the_environment(capsys, tiny_path, monkeypatch):
     monkeypatch.setenv(cli.MODEL_ENV, str(tiny_path))
     code, out, _ = run(capsys, "info", "--json")
