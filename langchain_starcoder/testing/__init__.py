@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from ..registry import DEFAULT_MODEL
 from .tokenizer import SPECIAL_TOKENS, STARCODER_SPECIAL_TOKENS, write_tokenizer
 from .weights import (
     Draw,
+    Groups,
     Quantization,
     ResourceError,
     check_room,
@@ -177,13 +178,13 @@ def _starcoder2_weights(config: dict[str, Any], draw: Draw) -> Iterator[dict[str
 def _write_checkpoint(
     path: Path,
     config: dict[str, Any],
-    weights: Any,
+    weights: Groups,
     *,
     seed: int,
     dtype: str,
     quantization: Quantization | None,
     max_shard_bytes: int | None,
-    tokenizer: Any,
+    tokenizer: Callable[[Path], None],
     what: str,
 ) -> None:
     """Check that the checkpoint fits, then write its tokenizer, weights (one group at a time) and
@@ -196,9 +197,8 @@ def _write_checkpoint(
     tokenizer(path)
     write_weights(path, weights, seed, plan, dtype, quantization)
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2))
-    (path / "config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True)
-    )  # last: the build is whole
+    # Last: a folder with config.json holds a whole checkpoint (model_or_offline relies on it).
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 # --- StarCoder (v1, GPTBigCode) ---------------------------------------------------------------

@@ -255,43 +255,40 @@ def _raw(array: Any) -> memoryview:
     return memoryview(np.ascontiguousarray(array)).cast("B")
 
 
+def _header(entries: dict[str, tuple[str, tuple[int, ...]]], metadata: dict[str, str]) -> bytes:
+    """A safetensors header for ``entries`` stored back to back in their order."""
+    header: dict[str, Any] = {}
+    offset = 0
+    for tensor, (kind, shape) in entries.items():
+        end = offset + _nbytes(kind, shape)
+        header[tensor] = {"dtype": kind, "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    blob = json.dumps({**header, "__metadata__": metadata}, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    return struct.pack("<Q", len(blob)) + blob
+
+
 def write_weights(
     path: Path, groups: Groups, seed: int, plan: Plan, dtype: str, quantization: Quantization | None
 ) -> None:
-    """Draw ``groups`` one at a time and append each tensor to its file, whose header ``plan`` wrote first.
-    A quantized checkpoint also gets mlx-lm's index (it always writes one); a sharded one gets an index."""
+    """Write each file's header from ``plan``, then draw ``groups`` one at a time and append each tensor
+    to its file. A quantized checkpoint gets mlx-lm's index (it always writes one), a sharded one ours."""
     metadata = {"format": "mlx" if quantization else "pt"}
-    handles = {file: open(path / file, "wb") for file in plan.files}  # noqa: SIM115 - closed below
-    try:
-        for file, entries in plan.files.items():
-            header: dict[str, Any] = {}
-            offset = 0
-            for tensor, (kind, shape) in entries.items():
-                header[tensor] = {
-                    "dtype": kind,
-                    "shape": list(shape),
-                    "data_offsets": [offset, offset + _nbytes(kind, shape)],
-                }
-                offset += _nbytes(kind, shape)
-            header["__metadata__"] = metadata
-            blob = json.dumps(header, separators=(",", ":")).encode()
-            blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-            handles[file].write(struct.pack("<Q", len(blob)) + blob)
+    with contextlib.ExitStack() as stack:
+        files = {name: stack.enter_context(open(path / name, "wb")) for name in plan.files}
+        for name, entries in plan.files.items():
+            files[name].write(_header(entries, metadata))
         for group in groups(Draw(seed)):
-            for name in list(group):
+            for name in list(group):  # popped: each float32 tensor is freed once it is written
                 for tensor, value in _converted(name, group.pop(name), dtype, quantization).items():
-                    data = _raw(value)
-                    kind, shape = plan.files[plan.tensors[tensor]][tensor]
-                    if data.nbytes != _nbytes(kind, shape):  # the plan and the drawing disagree: a bug
-                        msg = f"{tensor}: {data.nbytes} bytes drawn, {_nbytes(kind, shape)} planned."
+                    data, file = _raw(value), plan.tensors[tensor]
+                    planned = plan.files[file][tensor]
+                    if data.nbytes != _nbytes(*planned):  # the plan and the drawing disagree: a bug here
+                        msg = f"{tensor}: {data.nbytes} bytes drawn, not the {planned} planned."
                         raise AssertionError(msg)
-                    handles[plan.tensors[tensor]].write(data)
-    finally:
-        for handle in handles.values():
-            handle.close()
+                    files[file].write(data)
     if len(plan.files) > 1 or quantization is not None:
-        total = plan.disk_bytes
-        index: dict[str, Any] = {"metadata": {"total_size": total}}
+        index: dict[str, Any] = {"metadata": {"total_size": plan.disk_bytes}}
         if quantization is not None:
             index["metadata"]["total_parameters"] = plan.parameters
         index["weight_map"] = dict(sorted(plan.tensors.items()))
