@@ -436,8 +436,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _run_bench(argv: list[str]) -> int:
-    """Run the benchmarks (``python -m benchmarks ARGS``) in a child process. They live in the repository,
-    not the wheel, and the package never imports them."""
+    """Run ``python -m benchmarks ARGS`` in a child process. The benchmarks live in the repository, not the
+    wheel, and the package never imports them."""
     # The child's sys.path starts with the working directory, as `python -m` does.
     spec = importlib.machinery.PathFinder.find_spec("benchmarks", [os.getcwd(), *sys.path])
     if spec is None or not spec.submodule_search_locations:
