@@ -1,4 +1,4 @@
-"""Checkpoint folders on disk: quantize a copy, describe one, and write folders safely.
+"""Checkpoint folders on disk: quantize a copy and describe one; :mod:`.folders` writes folders safely.
 
 Importing this module imports nothing heavy: MLX and mlx-lm load inside the functions that need them,
 so the command line starts fast.
@@ -7,26 +7,35 @@ so the command line starts fast.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import gc
 import json
 import math
 import os
-import re
 import shutil
 import sys
-import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidParameterError, StarCoderError
+from ..errors import InvalidParameterError
+from .folders import (
+    MARKER,
+    DestinationError,
+    check_destination,
+    check_in_place,
+    folder_bytes,
+    staged_folder,
+    to_stderr,
+    write_in_place,
+    written_by_us,
+)
 
-#: Written into every folder this package creates (quantize, build-test-model). ``force`` replaces only
-#: folders that hold it, so a mistyped destination (a project, a home folder) is never deleted.
-MARKER = "langchain-starcoder.json"
-_WRITTEN_BY = "langchain-starcoder"
+__all__ = [
+    "MARKER", "DestinationError", "check_destination", "check_in_place", "checkpoint_info", "folder_bytes",
+    "format_info", "human_bytes", "human_count", "quantize_checkpoint", "staged_folder", "write_in_place",
+    "written_by_us",
+]  # fmt: skip
 
 # Files of a checkpoint besides its weights and config that a quantized copy needs (tokenizer,
 # generation settings, chat template).
@@ -37,14 +46,6 @@ _SAFETENSORS_DTYPES = {
     "I32": "int32", "U8": "uint8", "I8": "int8", "I64": "int64", "BOOL": "bool",
 }  # fmt: skip
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "I64": 8}
-
-
-class DestinationError(StarCoderError):
-    """A write was refused before anything changed: it could destroy something, or could not finish."""
-
-
-def _log(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def human_bytes(n: float) -> str:
@@ -61,198 +62,6 @@ def human_count(n: int) -> str:
     if n >= 1e6:
         return f"{n / 1e6:.2f} M"
     return f"{n / 1e3:.1f} K" if n >= 1e3 else str(n)
-
-
-# --- writing a folder safely -------------------------------------------------------------------------
-
-
-def written_by_us(folder: Path) -> bool:
-    """Whether ``folder`` holds the marker this package writes into the folders it creates."""
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("written_by") == _WRITTEN_BY
-
-
-def _protected_paths(src: Path) -> list[Path]:
-    """``src`` and, through symlinks, the files it is made of (a hub snapshot links into blobs/)."""
-    paths = [src.resolve()]
-    with contextlib.suppress(OSError):
-        paths += [f.resolve() for f in src.iterdir()]
-    return paths
-
-
-def check_destination(dst: Path, force: bool, source: Path | None = None) -> None:
-    """Refuse a destination whose writing could destroy anything: a file or link, the ``source``
-    checkpoint, a folder that contains it or lies inside it, or (even with ``force``) any non-empty
-    folder that is not a checkpoint this package wrote."""
-    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
-        msg = f"{dst} exists and is not a folder; choose another destination."
-        raise DestinationError(msg)
-    real = dst.resolve()
-    if source is not None:
-        src = source.resolve()
-        for path in _protected_paths(source):
-            if real == path or real in path.parents:
-                msg = f"{dst} is or contains the source checkpoint {src}; choose a folder outside it."
-                raise DestinationError(msg)
-        if src in real.parents:
-            msg = f"{dst} is inside the source checkpoint {src}; choose a folder outside it."
-            raise DestinationError(msg)
-    if dst.is_dir() and any(dst.iterdir()):
-        if not force:
-            msg = f"{dst} already exists; pass --force to replace it (if it is a checkpoint written here)."
-            raise DestinationError(msg)
-        if not written_by_us(dst):
-            msg = (
-                f"{dst} is not a checkpoint written by langchain-starcoder (it has no {MARKER}), so "
-                "--force will not replace it; remove it yourself or choose another destination."
-            )
-            raise DestinationError(msg)
-
-
-#: Inside a staging folder while its writer lives, locked by it: a folder whose lock nobody holds is the
-#: leftover of a run that was killed (out of memory, SIGKILL), and the next run removes it.
-_STAGING_LOCK = "langchain-starcoder.partial"
-
-
-def _claim(tmp: Path) -> int:
-    """Lock ``tmp`` as this process's staging folder; the lock lives as long as the returned descriptor
-    (or the process: the kernel drops it even on SIGKILL). The file appears under its name already locked,
-    so another run never sees it unlocked."""
-    pending = tmp / f"{_STAGING_LOCK}.new"
-    fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, json.dumps({"written_by": _WRITTEN_BY, "pid": os.getpid()}).encode())
-    os.rename(pending, tmp / _STAGING_LOCK)
-    return fd
-
-
-def _abandoned(folder: Path) -> bool:
-    """Whether ``folder`` is a staging folder of this package whose writer is gone. Folders without the
-    lock file (another program's, or an older version's) are never taken for one."""
-    try:
-        fd = os.open(folder / _STAGING_LOCK, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False  # its writer is still at work
-    try:
-        return json.loads(os.read(fd, 4096) or b"{}").get("written_by") == _WRITTEN_BY
-    except (ValueError, AttributeError):
-        return False
-    finally:
-        os.close(fd)
-
-
-def _remove_abandoned(dst: Path) -> None:
-    """Delete what killed runs writing ``dst`` left beside it; name, but keep, lookalikes that are not
-    provably abandoned builds of ours."""
-    pattern = re.compile(rf"\.{re.escape(dst.name)}\.[0-9a-f]{{8}}\.partial")
-    for folder in sorted(dst.parent.iterdir()):
-        if not (pattern.fullmatch(folder.name) and folder.is_dir() and not folder.is_symlink()):
-            continue
-        if _abandoned(folder):
-            shutil.rmtree(folder, ignore_errors=True)
-            _log(f"Removed {folder}, left by an earlier run that did not finish.")
-        elif not (folder / _STAGING_LOCK).exists():
-            _log(f"Left {folder} alone (no lock file: not a run of this version); delete it if it is stale.")
-
-
-@contextlib.contextmanager
-def staged_folder(dst: Path, force: bool, *, source: Path | None = None, command: str) -> Iterator[Path]:
-    """Yield a temporary folder beside ``dst``; on success it gets the marker and becomes ``dst``, on
-    any failure (Ctrl-C included) it is deleted, so a half-written ``dst`` never exists. Staging folders
-    of earlier runs for ``dst`` that were killed before they could clean up are removed first."""
-    check_destination(dst, force, source)
-    given, dst = dst, dst.resolve()  # "." or "a/.." have no usable name or parent; links were checked
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    # Not tempfile.mkdtemp: its folders are private (0700), and this one becomes dst.
-    tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
-    tmp.mkdir()
-    lock = _claim(tmp)
-    try:
-        _remove_abandoned(dst)
-        yield tmp
-        (tmp / _STAGING_LOCK).unlink()  # still held through ``lock`` until the end
-        marker = {"written_by": _WRITTEN_BY, "command": command}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        check_destination(given, force, source)  # someone may have written dst meanwhile
-        old = None
-        if dst.exists():
-            old = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.old"
-            os.rename(dst, old)
-        try:
-            os.rename(tmp, dst)
-        except BaseException:
-            if old is not None:
-                os.rename(old, dst)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        os.close(lock)
-
-
-# --- filling a file in place -----------------------------------------------------------------------
-
-
-def _writable(path: Path) -> bool:
-    """We may write ``path`` and it is not marked read-only. root passes every access check, but a file
-    or folder without any write permission bit was made read-only on purpose, so it is refused for all."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return bool(mode & 0o222) and os.access(path, os.W_OK)
-
-
-def check_in_place(path: Path) -> tuple[Path, Path]:
-    """(the file to write, its backup) for :func:`write_in_place`, checked before any work is done: a
-    symlink is written through to its target, which must be writable, and so must its folder (the new
-    text is written beside it, then renamed) and an existing ``.bak``."""
-    target = path.resolve()
-    backup = target.with_name(target.name + ".bak")
-    what = f"{path} (a link to {target})" if path.is_symlink() else str(path)
-    if not _writable(target):
-        msg = f"{what} is read-only; make it writable (chmod u+w) or leave out --write to print the middle."
-        raise DestinationError(msg)
-    folder = target.parent
-    if not (_writable(folder) and os.access(folder, os.X_OK)):
-        msg = f"Cannot write in the folder {folder} (read-only); make it writable or leave out --write."
-        raise DestinationError(msg)
-    if backup.is_symlink() or (backup.exists() and not (backup.is_file() and _writable(backup))):
-        msg = f"The backup {backup} exists and cannot be replaced; move it away or leave out --write."
-        raise DestinationError(msg)
-    return target, backup
-
-
-def write_in_place(target: Path, backup: Path, text: str) -> None:
-    """Copy ``target`` to ``backup``, then replace its contents with ``text`` atomically (written
-    beside it and renamed, so it is never half-written), keeping its mode and owner."""
-    shutil.copy2(target, backup)
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "x", encoding="utf-8", newline="") as f:
-            f.write(text)
-        shutil.copymode(target, tmp)
-        st = target.stat()
-        with contextlib.suppress(OSError):  # root keeps the owner; others may not change it
-            os.chown(tmp, st.st_uid, st.st_gid)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 # --- quantize --------------------------------------------------------------------------------------
@@ -283,9 +92,9 @@ def quantize_checkpoint(
     from mlx_lm.utils import quantize_model, save_config, save_model
     from tqdm import tqdm
 
-    from .loading import load_model, read_config, resolve_model_path, validate_load_options
+    from ..loading import load_model, read_config, resolve_model_path, validate_load_options
 
-    log = _log if progress else (lambda _: None)
+    log = to_stderr if progress else (lambda _: None)
     validate_load_options(bits, group_size, "float16", None)
     dst = Path(dst).expanduser()
     local = Path(src).expanduser()
@@ -337,7 +146,7 @@ def quantize_checkpoint(
 
 def _verify_checkpoint(path: Path) -> None:
     """Load a written checkpoint with the engine and generate one token."""
-    from .engine import StarCoderEngine
+    from ..engine import StarCoderEngine
 
     engine = StarCoderEngine.load(path)
     try:
@@ -359,7 +168,7 @@ def checkpoint_info(
     """What a checkpoint is, read from its config and safetensors headers, or from a GGUF file's metadata
     and tensor table (the weights stay on disk). ``gguf_file`` and ``sliding_window`` as in
     ``StarCoderEngine.load``; a GGUF file's notices (defaults it filled in) are warnings (``GGUFNotice``)."""
-    from .gguf_format import is_gguf
+    from ..gguf_format import is_gguf
 
     if is_gguf(model, gguf_file):
         return _gguf_info(model, gguf_file, revision, sliding_window)
@@ -370,7 +179,7 @@ def checkpoint_info(
 
 
 def _folder_info(model: str | os.PathLike[str], revision: str | None) -> dict[str, Any]:
-    from .loading import read_config, resolve_model_path, weight_headers
+    from ..loading import read_config, resolve_model_path, weight_headers
 
     path = resolve_model_path(model, revision)
     config = read_config(path)
@@ -415,7 +224,7 @@ def _folder_info(model: str | os.PathLike[str], revision: str | None) -> dict[st
 def _gguf_info(
     model: str | os.PathLike[str], gguf_file: str | None, revision: str | None, sliding_window: int | None
 ) -> dict[str, Any]:
-    from .gguf_format import (
+    from ..gguf_format import (
         FLOAT_TYPES,
         GROUP_SIZE,
         quantized_layers,
@@ -461,7 +270,7 @@ def _describe(
     """The info dict of a checkpoint, from what its format says."""
     import mlx.core as mx
 
-    from .loading import model_args
+    from ..loading import model_args
 
     args = model_args(config)  # the family's settings (StarCoder2 or GPTBigCode)
     on_cpu = mx.default_device() == mx.cpu
