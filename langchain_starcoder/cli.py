@@ -1,6 +1,6 @@
 """The ``langchain-starcoder`` command: generate, fill in the middle, quantize, inspect and benchmark.
 
-One file: argparse and one function per command; the library work is in checkpoints.py.
+One file: argparse and one function per command; the library work is in the checkpoints package.
 
 .. code-block:: bash
 
