@@ -29,14 +29,15 @@ from .harness import Checkpoints, Section, conditions, markdown_table, write_res
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_WORKDIR = Path.home() / ".cache" / "langchain-starcoder" / "benchmarks"
+PROG = "python -m benchmarks"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from .cases import BENCHMARKS
 
     names = ", ".join(BENCHMARKS)
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
+        prog=prog,
         description="Benchmark langchain-starcoder on StarCoder2 checkpoints built offline.",
     )
     parser.add_argument("--only", help=f"comma-separated benchmarks to run, of: {names}")
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="fewer tokens and runs")
     parser.add_argument(
         "--preset", choices=("real", "tiny"), default="real",
-        help="'tiny' builds every checkpoint with the tiny preset (harness check, seconds)",
+        help="'tiny' builds every checkpoint with the tiny preset: a harness check in seconds, whose "
+        "speeds say nothing (the goals are the real shapes'; a tiny run's table does not judge them)",
     )  # fmt: skip
     parser.add_argument("--reps", type=int, help="interleaved rounds per comparison (default 3, quick 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant first")
@@ -65,11 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmarks the arguments select; 0 on success (missed goals are results, not errors)."""
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run the benchmarks the arguments select; 0 on success (missed goals are results, not errors).
+    ``prog`` is the command named in the help and the results (``langchain-starcoder bench`` runs this)."""
     from .cases import BENCHMARKS, OPTIONAL, Context
 
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.write_results and args.preset != "real":
         parser.error(f"--write-results publishes the table of the real shapes; a --preset {args.preset} "
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(Checkpoints(args.workdir, tiny=tiny, log=log), quick=args.quick, reps=reps,
                   warmup=args.warmup, log=log, openblas=not args.no_openblas)  # fmt: skip
     meta = {
-        "command": "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "selected": selected,
         "quick": args.quick,
         "preset": args.preset,
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(section)
         log(f"[{name}] {section.seconds:.0f} s")
         write_results(sections, meta, out / "results.json", out / "results.md")  # survive a crash
-    print(markdown_table(sections))
+    print(markdown_table(sections, args.preset))
     if args.write_results and not failed:
         for name in ("results.json", "results.md"):
             shutil.copyfile(out / name, HERE / name)

@@ -818,7 +818,7 @@ def bench_fullmodel(ctx: Context) -> Section:
     prompt_tokens, n = ctx.size(16, 8, 16), ctx.size(4, 3, 6)
     rates: dict[str, dict[str, list[float]]] = {}
     for label, path in (
-        ("30 layers", ctx.checkpoints.get(FULL, quantize=4, layerwise=True)),
+        ("30 layers", ctx.checkpoints.get(FULL, quantize=4)),
         ("1 layer", ctx.checkpoints.get(WIDE_1, quantize=4)),
     ):
         engine = _engine(path)

@@ -10,8 +10,8 @@ first exchange, which the engine's prompt cache already holds: its usage shows t
 ``--chat-template FILE``; an instruct one answers far better.
 
 With no hub access it says so and runs on a small instruct-shaped checkpoint with random weights,
-built offline (its answers are nonsense, but every step is real): see ``model_or_offline`` in
-``langchain_starcoder.registry``.
+built offline (its answers are nonsense, but every step is real): see
+``langchain_starcoder.testing.model_or_offline``.
 
 Install what the examples need, from the checkout: ``pip install -e ".[examples]"``.
 """

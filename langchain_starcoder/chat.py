@@ -51,6 +51,8 @@ def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]]
         raise InvalidParameterError(msg)
     roles = [role for role, _ in messages]
     _check_roles(template, roles)
+    # The prompt holds every content unchanged (or is refused below): too long is refused unrendered.
+    engine.check_prompt_size(sum(len(content) for _, content in messages))
     pieces = _MARK.split(_render(engine, template, [(r, f"\ue000{i}\ue001") for i, r in enumerate(roles)]))
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(messages))):
         msg = (

@@ -1,6 +1,6 @@
 """The ``langchain-starcoder`` command: generate, fill in the middle, quantize, inspect and benchmark.
 
-One file: argparse and one function per command; the library work is in checkpoints.py.
+One file: argparse and one function per command; the library work is in the checkpoints package.
 
 .. code-block:: bash
 
@@ -27,6 +27,7 @@ import importlib.machinery
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 #: ``testing.PRESETS``'s names, repeated because importing it imports numpy (checked by a test).
 PRESET_NAMES = ("tiny", "small", "3b", "7b", "15b")
 PROG = "langchain-starcoder"
-#: Read by the CLI, the examples and the notebooks: the model to use when none is given.
+#: ``testing.MODEL_ENV`` (the model when none is given), repeated: importing testing imports numpy.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
 #: Read by ``serve`` when --api-key is not given (keeps the key out of the process list).
@@ -231,11 +232,25 @@ def _stream(engine: Any, chunks: Iterator[Any], echo: bool) -> str:
     finally:
         chunks.close()  # type: ignore[attr-defined]  # Ctrl-C: stop the generation, also mid-prefill
         engine.close()
-    if echo and sys.stdout.isatty() and pieces and not pieces[-1].endswith("\n"):
-        _out("\n")  # keep the shell prompt and the speeds off the last line of code; only on a terminal
+    apart = ""
+    if echo and pieces and not pieces[-1].endswith("\n"):
+        if sys.stdout.isatty():
+            _out("\n")  # keep the shell prompt and the speeds off the last line of code
+        elif _stderr_shows_stdout():
+            apart = "\n"  # on stderr: stdout stays exactly the generated text
     if last is not None:
-        _err(_stats(last))
+        _err(apart + _stats(last))
     return "".join(pieces)
+
+
+def _stderr_shows_stdout() -> bool:
+    """Whether what reads stderr also shows stdout: one pipe or file for both (``2>&1``, an IDE's console,
+    a CI log), or stdout piped on (``| tee``, ``| less``) to the terminal stderr writes to."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # streams that are not files (captured, notebooks)
+        return False
+    return os.path.samestat(out, err) or (stat.S_ISFIFO(out.st_mode) and sys.stderr.isatty())
 
 
 # --- generate --------------------------------------------------------------------------------------
@@ -372,7 +387,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .checkpoints import checkpoint_info
 
-    info = checkpoint_info(args.model, args.revision)
+    with _notes():
+        info = checkpoint_info(
+            args.model, args.revision, gguf_file=args.gguf_file, sliding_window=args.sliding_window
+        )
     print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
@@ -429,7 +447,9 @@ def _run_bench(argv: list[str]) -> int:
             f"{PROG} bench` (or `python -m benchmarks`) from its root folder."
         )
         raise CommandError(msg)
-    return subprocess.call([sys.executable, "-m", "benchmarks", *argv])
+    # As `python -m benchmarks` (the working directory first on sys.path), but named as it was typed.
+    run = "import sys; from benchmarks.__main__ import main; sys.exit(main(sys.argv[2:], prog=sys.argv[1]))"
+    return subprocess.call([sys.executable, "-c", run, f"{PROG} bench", *argv])
 
 
 # --- the parser --------------------------------------------------------------------------------------------
@@ -546,9 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
         "info",
         parents=[common],
         help="describe a checkpoint",
-        description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint.",
+        description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
+        "(a folder, hub id or .gguf file; the weights are not loaded).",
     )
-    _model_option(p)
+    _model_option(p, gguf=True)
+    _gguf_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_info)
 

@@ -20,7 +20,7 @@ from . import fim
 from .backends import Backend, Generation
 from .errors import ContextLengthError, InvalidParameterError
 from .streaming import AsyncChunkStream, ChunkSink, ChunkStream, Emit
-from .tokens import codec_for, encode_segments, parsing_encoder
+from .tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from .types import (
     FIM_KEYS,
     Completion,
@@ -294,8 +294,11 @@ class StarCoderEngine:
 
     def encode_segments(self, segments: Iterable[tuple[str, bool]]) -> list[int]:
         """Ids of a prompt in pieces ``(text, is_data)``: control-token strings count only in
-        pieces that are not data (see :func:`langchain_starcoder.tokens.encode_segments`)."""
-        return encode_segments(self._codec, self.tokenizer.all_special_tokens, segments)
+        pieces that are not data (see :func:`langchain_starcoder.tokens.encode_segments`).
+        Raises ContextLengthError, before tokenizing, for text too long for the context window."""
+        segments = list(segments)
+        self.check_prompt_size(sum(len(text) for text, _ in segments))
+        return encode_segments(self._codec, segments)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
@@ -304,8 +307,33 @@ class StarCoderEngine:
         return len(self.encode(text))
 
     def token_id(self, token: str) -> int | None:
-        """The id of a special token such as ``<fim_prefix>``, or None if the vocabulary lacks it."""
+        """The id of a control token such as ``<fim_prefix>`` (an added token the tokenizer marks
+        special), or None if the tokenizer has no such control token."""
         return self._codec.token_id(token)
+
+    def check_prompt_size(self, chars: int, max_tokens: int = 0) -> None:
+        """Raise ContextLengthError if a text prompt of ``chars`` characters cannot fit in the
+        context window with ``max_tokens`` to generate, without tokenizing it: a token stands for
+        at most so many characters (:func:`langchain_starcoder.tokens.max_text_chars`)."""
+        room = self.context_window - max_tokens
+        limit = max_text_chars(self.tokenizer, room)
+        if limit is None or chars <= limit:
+            return
+        longest = limit // room
+        if max_tokens:
+            msg = (
+                f"The prompt has {chars:,} characters and max_tokens is {max_tokens}: the model's "
+                f"{self.context_window}-token context window leaves {room} tokens for the prompt, which "
+                f"hold at most {limit:,} characters (a token of this tokenizer stands for at most "
+                f"{longest}). Shorten the prompt or lower max_tokens."
+            )
+        else:
+            msg = (
+                f"The prompt has {chars:,} characters: the model's {self.context_window}-token context "
+                f"window holds at most {limit:,} (a token of this tokenizer stands for at most "
+                f"{longest}). Shorten the prompt."
+            )
+        raise ContextLengthError(msg)
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -458,9 +486,10 @@ class StarCoderEngine:
             return self._prepare_fim(prompt, settings)
         params, parse = self._split_settings(dict(settings))
         if isinstance(prompt, str):
-            if not prompt.strip():
+            if not prompt or prompt.isspace():  # no copy of a long prompt
                 msg = "The prompt is empty or only whitespace; give the model some text to continue."
                 raise InvalidParameterError(msg)
+            self.check_prompt_size(len(prompt), params.max_tokens)  # before tokenizing it whole
             ids = self.encode(prompt, special_tokens=parse)
         elif isinstance(prompt, bytes | bytearray | memoryview):
             msg = (
@@ -600,12 +629,13 @@ def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
 
 
 def _token_bytes(tokenizer: Any) -> dict[bytes, int] | None:
-    """Each non-special token's bytes -> its id, for a byte-level BPE vocabulary (else None)."""
+    """Each non-control token's bytes -> its id, for a byte-level BPE vocabulary (else None)."""
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
 
     if not isinstance(tokenizer.detokenizer, BPEStreamingDetokenizer):
         return None
-    decoder, special = _byte_decoder(), set(tokenizer.all_special_ids)
+    codec = codec_for(tokenizer)
+    decoder, special = _byte_decoder(), {codec.token_id(t) for t in codec.control_tokens}
     table: dict[bytes, int] = {}
     for token, i in tokenizer.get_vocab().items():
         if i not in special and all(c in decoder for c in token):

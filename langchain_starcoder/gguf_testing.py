@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -23,6 +24,7 @@ def write_gguf(
     types: dict[str, str] | None = None,
     rope_freq_base: bool = True,
     sliding_window: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Write a StarCoder2 or StarCoder (GPTBigCode) checkpoint folder (as :func:`build_starcoder2`
     and :func:`build_gpt_bigcode` make) as a GGUF file the way llama.cpp's ``convert_hf_to_gguf.py``
@@ -39,6 +41,8 @@ def write_gguf(
             Q4_0 file from ``llama-quantize`` mixes types like this).
         rope_freq_base: False leaves ``starcoder2.rope.freq_base`` out (older files).
         sliding_window: Write ``starcoder2.attention.sliding_window`` (llama.cpp's converter does not).
+        metadata: Keys to add or replace, each value typed as the ``gguf`` package types it (an int as
+            INT32, a float as FLOAT32, a str, a list as an array): for files with bad metadata.
 
     The K-quants Q2_K, Q4_K and Q6_K, which the ``gguf`` package cannot quantize, get random blocks
     with small scales (for tests of reading them, not of their values).
@@ -92,6 +96,8 @@ def write_gguf(
     writer.add_token_list(tokens)
     writer.add_token_types(token_types)
     gguf.SpecialVocab(checkpoint, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
+    for key, value in (metadata or {}).items():
+        writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
 
     overrides = types or {}
     for name, value in weights.items():

@@ -12,7 +12,7 @@ import os
 import re
 import reprlib
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,50 +241,74 @@ _RULES = {"starcoder2": CONFIG_RULES, "gpt_bigcode": GPT_BIGCODE_RULES}
 _FIX = "Fix config.json, or re-download or rebuild the checkpoint."
 
 
-def validate_config(config: dict[str, Any], config_file: Path) -> None:
-    """Refuse a config the model cannot be built from, before anything is allocated: one clear error."""
+def validate_config(
+    config: dict[str, Any], source: Path, *, names: Mapping[str, str] | None = None, fix: str = _FIX
+) -> None:
+    """Refuse a config the model cannot be built from, before anything is allocated: one clear error.
+
+    ``source`` is the file the config came from; ``names`` what it calls each setting where that
+    differs (a GGUF file's metadata keys), and ``fix`` what to do about a bad one.
+    """
+    names = names or {}
+
+    def name(key: str) -> str:
+        return names.get(key, key)
+
     family = config.get("model_type", "starcoder2")
     for key, (required, test, expected) in _RULES[family].items():
         if key not in config:
             if required:
-                msg = f"{config_file} has no {key!r}, which must be {expected}. {_FIX}"
+                msg = f"{source} has no {name(key)!r}, which must be {expected}. {fix}"
                 raise CheckpointError(msg)
         elif not test(config[key]):
-            msg = f"{config_file}: {key} is {reprlib.repr(config[key])}, but it must be {expected}. {_FIX}"
+            msg = f"{source}: {name(key)} is {reprlib.repr(config[key])}, but it must be {expected}. {fix}"
             raise CheckpointError(msg)
     if family == "gpt_bigcode":
         if config["n_embd"] % config["n_head"]:
             msg = (
-                f"{config_file}: n_embd {config['n_embd']} and n_head {config['n_head']} do not fit: "
-                f"the heads must divide n_embd. {_FIX}"
+                f"{source}: {name('n_embd')} {config['n_embd']} and {name('n_head')} {config['n_head']} "
+                f"do not fit: the heads must divide {name('n_embd')}. {fix}"
             )
             raise CheckpointError(msg)
     else:
-        _validate_starcoder2(config, config_file)
+        _validate_starcoder2(config, source, name, fix)
     try:  # well formed, but is it a model this package runs (activation, RoPE type)?
-        model_args(config)
+        args = model_args(config)
     except UnsupportedModelError as e:
-        msg = (
-            f"{config_file}: {e} langchain-starcoder runs StarCoder and StarCoder2 checkpoints as published."
-        )
+        msg = f"{source}: {e} langchain-starcoder runs StarCoder and StarCoder2 checkpoints as published."
         raise UnsupportedModelError(msg) from e
+    _validate_eos(config, args.vocab_size, source, name, fix)
 
 
-def _validate_starcoder2(config: dict[str, Any], config_file: Path) -> None:
+def _validate_starcoder2(config: dict[str, Any], source: Path, name: Callable[[str], str], fix: str) -> None:
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in rope and not _is_positive(rope["rope_theta"]):
         msg = (
-            f"{config_file}: rope_parameters.rope_theta is {reprlib.repr(rope['rope_theta'])}, "
-            f"but it must be a positive number. {_FIX}"
+            f"{source}: rope_parameters.rope_theta is {reprlib.repr(rope['rope_theta'])}, "
+            f"but it must be a positive number. {fix}"
         )
         raise CheckpointError(msg)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     kv_heads = config["num_key_value_heads"]
     if hidden % heads or heads % kv_heads:
         msg = (
-            f"{config_file}: hidden_size {hidden}, num_attention_heads {heads} and num_key_value_heads "
-            f"{kv_heads} do not fit: the heads must divide hidden_size and the key/value heads must "
-            f"divide the heads. {_FIX}"
+            f"{source}: {name('hidden_size')} {hidden}, {name('num_attention_heads')} {heads} and "
+            f"{name('num_key_value_heads')} {kv_heads} do not fit: the heads must divide "
+            f"{name('hidden_size')} and the key/value heads must divide the heads. {fix}"
+        )
+        raise CheckpointError(msg)
+
+
+def _validate_eos(
+    config: dict[str, Any], vocab_size: int, source: Path, name: Callable[[str], str], fix: str
+) -> None:
+    """The end-of-text ids must be in the vocabulary: one past it would never stop a generation."""
+    eos = config.get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if any(i >= vocab_size for i in ids):
+        msg = (
+            f"{source}: {name('eos_token_id')} is {reprlib.repr(eos)}, but the vocabulary has "
+            f"{vocab_size} tokens (ids 0 to {vocab_size - 1}). {fix}"
         )
         raise CheckpointError(msg)
 

@@ -374,6 +374,17 @@ class StarCoderPromptTemplate(_InPrompts, PromptTemplate):
             raise ValueError(msg)
         return self
 
+    def __add__(self, other: Any) -> StarCoderPromptTemplate:
+        """``self + other`` (a template or f-string text), as LangChain joins templates, staying a
+        ``StarCoderPromptTemplate``: every variable of both is data."""
+        return _joined(self, other)
+
+    def __radd__(self, other: Any) -> StarCoderPromptTemplate:
+        """``other + self``: text, or a plain ``PromptTemplate`` (Python asks the subclass first)."""
+        if not isinstance(other, str | PromptTemplate):
+            return NotImplemented
+        return _joined(other, self)
+
     def segments(self, **kwargs: Any) -> Segments:
         """The prompt for these variables in pieces ``(text, is_data)``."""
         values = self._merge_partial_and_user_variables(**kwargs)
@@ -397,3 +408,13 @@ class StarCoderPromptTemplate(_InPrompts, PromptTemplate):
 
     async def aformat_prompt(self, **kwargs: Any) -> PromptValue:
         return self.format_prompt(**kwargs)
+
+
+def _joined(left: str | PromptTemplate, right: Any) -> StarCoderPromptTemplate:
+    """``left + right`` by LangChain's rules (one format, no variable partialed twice), as a
+    ``StarCoderPromptTemplate``: a plain ``PromptTemplate`` would format the variables into text
+    that is then parsed for control tokens."""
+    if isinstance(left, str):
+        left = StarCoderPromptTemplate.from_template(left)
+    joined = PromptTemplate.__add__(left, right)
+    return StarCoderPromptTemplate(**joined.__dict__)

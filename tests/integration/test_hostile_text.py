@@ -208,6 +208,67 @@ def test_template_variables_are_data(
     )
 
 
+# Compositions: a StarCoderPromptTemplate joined with text or templates, on either side, with partials.
+literal = st.lists(
+    st.one_of(st.text(max_size=8), st.sampled_from(SPECIAL_TOKENS), st.sampled_from(["<", ">", "|", "_"])),
+    max_size=4,
+).map(lambda parts: "".join(parts).replace("{", "{{").replace("}", "}}"))
+piece = st.tuples(
+    st.sampled_from(["text", "starcoder", "plain"]), literal, literal, st.booleans(), st.booleans()
+)
+
+
+def _compose(pieces: list[tuple[str, str, str, bool, bool]], values: list[str]) -> tuple[Any, dict[str, str]]:
+    """The first piece is a StarCoderPromptTemplate; each next one is added after it or before it."""
+    from langchain_core.prompts import PromptTemplate
+
+    from langchain_starcoder import StarCoderPromptTemplate
+
+    composed: Any = None
+    inputs: dict[str, str] = {}
+    for i, ((kind, before, after, before_it, partial), value) in enumerate(zip(pieces, values, strict=True)):
+        text = f"{before}{{v{i}}}{after}"
+        kind = "starcoder" if composed is None else kind
+        part: Any = text
+        if kind != "text":
+            part = (StarCoderPromptTemplate if kind == "starcoder" else PromptTemplate).from_template(text)
+            part = part.partial(**{f"v{i}": value}) if partial else part
+        if not (kind != "text" and partial):
+            inputs[f"v{i}"] = value
+        composed = part if composed is None else (part + composed if before_it else composed + part)
+    return composed, inputs
+
+
+@quick
+@given(pieces=st.lists(piece, min_size=1, max_size=5), data=st.data())
+def test_composed_templates_keep_variables_as_data(
+    tiny_engine: StarCoderEngine, pieces: list, data: Any
+) -> None:
+    """Whatever is joined to a StarCoderPromptTemplate, it stays one: no variable value, partial or
+    not, becomes a control token, and the template's own text keeps every control token it writes."""
+    import re
+    from string import Formatter
+
+    from langchain_starcoder import StarCoderPromptTemplate
+
+    values = data.draw(st.lists(hostile, min_size=len(pieces), max_size=len(pieces)))
+    prompt, inputs = _compose(pieces, values)
+    assert type(prompt) is StarCoderPromptTemplate
+    llm = StarCoderLLM(engine=tiny_engine, max_tokens=3)
+    ids = llm.get_token_ids(prompt.invoke(inputs).to_string())
+    split = re.compile("|".join(map(re.escape, sorted(SPECIAL_TOKENS, key=len, reverse=True))))
+    written = Counter(t for text, *_ in Formatter().parse(prompt.template) for t in split.findall(text))
+    assert special_counts(tiny_engine, ids) == Counter(
+        {tiny_engine.token_id(t): n for t, n in written.items()}
+    )
+    # With ordinary values the ids are those of the rendered text, parsed as a hand-written prompt.
+    plain, plain_inputs = _compose(pieces, ["0"] * len(pieces))
+    rendered = prompt.template.format(
+        **dict.fromkeys(plain.input_variables + list(plain.partial_variables), "0")
+    )
+    assert llm.get_token_ids(plain.format(**plain_inputs)) == tiny_engine.encode(rendered)
+
+
 async def test_template_and_raw_paths_reach_the_model_as_data(
     tiny_engine: StarCoderEngine, backend_spy: Any
 ) -> None:

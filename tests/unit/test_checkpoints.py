@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,6 +19,7 @@ from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.checkpoints import MARKER, quantize_checkpoint
 
 PROMPT = "def count_items(items):\n    "
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
@@ -222,6 +225,58 @@ def test_build_test_model(capsys, tmp_path):
     assert hidden_entries(tmp_path) == []
 
 
+# A run that stages dst and then waits (a build in progress), until it is killed.
+STAGE_AND_WAIT = """
+import sys, time
+from pathlib import Path
+from langchain_starcoder.checkpoints import staged_folder
+with staged_folder(Path(sys.argv[1]), False, command="build-test-model") as tmp:
+    print(tmp, flush=True)
+    time.sleep(120)
+"""
+
+
+def staging_run(dst: Path) -> tuple[subprocess.Popen[str], Path]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", STAGE_AND_WAIT, str(dst)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert child.stdout is not None
+    return child, Path(child.stdout.readline().strip())
+
+
+def test_the_staging_folder_of_a_killed_run_is_removed_by_the_next(capsys, tmp_path):
+    dst = tmp_path / "m"
+    child, staged = staging_run(dst)
+    child.kill()  # SIGKILL, as the out-of-memory killer sends: nothing in the run could clean up
+    child.wait(timeout=30)
+    assert staged.is_dir() and staged.name.startswith(".m.") and staged.name.endswith(".partial")
+    code, _, err = run(capsys, "build-test-model", dst, "--layers", 1)
+    assert code == 0 and not staged.exists()
+    assert f"Removed {staged}, left by an earlier run that did not finish." in err
+    assert hidden_entries(tmp_path) == []
+    assert sorted(p.name for p in dst.iterdir()) == sorted(
+        ["config.json", "generation_config.json", MARKER, "model.safetensors", "special_tokens_map.json",
+         "tokenizer.json", "tokenizer_config.json"]
+    )  # fmt: skip
+
+
+def test_a_build_in_progress_and_folders_not_ours_are_left_alone(capsys, tmp_path):
+    dst = tmp_path / "m"
+    lookalike = tmp_path / ".m.0123abcd.partial"  # no lock file: another program's, or an older version's
+    lookalike.mkdir()
+    (lookalike / "notes.txt").write_text("keep me")
+    child, staged = staging_run(dst)
+    try:
+        code, _, err = run(capsys, "build-test-model", dst, "--layers", 1)
+        assert code == 0 and (dst / "config.json").is_file()
+        assert staged.is_dir()  # another process's build, still at work
+        assert (lookalike / "notes.txt").read_text() == "keep me"
+        assert f"Left {lookalike} alone" in err and str(staged) not in err
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
 def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_engine, tmp_path):
     code, out, _ = run(capsys, "info", "--model", tiny_path, "--json")
     assert code == 0
@@ -252,6 +307,39 @@ def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_eng
     assert re.search(r"quantization:\s+4-bit, group size 64", out)
     assert re.search(r"context:\s+2048 tokens, sliding window 512", out)
     assert "parameters:" in out and "weights:" in out and "architecture:" in out
+
+
+def test_info_reads_a_gguf_file_as_it_reads_a_folder(capsys, tiny_path, tmp_path):
+    from langchain_starcoder.gguf_testing import write_gguf
+
+    folder = json.loads(run(capsys, "info", "--model", tiny_path, "--json")[1])
+    file = write_gguf(tiny_path, tmp_path / "tiny-q8.gguf", ftype="Q8_0", sliding_window=512)
+    code, out, err = run(capsys, "info", "--model", file, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    same = ("architecture", "layers", "hidden_size", "attention_heads", "kv_heads", "head_dim",
+            "intermediate_size", "vocab_size", "tied_embeddings", "parameters", "context_window",
+            "sliding_window", "rope_theta", "fim", "repo_level_fim", "chat_template")  # fmt: skip
+    assert {k: info[k] for k in same} == {k: folder[k] for k in same}
+    assert info["path"] == str(file) and info["weight_files"] == 1
+    assert info["weight_bytes"] == file.stat().st_size
+    assert info["quantization"] == {"bits": 8, "group_size": 32, "mode": "affine"}
+    assert info["gguf_types"] == {"Q8_0": 2 * 6 + 2, "F32": len(folder_tensors(tiny_path)) - 2 * 6 - 2}
+
+    # A file without the window: the loader's notice as a note line, and what the engine would use.
+    plain = write_gguf(tiny_path, tmp_path / "tiny.gguf")
+    code, out, err = run(capsys, "info", "--model", plain)
+    assert code == 0 and err.startswith("langchain-starcoder: note:")
+    assert re.search(r"context:\s+2048 tokens, sliding window 4096", out)
+    assert re.search(r"weights:.*GGUF tensors: \d+ F32", out)
+    code, out, _ = run(capsys, "info", "--model", plain, "--sliding-window", 0)
+    assert code == 0 and "full attention" in out
+    code, _, err = run(capsys, "info", "--model", tiny_path, "--sliding-window", 0)
+    assert code == 1 and "GGUF files only" in one_line(err)
+
+
+def folder_tensors(path: Path) -> dict[str, mx.array]:
+    return mx.load(str(path / "model.safetensors"))
 
 
 def test_info_reads_the_model_from_the_environment(capsys, tiny_path, monkeypatch):

@@ -334,7 +334,8 @@ def test_bench_passes_its_arguments_to_the_benchmarks(capfd, monkeypatch):
     code = cli.main(["bench", "--help"])  # a child process writes straight to the file descriptors
     out, _ = capfd.readouterr()
     assert code == 0
-    assert "usage: python -m benchmarks" in out and "--quick" in out
+    assert "usage: langchain-starcoder bench" in out and "--quick" in out  # named as it was typed
+    assert "python -m benchmarks" not in out
     code = cli.main(["--verbose", "bench", "--no-such-option", "value"])
     _, err = capfd.readouterr()
     assert code == 2  # the benchmarks' own parser saw the options untouched
@@ -353,7 +354,7 @@ def test_bench_runs_the_benchmarks_in_a_child_process():
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
     )
-    assert "usage: python -m benchmarks" in result.stdout, result.stderr
+    assert "usage: langchain-starcoder bench" in result.stdout, result.stderr
     assert result.stdout.splitlines()[-1] == "RESULT 0 False"
 
 
@@ -387,6 +388,57 @@ def test_python_m_generate_stdout_is_just_the_text(tiny_path, tiny_engine):
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected
     assert "tokens/s" in result.stderr
+
+
+def generate_on(stdout: int | None, stderr: int | None, tiny_path: Path) -> subprocess.Popen[str]:
+    argv = ["generate", "--model", tiny_path, "--prompt", "def f(x):", "--max-tokens", 8]
+    return subprocess.Popen(
+        [sys.executable, "-m", "langchain_starcoder", *map(str, argv)], stdout=stdout, stderr=stderr,
+        stdin=subprocess.DEVNULL, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+
+
+def read_terminal(fd: int) -> str:
+    """What a pseudo-terminal showed until its last writer closed it."""
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: every writer is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    return shown.decode()
+
+
+def test_the_speeds_start_their_own_line_wherever_they_meet_the_code(tiny_path, tiny_engine):
+    """The code rarely ends in a newline (8 tokens here); the stats line must not be glued to it where one
+    reader sees both streams: a terminal, one pipe for both (2>&1, an IDE console), or `| tee`."""
+    import pty
+
+    text = tiny_engine.generate("def f(x):", max_tokens=8).text
+    assert not text.endswith("\n")
+    merged = generate_on(subprocess.PIPE, subprocess.STDOUT, tiny_path)
+    out, _ = merged.communicate(timeout=300)
+    assert merged.returncode == 0 and f"{text}\n[length] prompt:" in out
+
+    main, worker = pty.openpty()
+    both = generate_on(worker, worker, tiny_path)
+    os.close(worker)
+    shown = read_terminal(main)
+    assert both.wait(timeout=300) == 0 and f"{text}\r\n[length] prompt:" in shown.replace("\r\r", "\r")
+    os.close(main)
+
+    main, worker = pty.openpty()  # | tee: stdout a pipe, stderr the terminal
+    teed = generate_on(subprocess.PIPE, worker, tiny_path)
+    os.close(worker)
+    assert teed.stdout is not None
+    piped = teed.stdout.read()
+    shown = read_terminal(main)
+    assert teed.wait(timeout=300) == 0 and piped == text  # stdout is still exactly the code
+    assert "\r\n\r\n[length] prompt:" in shown
+    os.close(main)
 
 
 def test_console_script_exits_non_zero_with_one_line(tmp_path):

@@ -73,6 +73,7 @@ def test_constants_repeated_to_start_fast_match_their_sources():
 
     assert cli.DEFAULT_MODEL == registry.DEFAULT_MODEL
     assert set(cli.PRESET_NAMES) == set(testing.PRESETS)
+    assert cli.MODEL_ENV == testing.MODEL_ENV
     assert set(langchain_starcoder._EXPORTS) == set(langchain_starcoder.__all__)
 
 

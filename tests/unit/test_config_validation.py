@@ -60,6 +60,14 @@ BAD_VALUES = {
     "string use_bias": ({"use_bias": "yes"}, ["use_bias", "'yes'"]),
     "string eos": ({"eos_token_id": "0"}, ["eos_token_id", "'0'"]),
     "negative eos in list": ({"eos_token_id": [0, -1]}, ["eos_token_id", "[0, -1]"]),
+    "eos past the vocabulary": (
+        {"eos_token_id": 1024},
+        ["eos_token_id", "1024", "vocabulary has 1024 tokens"],
+    ),
+    "eos in list past the vocabulary": (
+        {"eos_token_id": [0, 5000]},
+        ["eos_token_id", "[0, 5000]", "1024 tokens"],
+    ),
     "quantization string": ({"quantization": "4bit"}, ["quantization", "'4bit'"]),
     "quantization no bits": ({"quantization": {"group_size": 64}}, ["quantization", "bits"]),
     "heads do not divide hidden": ({"num_attention_heads": 5}, ["num_attention_heads 5", "hidden_size 64"]),

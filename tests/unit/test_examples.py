@@ -213,6 +213,27 @@ def test_only_the_default_falls_back(tmp_path: Path, tmp_home: Path, capsys) -> 
     )
 
 
+def test_the_model_from_the_environment_falls_back_or_is_named_in_the_error(
+    tmp_path: Path, tmp_home: Path, tiny_path: Path, monkeypatch, capsys
+) -> None:
+    from langchain_starcoder.testing import MODEL_ENV, model_or_offline
+
+    monkeypatch.setenv(MODEL_ENV, str(tiny_path))
+    assert model_or_offline() == str(tiny_path)
+    missing = tmp_path / "no-such-checkpoint"
+    monkeypatch.setenv(MODEL_ENV, str(missing))
+    with pytest.raises(ModelNotFoundError) as caught:
+        model_or_offline()
+    message = str(caught.value)
+    assert f"No model folder at {missing}" in message and f"came from ${MODEL_ENV}" in message
+    assert "unset it to use mlx-community/starcoder2-3b-4bit" in message
+    assert not capsys.readouterr().out  # no fallback for a model the user chose
+    monkeypatch.delenv(MODEL_ENV)
+    offline = tmp_home / ".cache" / "langchain-starcoder" / "offline-tiny"
+    assert model_or_offline() == str(offline)  # unset: the default, offline: the stand-in
+    assert "Using an offline checkpoint" in capsys.readouterr().out
+
+
 def test_a_model_that_can_be_had_is_returned_as_named(tiny_path: Path, capsys) -> None:
     from langchain_starcoder.testing import model_or_offline
 
@@ -224,6 +245,21 @@ def test_a_model_that_can_be_had_is_returned_as_named(tiny_path: Path, capsys) -
 def test_each_example_names_the_extra_in_its_header(script: str) -> None:
     docstring = ast.get_docstring(ast.parse((EXAMPLES / script).read_text()))
     assert 'pip install -e ".[examples]"' in docstring
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_what_each_example_header_names_exists_where_it_says(script: str) -> None:
+    """``langchain_starcoder.x.name`` in a header is importable; the offline helper is named by its home."""
+    source = (EXAMPLES / script).read_text()
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    for dotted in re.findall(r"``(langchain_starcoder(?:\.\w+)+)``", docstring):
+        module, _, name = dotted.rpartition(".")
+        try:
+            importlib.import_module(dotted)
+        except ImportError:
+            assert hasattr(importlib.import_module(module), name), f"{script} names {dotted}"
+    if "model_or_offline(" in source:
+        assert "``langchain_starcoder.testing.model_or_offline``" in " ".join(docstring.split())
 
 
 # --- what installs the examples' imports ---------------------------------------------------------------

@@ -168,7 +168,9 @@ def test_every_kind_of_tokenizer_builds_the_same_ids(tiny_engine: StarCoderEngin
 
     hf = AutoTokenizer.from_pretrained(tiny_path)
 
-    class PythonTokenizer:  # only encode/get_vocab, as a tokenizer without a Rust backend offers
+    class PythonTokenizer:  # what a tokenizer without a Rust backend offers (transformers' slow ones)
+        added_tokens_decoder = hf.added_tokens_decoder  # which tokens are control tokens
+
         def encode(self, text, **kwargs):
             return hf.encode(text, **kwargs)
 
@@ -351,6 +353,8 @@ def test_long_texts_are_encoded_only_near_the_hole(tiny_engine: StarCoderEngine,
     longest = [0]
 
     class MeasuringTokenizer:  # a Python tokenizer that records the longest text it encodes
+        added_tokens_decoder = hf.added_tokens_decoder
+
         def encode(self, text, **kwargs):
             longest[0] = max(longest[0], len(text))
             return hf.encode(text, **kwargs)

@@ -359,7 +359,11 @@ def test_an_instruct_models_chat_template_comes_with_it(chat_path: Path, tmp_pat
 def test_sliding_window_default_notice_and_override(
     ggufs: dict[str, Path], window_path: Path, tmp_path: Path
 ):
-    with pytest.warns(GGUFNotice, match="does not record StarCoder2's attention window.*4096"):
+    # one wording right for the library and the command line alike
+    notice = (
+        r"does not record StarCoder2's attention window.*4096.*pass sliding_window= \(--sliding-window on"
+    )
+    with pytest.warns(GGUFNotice, match=notice):
         engine = StarCoderEngine.load(ggufs["F32"])
     assert engine.sliding_window == 4096
     engine.close()
@@ -591,7 +595,9 @@ def test_cli_runs_a_gguf_model(ggufs: dict[str, Path], capsys: pytest.CaptureFix
     out, err = capsys.readouterr()
     assert out == by_path != ""
     # the notice is one line on stderr, not a Python warning with its source line
-    assert re.search(r"^langchain-starcoder: note: tiny-Q8_0.gguf does not record .*4096", err, re.M)
+    assert re.search(
+        r"^langchain-starcoder: note: tiny-Q8_0.gguf does not record .*4096.*--sliding-window", err, re.M
+    )
     assert cli.main(["convert", str(folder), str(folder.parent / "x")]) == 1
     assert "give a .gguf file" in capsys.readouterr().err
 

@@ -34,7 +34,9 @@ def test_notebook_is_stored_without_outputs(path: Path):
     for cell in code:
         assert cell.outputs == []
         assert cell.execution_count is None
-    assert any('os.environ.get("LANGCHAIN_STARCODER_MODEL"' in cell.source for cell in code)
+    # $LANGCHAIN_STARCODER_MODEL, else the hub, else an offline stand-in: as in the examples.
+    assert "from langchain_starcoder.testing import model_or_offline\n" in code[0].source
+    assert "\nMODEL = model_or_offline()\n" in code[0].source
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -57,10 +59,8 @@ def outputs_text(nb: nbformat.NotebookNode) -> tuple[str, int]:
     return "".join(texts), images
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path: Path, tiny_path: Path, tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("LANGCHAIN_STARCODER_MODEL", str(tiny_path))
+def execute(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
+    """Run the notebook offline in a fresh kernel from notebooks/, as Jupyter does; return it with outputs."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # no history in the real home
@@ -69,7 +69,14 @@ def test_notebook_runs_top_to_bottom(path: Path, tiny_path: Path, tmp_path: Path
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}
     )
     client.execute()  # raises CellExecutionError, with the cell and traceback, if any cell fails
+    return nb
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path: Path, tiny_path: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("LANGCHAIN_STARCODER_MODEL", str(tiny_path))
+    nb = execute(path, tmp_path, monkeypatch)
     text, images = outputs_text(nb)
     assert f"model: {tiny_path}" in text  # the notebook ran on the checkpoint the variable names
     must_show, pictures = EXPECTED[path.name]
@@ -83,3 +90,18 @@ def test_notebook_runs_top_to_bottom(path: Path, tiny_path: Path, tmp_path: Path
         assert all(0 < cached < prompt for prompt, cached in rows)
     # Running it must not have written outputs into the stored file.
     assert all(c.outputs == [] for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_falls_back_offline_like_the_examples(path: Path, tmp_path: Path, monkeypatch):
+    """No variable and no hub: the notebook says so and runs on the examples' offline checkpoint."""
+    monkeypatch.delenv("LANGCHAIN_STARCODER_MODEL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # an empty hub cache, and the stand-in built under it
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    nb = execute(path, tmp_path, monkeypatch)
+    text, _ = outputs_text(nb)
+    offline = tmp_path / ".cache" / "langchain-starcoder" / "offline-tiny"
+    assert "Could not download 'mlx-community/starcoder2-3b-4bit'" in text
+    assert f"-> Using an offline checkpoint with random weights at {offline}." in text
+    assert f"model: {offline}" in text and (offline / "config.json").is_file()

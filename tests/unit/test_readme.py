@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +42,17 @@ def test_python_block(index: int, tiny_path: Path, tmp_path: Path) -> None:
     assert result.stdout.strip()
 
 
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_python_block_uses_every_name_it_imports(index: int) -> None:
+    tree = ast.parse(python_blocks()[index])
+    imported = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
+    }  # fmt: skip
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert imported <= used, f"imported, never used: {sorted(imported - used)}"
+
+
 def test_the_two_commands(tmp_path: Path) -> None:
     """The first command's run step works offline; the second is exactly what CI runs."""
     first, second = (code.strip() for lang, code in BLOCKS if lang == "bash" and INSTALL in code)
@@ -50,7 +63,13 @@ def test_the_two_commands(tmp_path: Path) -> None:
     assert "offline checkpoint" in result.stdout
     ci = (ROOT / ".ci/run").read_text()
     install, test = second.split(INSTALL, 1)[1].split(" && ")
-    assert install == 'pip install -e ".[test]"' and f"\n{install}\n" in ci
+    # The install carries the build settings of llama-server itself, as CI sets them (not a note after it).
+    words = shlex.split(install)
+    settings = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=.*", word))
+    command = shlex.join(words[len(settings) :]).replace("'", '"')
+    assert settings == dict(re.findall(r'^export (\w+)="\$\{\1:-(.*)\}"$', ci, flags=re.M))
+    assert set(settings) == {"CMAKE_ARGS", "LLAMA_CPP_BUILD_JOBS"}
+    assert command == 'pip install -e ".[test]"' and f"\n{command}\n" in ci
     assert test == "python -m pytest" and ci.rstrip().endswith(test)
 
 

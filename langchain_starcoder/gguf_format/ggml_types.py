@@ -1,0 +1,30 @@
+"""ggml's tensor types: what each costs in a file, and which of them this package reads."""
+
+from __future__ import annotations
+
+#: ggml type id -> (name, elements per block, bytes per block), for every type a file may hold.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+}  # fmt: skip
+
+FLOAT_TYPES = ("F32", "F16", "BF16")
+#: Kept quantized, as MLX affine quantization with groups of 32: type -> bits.
+QUANTIZED_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+#: Read by MLX as float16 and kept so (MLX has no K-quant kernels): they cost memory, see the notice.
+DEQUANTIZED_TYPES = ("Q2_K", "Q4_K", "Q6_K")
+SUPPORTED_TYPES = (*FLOAT_TYPES, *QUANTIZED_TYPES, *DEQUANTIZED_TYPES)
+GROUP_SIZE = 32
+
+
+def supported_types_text() -> str:
+    return (
+        f"{', '.join(FLOAT_TYPES)}, {', '.join(QUANTIZED_TYPES)} (kept quantized) and "
+        f"{', '.join(DEQUANTIZED_TYPES)} (dequantized)"
+    )
