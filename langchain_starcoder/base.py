@@ -36,6 +36,9 @@ MODEL_CONFIG = ConfigDict(
 #: What LangChain's ``generate`` takes besides generation settings.
 RUN_ARGS = frozenset({"callbacks", "tags", "metadata", "run_name", "run_id"})
 
+# How a remote engine talks to its server: part of the engine's identity, not of the output's.
+_CONNECTION = ("timeout", "deadline", "max_retries")
+
 
 def merge_stops(*stops: Sequence[str] | str | None) -> list[str]:
     """The stop strings of the field and of the call, in that order, without duplicates."""
@@ -117,6 +120,17 @@ class StarCoderSettings(BaseModel):
     )
     """With ``base_url``: sent as a bearer token; read from ``STARCODER_API_KEY`` when not given."""
 
+    timeout: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    """With ``base_url``: seconds the server may go without sending a token (from the request to
+    the first, then between tokens); raise it for long prompts on a slow server."""
+
+    deadline: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """With ``base_url``: seconds one request may take in all, however the server keeps it going
+    (``timeout`` bounds only its silences); None: no bound."""
+
+    max_retries: int = Field(default=2, ge=0)
+    """With ``base_url``: retries, with backoff, of a connect error or a 503 before the first token."""
+
     given_engine: StarCoderEngine | None = Field(default=None, alias="engine", exclude=True, repr=False)
     """An already loaded :class:`StarCoderEngine` to use instead of loading ``model``
     (pass it as ``engine=``)."""
@@ -164,9 +178,10 @@ class StarCoderSettings(BaseModel):
     def _check_settings(self) -> Self:
         # Refuse bad settings at construction, before anything is loaded.
         GenerationParams.create(**self._default_generation())
-        remote_only = {"tokenizer"} & self.model_fields_set if self.base_url is None else set()
-        local = {"quantize", "dtype", "kv_bits", "gguf_file"}
-        local_only = local & self.model_fields_set if self.base_url else set()
+        # Set away from its default (LangChain's serialization sets every truthy field, defaults too).
+        changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+        remote_only = changed & {"tokenizer", *_CONNECTION} if self.base_url is None else set()
+        local_only = changed & {"quantize", "dtype", "kv_bits", "gguf_file"} if self.base_url else set()
         if remote_only or local_only:
             which = "needs base_url" if remote_only else "applies to a local model, not to base_url"
             msg = f"{sorted(remote_only or local_only)} {which}."
@@ -213,8 +228,14 @@ class StarCoderSettings(BaseModel):
         return self.model if self.gguf_file is None else f"{self.model}/{self.gguf_file}"
 
     def _load_settings(self) -> dict[str, Any]:
-        if self.base_url is not None:  # one engine per server, model, tokenizer and key
-            return {"base_url": self.base_url, "tokenizer": self.tokenizer, "api_key": self.api_key}
+        if self.base_url is not None:  # one engine per server, model, tokenizer, key and connection
+            connection = {name: getattr(self, name) for name in _CONNECTION}
+            return {
+                "base_url": self.base_url,
+                "tokenizer": self.tokenizer,
+                "api_key": self.api_key,
+                **connection,
+            }
         return {
             "quantize": self.quantize,
             "dtype": self.dtype,
@@ -252,7 +273,7 @@ class StarCoderSettings(BaseModel):
         the field ``stop`` is "default_stop": LangChain puts a call's stop under "stop")."""
         settings = {
             "model": self.model,
-            **{k: v for k, v in self._load_settings().items() if k != "api_key"},
+            **{k: v for k, v in self._load_settings().items() if k not in {"api_key", *_CONNECTION}},
             **self._default_generation(),
             "parse_special_tokens": self.parse_special_tokens,
         }

@@ -85,12 +85,12 @@ def _err(text: str) -> None:
 def _stats(chunk: Any) -> str:
     """One line of prompt/generation speed from a final chunk (or a Completion)."""
     prompt, cached = chunk.prompt_tokens or 0, chunk.cached_tokens or 0
-    prompt_s, gen_s = chunk.prompt_seconds or 0.0, chunk.generation_seconds or 0.0
-    prompt_tps = (prompt - cached) / prompt_s if prompt_s > 0 else 0.0
+    prompt_s, gen_s = chunk.prompt_seconds, chunk.generation_seconds or 0.0
+    prompt_rate = f"{(prompt - cached) / prompt_s:.1f} tokens/s" if prompt_s else "speed unknown"
     gen_tps = (chunk.completion_tokens or 0) / gen_s if gen_s > 0 else 0.0
     cached_note = f", {cached} cached" if cached else ""
     return (
-        f"[{chunk.finish_reason}] prompt: {prompt} tokens{cached_note}, {prompt_tps:.1f} tokens/s | "
+        f"[{chunk.finish_reason}] prompt: {prompt} tokens{cached_note}, {prompt_rate} | "
         f"generation: {chunk.completion_tokens} tokens, {gen_tps:.1f} tokens/s"
     )
 

@@ -194,6 +194,7 @@ class StarCoderEngine:
         tokenizer: str | os.PathLike[str] | None = None,
         api_key: str | None = None,
         timeout: float = 60.0,
+        deadline: float | None = None,
         max_retries: int = 2,
         max_concurrency: int = 16,
     ) -> StarCoderEngine:
@@ -212,7 +213,10 @@ class StarCoderEngine:
                 (and config) from; from the hub only tokenizer and config files are fetched, never
                 weights, and of a GGUF file only its header is read.
             api_key: Sent as a bearer token; never logged or shown.
-            timeout: Seconds the server may stay silent (connect, prefill, between tokens).
+            timeout: Seconds the server may go without sending a token: from the request to the
+                first (connect, prefill) and between tokens; keep-alive comments do not count.
+            deadline: Seconds one request may take in all, retries included, however the server
+                keeps it going (None: no bound).
             max_retries: Retries, with backoff, of a connect error or a 503 before the first token.
             max_concurrency: HTTP streams in flight at once (the server batches them).
 
@@ -234,8 +238,8 @@ class StarCoderEngine:
             tokenizer_ = load_tokenizer(path, config)
         args = model_args(config)
         backend = RemoteBackend(
-            base_url, model=model, api_key=api_key, timeout=timeout, max_retries=max_retries,
-            max_concurrency=max_concurrency, vocab_size=args.vocab_size,
+            base_url, model=model, api_key=api_key, timeout=timeout, deadline=deadline,
+            max_retries=max_retries, max_concurrency=max_concurrency, vocab_size=args.vocab_size,
             context_length=args.max_position_embeddings, token_bytes=_token_bytes(tokenizer_),
         )  # fmt: skip
         return cls(backend, tokenizer_, name=model)

@@ -17,11 +17,13 @@ from .engine import StarCoderEngine
 #: The model the wrappers and the command line use when none is named.
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
-# A setting left out and the same setting at its default are one engine (defaults read from the loader).
+# A setting left out and the same setting at its default are one engine (defaults read from the
+# loader and from connect).
 _LOAD_DEFAULTS = {
     name: p.default
-    for name, p in inspect.signature(StarCoderEngine.load).parameters.items()
-    if p.kind is p.KEYWORD_ONLY
+    for method in (StarCoderEngine.load, StarCoderEngine.connect)
+    for name, p in inspect.signature(method).parameters.items()
+    if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
 }
 _lock = threading.Lock()
 _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
@@ -30,7 +32,8 @@ _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 def _key(model: str | os.PathLike[str], settings: dict[str, Any]) -> tuple[Any, ...]:
     """The registry key: the checkpoint (a folder by its real path) and the load settings
     (``quantize``, ``dtype``, ``kv_bits``, ``revision``, ``gguf_file``: keywords of
-    ``StarCoderEngine.load``; or ``base_url``, ``tokenizer``, ``api_key`` of ``StarCoderEngine.connect``)."""
+    ``StarCoderEngine.load``; or ``base_url``, ``tokenizer``, ``api_key``, ``timeout``, ``deadline``,
+    ``max_retries`` of ``StarCoderEngine.connect``)."""
     path = Path(model).expanduser()
     name = str(path.resolve()) if path.exists() else str(model)
     return (name, *sorted({**_LOAD_DEFAULTS, **settings}.items()))
@@ -73,13 +76,10 @@ def _open(model: str | os.PathLike[str], settings: dict[str, Any]) -> StarCoderE
     """Load the checkpoint, or, with a ``base_url``, connect to the server that serves it."""
     if settings.get("base_url") is None:
         return StarCoderEngine.load(model, **settings)
-    key = settings.get("api_key")
-    return StarCoderEngine.connect(
-        settings["base_url"],
-        model=os.fspath(model),
-        tokenizer=settings.get("tokenizer"),
-        api_key=key.get_secret_value() if hasattr(key, "get_secret_value") else key,
-    )
+    connect = {k: v for k, v in settings.items() if k != "base_url"}
+    key = connect.get("api_key")
+    connect["api_key"] = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+    return StarCoderEngine.connect(settings["base_url"], model=os.fspath(model), **connect)
 
 
 def release_engines() -> None:

@@ -632,7 +632,8 @@ def _infill_response(
     """llama.cpp's final /infill answer (``stop`` True, counts and timings)."""
     predicted = 0 if n_predict == 0 else c.completion_tokens
     evaluated = c.prompt_tokens - c.cached_tokens
-    prompt_ms, predicted_ms = c.prompt_seconds * 1000, c.generation_seconds * 1000
+    prompt_ms = None if c.prompt_seconds is None else c.prompt_seconds * 1000  # None: not known
+    predicted_ms = c.generation_seconds * 1000
     cut = c.finish_reason == TIME_LIMIT
     stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" or cut else "eos")
     out = {
@@ -650,8 +651,8 @@ def _infill_response(
         "timings": {
             "prompt_n": evaluated,
             "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
-            "prompt_per_second": evaluated / c.prompt_seconds if c.prompt_seconds > 0 else 0.0,
+            "prompt_per_token_ms": prompt_ms and (prompt_ms / evaluated if evaluated else 0.0),
+            "prompt_per_second": c.prompt_tps,
             "predicted_n": predicted,
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,

@@ -21,6 +21,8 @@ from .stops import StopMatcher
 from .types import CompletionChunk, GenerationParams
 
 Emit = Callable[[Any], None]
+# ChunkSink.start without prompt_seconds: the prompt is timed from start to the first token.
+_TIMED_HERE: Any = ...
 _CLOSED = object()  # put on a stream's queue by close(): wakes a reader waiting in another thread or task
 
 
@@ -83,11 +85,13 @@ class ChunkSink:
         self._emit = emit
         self._cached = 0
         self._started = self._first = 0.0
+        self._prompt_seconds: Any = _TIMED_HERE  # or the backend's figure (None: unknown)
         self._held = ""  # text that goes out with the last chunk
 
-    def start(self, cached_tokens: int) -> None:
+    def start(self, cached_tokens: int, prompt_seconds: float | None = _TIMED_HERE) -> None:
         self._cached = cached_tokens
         self._started = time.perf_counter()
+        self._prompt_seconds = prompt_seconds
 
     def token(self, token_id: int) -> bool:
         self._first = self._first or time.perf_counter()
@@ -104,6 +108,7 @@ class ChunkSink:
         if cached_tokens is not None:
             self._cached = cached_tokens
         first = self._first or end
+        timed = self._prompt_seconds is _TIMED_HERE
         text = self._held + self._shown(self._text.finish("length"))
         if self._overlap is not None:
             text += self._overlap.finish()
@@ -116,7 +121,7 @@ class ChunkSink:
                 cached_tokens=self._cached,
                 completion_tokens=len(self._text.token_ids),
                 stop_sequence=self._text.stop_sequence,
-                prompt_seconds=first - self._started,
+                prompt_seconds=first - self._started if timed else self._prompt_seconds,
                 generation_seconds=end - first,
             )
         )

@@ -29,14 +29,15 @@ class Completion:
     completion_tokens: int
     stop_sequence: str | None = None
     """The stop string that ended the generation, if one did."""
-    prompt_seconds: float = 0.0
+    prompt_seconds: float | None = None
+    """The prefill's time; None where it is not known (a server that does not report it)."""
     generation_seconds: float = 0.0
 
     @property
-    def prompt_tps(self) -> float:
-        """Prefilled prompt tokens per second (cached tokens excluded)."""
+    def prompt_tps(self) -> float | None:
+        """Prefilled prompt tokens per second (cached tokens excluded); None where the time is unknown."""
         new = self.prompt_tokens - self.cached_tokens
-        return new / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+        return new / self.prompt_seconds if self.prompt_seconds else None
 
     @property
     def generation_tps(self) -> float:
@@ -59,6 +60,7 @@ class CompletionChunk:
     completion_tokens: int | None = None
     stop_sequence: str | None = None
     prompt_seconds: float | None = None
+    """On the last chunk: the prefill's time, or None where it is not known."""
     generation_seconds: float | None = None
 
 
@@ -78,7 +80,7 @@ def join_chunks(chunks: Iterable[CompletionChunk]) -> Completion:
                 cached_tokens=chunk.cached_tokens or 0,
                 completion_tokens=chunk.completion_tokens or 0,
                 stop_sequence=chunk.stop_sequence,
-                prompt_seconds=chunk.prompt_seconds or 0.0,
+                prompt_seconds=chunk.prompt_seconds,
                 generation_seconds=chunk.generation_seconds or 0.0,
             )
     msg = "The generation ended without a final chunk."

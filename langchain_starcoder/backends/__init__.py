@@ -13,11 +13,14 @@ The contract, in prose:
   generation, end-of-text included), a :class:`TokenSink` and a cancel flag. Several generations in
   one call run as a batch; each still ends on its own.
 - For each generation the backend calls, on a thread of its own choosing, ``sink.start(cached)``
-  once the prompt is accepted (``cached``: the leading prompt tokens it did not have to prefill),
-  then ``sink.token(id)`` for every generated id, including the stop id that ends it. When
-  ``token`` returns True the front has seen enough (a stop string, a stop id): the backend stops
-  that generation at once. It stops by itself at ``params.max_tokens``. Then ``sink.finish()``
-  (a backend that learns the prompt-cache hit only at the end, as vLLM reports it, passes it there).
+  once the prompt is accepted (``cached``: the leading prompt tokens it did not have to prefill;
+  the sink times the prefill from there to the first token). A backend that learns of the prompt
+  only with its first token (a remote stream) passes ``prompt_seconds``: the server's own figure,
+  or None where it is unknown. Then ``sink.token(id)`` for every generated id, including the stop
+  id that ends it. When ``token`` returns True the front has seen enough (a stop string, a stop
+  id): the backend stops that generation at once. It stops by itself at ``params.max_tokens``.
+  Then ``sink.finish()`` (a backend that learns the prompt-cache hit only at the end, as vLLM
+  reports it, passes it there).
 - ``Generation.cancelled`` is set when the caller leaves (a closed stream, a cancelled task). The
   backend checks it before a queued generation starts, between prefill chunks and between tokens,
   and then stops without calling ``finish``; it never blocks the next request for long.
@@ -44,7 +47,9 @@ from ..types import GenerationParams
 class TokenSink(Protocol):
     """Where a backend sends one generation's progress (see the module docs)."""
 
-    def start(self, cached_tokens: int) -> None: ...
+    def start(self, cached_tokens: int, prompt_seconds: float | None = ...) -> None:
+        """The prompt is accepted; without ``prompt_seconds`` the sink times it to the first token."""
+        ...
 
     def token(self, token_id: int) -> bool:
         """Take one generated id; True ends the generation."""

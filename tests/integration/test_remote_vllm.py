@@ -37,7 +37,7 @@ class VLLMStub:
         self.ids = ids
         self.max_model_len = max_model_len
         self.mode = "ok"
-        self.cached = 7
+        self.cached = 3  # (at most the prompt)
         self.bodies: list[dict[str, Any]] = []
         self.left_early = threading.Event()  # the client closed a stream before its end
         stub = self
@@ -103,7 +103,7 @@ class VLLMStub:
             "prompt_tokens": len(prompt),
             "completion_tokens": count,
             "total_tokens": len(prompt) + count,
-            "prompt_tokens_details": {"cached_tokens": self.cached},
+            "prompt_tokens_details": {"cached_tokens": min(self.cached, len(prompt))},
         }
         yield {**head, "choices": [], "usage": usage}
 
@@ -130,7 +130,7 @@ def test_ids_out_ids_back(stub: VLLMStub, engine: StarCoderEngine, tiny_engine: 
     assert engine.context_window == CONTEXT
     completion = engine.generate("def f():", max_tokens=5, temperature=0.0)
     assert completion.text == "abcab" and completion.finish_reason == "length"
-    assert completion.cached_tokens == 7  # from the last chunk's usage
+    assert completion.cached_tokens == 3  # from the last chunk's usage
     (body,) = stub.bodies
     assert body["prompt"] == tiny_engine.encode("def f():")  # ids, never text
     assert body["model"] == "tiny" and body["max_tokens"] == 5 and body["stream"] is True
@@ -141,7 +141,7 @@ def test_ids_out_ids_back(stub: VLLMStub, engine: StarCoderEngine, tiny_engine: 
 def test_stream_equals_generate_and_async(engine: StarCoderEngine) -> None:
     chunks = list(engine.stream("def f():", max_tokens=8))
     assert "".join(c.text for c in chunks) == engine.generate("def f():", max_tokens=8).text == "abcabcab"
-    assert chunks[-1].cached_tokens == 7
+    assert chunks[-1].cached_tokens == 3
 
     async def collect() -> str:
         return "".join([c.text async for c in engine.astream("def f():", max_tokens=4)])

@@ -42,6 +42,8 @@ SERIALIZED = {
         "top_p": 1.0,
         "stop": [],
         "parse_special_tokens": True,
+        "timeout": 60.0,  # (used with base_url only; LangChain writes every truthy field)
+        "max_retries": 2,
     },
     "name": "ChatStarCoder",
 }
@@ -81,8 +83,8 @@ class TestChatStarCoderUnit(ChatModelUnitTests):
 
     @property
     def standard_chat_model_params(self) -> dict[str, Any]:
-        # A local model has no API key, timeout or retries, and ChatStarCoder refuses unknown
-        # fields (so that a misspelt setting is an error); keep the standard ones it has.
+        # A local model has no API key, timeout or retries (those apply with base_url), and
+        # ChatStarCoder refuses unknown fields (so that a misspelt setting is an error).
         params = super().standard_chat_model_params
         return {k: v for k, v in params.items() if k not in ("api_key", "timeout", "max_retries")}
 
