@@ -1,0 +1,73 @@
+"""Response shapes: OpenAI's usage, llama.cpp's /infill answer and its ``response_fields``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..types import Completion, usage
+
+#: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
+TIME_LIMIT = "time_limit"
+
+
+def usage_body(done: list[Completion]) -> dict[str, Any]:
+    """OpenAI's usage, cached tokens under ``prompt_tokens_details`` as OpenAI puts them."""
+    counts = usage(done)
+    cached = counts.pop("cached_tokens")
+    return {**counts, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def infill_response(
+    model: str, c: Completion, content: str, truncated: bool, n_predict: int
+) -> dict[str, Any]:
+    """llama.cpp's final /infill answer (``stop`` True, counts and timings)."""
+    predicted = 0 if n_predict == 0 else c.completion_tokens
+    evaluated = c.prompt_tokens - c.cached_tokens
+    prompt_ms, predicted_ms = c.prompt_seconds * 1000, c.generation_seconds * 1000
+    cut = c.finish_reason == TIME_LIMIT
+    stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" or cut else "eos")
+    out = {
+        "content": content,
+        "id_slot": 0,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": predicted,
+        "tokens_evaluated": c.prompt_tokens,
+        "tokens_cached": c.cached_tokens,
+        "truncated": truncated,
+        "stop_type": stop_type,
+        "stopping_word": c.stop_sequence or "",
+        "has_new_line": "\n" in content,
+        "timings": {
+            "prompt_n": evaluated,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
+            "prompt_per_second": evaluated / c.prompt_seconds if c.prompt_seconds > 0 else 0.0,
+            "predicted_n": predicted,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
+            "predicted_per_second": predicted / c.generation_seconds if c.generation_seconds > 0 else 0.0,
+        },
+    }
+    if cut:  # how much of the prompt the cache served is not known for an answer cut by time
+        del out["tokens_cached"]
+        out["timings"]["prompt_n"] = c.prompt_tokens
+    return out
+
+
+def pick_fields(response: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """llama.cpp's ``response_fields``: only these, nested ones under their flat path
+    (``"timings/prompt_n"``), as llama.vim reads them."""
+    if fields is None:
+        return response
+    out = {}
+    for path in fields:
+        value: Any = response
+        for key in path.split("/"):
+            value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+        if value is not _MISSING:
+            out[path] = value
+    return out
+
+
+_MISSING = object()
