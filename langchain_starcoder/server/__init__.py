@@ -2,7 +2,8 @@
 
 A Starlette app whose handlers translate request shapes into engine calls and back: ``app`` (the
 routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
-and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``.
+and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
+``limits`` (body size, text bound) and ``connections`` (uvicorn's request deadline, connection limit).
 
 Endpoints:
 
@@ -31,10 +32,12 @@ from __future__ import annotations
 try:
     import sse_starlette  # noqa: F401
     import starlette  # noqa: F401
+    import uvicorn  # noqa: F401
 except ImportError as e:  # an optional extra: say how to get it
     msg = f"The server needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\"."
     raise ImportError(msg, name=e.name) from e
 
 from .app import create_app
+from .connections import BoundedConfig
 
-__all__ = ["create_app"]
+__all__ = ["BoundedConfig", "create_app"]

@@ -8,7 +8,10 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from ..engine import StarCoderEngine
+from ..errors import InvalidParameterError
+from ..types import is_int
 from . import llama_api, openai_api
+from .limits import DEFAULT_MAX_BODY_BYTES
 from .state import ServerState
 
 
@@ -19,6 +22,7 @@ def create_app(
     parse_special_tokens: bool = False,
     model_name: str | None = None,
     batch_window_ms: float = 0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the package docs for the endpoints).
 
@@ -35,8 +39,14 @@ def create_app(
             settings that arrive within this many milliseconds of each other run as one engine batch
             (more throughput for many clients; no prompt-cache reuse within a batch). Off by default:
             requests then run one after another, each reusing the prompt cache.
+        max_body_bytes: A request body larger than this is refused with 413 before it is read whole
+            (default 4 MiB). Text prompts are also refused before tokenizing when they are longer than
+            the context window could hold at the tokenizer's longest token.
     """
-    server = ServerState(engine, api_key, parse_special_tokens, model_name, batch_window_ms)
+    if not is_int(max_body_bytes) or max_body_bytes <= 0:
+        msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
+        raise InvalidParameterError(msg)
+    server = ServerState(engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes)
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
         Route("/v1/models", server.route(openai_api.models), methods=["GET"]),

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..types import Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
+from .limits import check_text_fits
 from .parsing import field, infill_request, is_ids, llama_settings, read_body, text
 from .shapes import infill_response, pick_fields
 from .state import ServerState
@@ -33,16 +34,17 @@ async def props(server: ServerState, request: Request) -> Response:
 
 async def tokenize(server: ServerState, request: Request) -> Response:
     engine = server.ready()
-    body = await read_body(request)
+    body = await read_body(request, server.max_body_bytes)
     content = text(body.get("content"), "content")
     parse = field(body, "parse_special", bool, server.parse_special_tokens)
+    check_text_fits(len(content), server.max_text_chars, engine.context_window, "content")
     ids = await asyncio.to_thread(engine.encode, content, special_tokens=parse)
     return JSONResponse({"tokens": ids})
 
 
 async def detokenize(server: ServerState, request: Request) -> Response:
     engine = server.ready()
-    body = await read_body(request)
+    body = await read_body(request, server.max_body_bytes)
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(is_int(t) for t in ids):
         raise bad_request("tokens must be a list of token ids (integers).", "tokens")
@@ -58,7 +60,7 @@ async def completion(server: ServerState, request: Request) -> Response:
     ``StarCoderEngine.connect`` speaks. The client keeps its stop strings; this engine ends at
     end-of-text only."""
     engine = server.ready()
-    body = await read_body(request)
+    body = await read_body(request, server.max_body_bytes)
     ids = body.get("prompt")
     if not is_ids(ids):
         raise bad_request("/completion takes the prompt as a list of token ids.", "prompt")
@@ -82,7 +84,7 @@ async def completion(server: ServerState, request: Request) -> Response:
 
 async def infill(server: ServerState, request: Request) -> Response:
     engine = server.ready()
-    body = await read_body(request)
+    body = await read_body(request, server.max_body_bytes)
     fim_request = infill_request(body)
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing

@@ -16,6 +16,7 @@ from ..engine import StarCoderEngine
 from ..fim import fim_stop_token_ids
 from ..types import CompletionChunk, FIMRequest, join_chunks
 from .errors import bad_request
+from .limits import check_text_fits
 from .parsing import (
     field,
     include_usage,
@@ -54,11 +55,11 @@ async def models(server: ServerState, request: Request) -> Response:
 
 async def completions(server: ServerState, request: Request) -> Response:
     engine = server.ready()
-    body = await read_body(request)
+    body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0)
     # Tokenizing runs off the event loop.
-    prompts = await asyncio.to_thread(_completion_prompts, engine, body, server.parse_special_tokens)
+    prompts = await asyncio.to_thread(_completion_prompts, server, engine, body)
     middle = engine.token_id("<fim_middle>")
     if any(isinstance(p, list) and middle in p for p in prompts):
         # A FIM prompt written by the client (parsed or as ids): end the middle as infill does.
@@ -93,7 +94,7 @@ async def completions(server: ServerState, request: Request) -> Response:
     return await sse(request, engine.astream(prompts[0], **settings), events, done_marker=True)
 
 
-def _completion_prompts(engine: StarCoderEngine, body: dict[str, Any], parse: bool) -> list[Any]:
+def _completion_prompts(server: ServerState, engine: StarCoderEngine, body: dict[str, Any]) -> list[Any]:
     """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given."""
     prompt = body.get("prompt")
     if isinstance(prompt, str) or is_ids(prompt):
@@ -106,7 +107,8 @@ def _completion_prompts(engine: StarCoderEngine, body: dict[str, Any], parse: bo
     suffix = body.get("suffix")
     if suffix is None:
         # Text is data unless this server parses it (see create_app); either way it goes on as ids.
-        return [text_ids(engine, p, parse) if isinstance(p, str) else p for p in items]
+        parse, max_chars = server.parse_special_tokens, server.max_text_chars
+        return [text_ids(engine, p, parse, max_chars) if isinstance(p, str) else p for p in items]
     suffix = text(suffix, "suffix")
     if not all(isinstance(p, str) for p in items):
         raise bad_request("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
@@ -118,7 +120,7 @@ def _completion_prompts(engine: StarCoderEngine, body: dict[str, Any], parse: bo
 
 async def chat(server: ServerState, request: Request) -> Response:
     engine = server.ready()
-    body = await read_body(request)
+    body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
     template = resolve_chat_template(engine, None)
     if template is None:
@@ -132,6 +134,8 @@ async def chat(server: ServerState, request: Request) -> Response:
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     settings = openai_settings(body, 256, 1.0)
+    chars = sum(len(content) for _, content in pairs)
+    check_text_fits(chars, server.max_text_chars, engine.context_window, "messages")
     ids = await asyncio.to_thread(chat_prompt_ids, engine, pairs, template)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 

@@ -10,10 +10,11 @@ from starlette.requests import Request
 from ..engine import StarCoderEngine
 from ..types import ContextFile, FIMRequest, is_int
 from .errors import bad_request
+from .limits import check_text_fits, read_limited
 
 
-async def read_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+async def read_body(request: Request, max_bytes: int) -> dict[str, Any]:
+    raw = await read_limited(request, max_bytes)
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -52,10 +53,12 @@ def is_ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(is_int(t) for t in value)
 
 
-def text_ids(engine: StarCoderEngine, prompt: str, parse: bool) -> list[int]:
+def text_ids(engine: StarCoderEngine, prompt: str, parse: bool, max_chars: int | None) -> list[int]:
+    """A text prompt's ids; one that cannot fit the context window (``max_chars``) is refused first."""
     if not prompt.strip():
         msg = "The prompt is empty or only whitespace; give the model some text to continue."
         raise bad_request(msg, "prompt")
+    check_text_fits(len(prompt), max_chars, engine.context_window, "prompt")
     return engine.encode(prompt, special_tokens=parse)
 
 

@@ -19,6 +19,7 @@ from ..engine import StarCoderEngine
 from ..types import Completion
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
+from .limits import longest_token_chars
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +34,26 @@ class ServerState:
         parse_special_tokens: bool,
         model_name: str | None,
         batch_window_ms: float,
+        max_body_bytes: int,
     ):
         self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
         self.load_error: BaseException | None = None
-        self.loader: Callable[[], StarCoderEngine] | None = None
-        if isinstance(engine, StarCoderEngine):
-            self.engine = engine
-        else:
-            self.loader = engine
+        self.loader = None if isinstance(engine, StarCoderEngine) else engine
         self.api_key = api_key.encode() if api_key else None
         self.parse_special_tokens = parse_special_tokens
         self.model_name = model_name
         self.created = int(time.time())
+        self.max_body_bytes = max_body_bytes
+        #: The most characters a text can have and still fit the context window (None: no bound).
+        self.max_text_chars: int | None = None
+        if isinstance(engine, StarCoderEngine):
+            self._ready(engine)
+
+    def _ready(self, engine: StarCoderEngine) -> None:
+        longest = longest_token_chars(engine.tokenizer)
+        self.max_text_chars = None if longest is None else longest * engine.context_window
+        self.engine = engine  # last: requests are served from here on
 
     @property
     def name(self) -> str:
@@ -70,7 +78,7 @@ class ServerState:
     def _load(self) -> None:
         assert self.loader is not None
         try:
-            self.engine = self.loader()
+            self._ready(self.loader())
         except BaseException as e:
             logger.error("Loading the model failed: %s", e)
             self.load_error = e
