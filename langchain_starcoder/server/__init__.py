@@ -22,9 +22,10 @@ Endpoints:
   ``StarCoderEngine.connect("http://host:8080", model=...)`` drives this server like a llama-server.
 
 Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input,
-401 without the API key when one is set, 413 when the prompt plus ``max_tokens`` pass the context
-window, 503 while the model loads. Generation runs through the engine's async API, so the event loop
-never blocks; a client that disconnects mid-stream cancels its generation.
+401 without the API key when one is set, 413 when the body passes ``max_body_bytes`` or the prompt plus
+``max_tokens`` pass the context window, 503 while the model loads. Generation runs through the engine's
+async API, so the event loop never blocks; a client that disconnects cancels its generation (and one that
+leaves mid-body is a debug line, not an error).
 """
 
 from __future__ import annotations

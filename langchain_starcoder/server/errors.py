@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from ..errors import ContextLengthError, InvalidParameterError, StarCoderError
@@ -33,6 +34,9 @@ def api_error(e: BaseException) -> APIError:
     """The status and body for an exception raised while serving a request."""
     if isinstance(e, APIError):
         return e
+    if isinstance(e, ClientDisconnect):  # the client left while its request was read: not a server error
+        logger.debug("The client disconnected before its request was read.")
+        return APIError(499, "The client disconnected.", kind="client_closed")
     if isinstance(e, ContextLengthError):
         return APIError(413, str(e), code="context_length_exceeded")
     if isinstance(e, InvalidParameterError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -373,6 +374,25 @@ def test_a_client_dropped_before_a_plain_answer_cancels_its_generation(server, c
         httpx.post(f"{server}/v1/completions", json=body, timeout=httpx.Timeout(60, read=full / 8))
     time.sleep(0.3)  # the server notices within its poll interval
     _next_request_is_correct_and_not_queued(client, tiny_engine, full)
+
+
+def test_a_client_dropped_mid_body_is_one_debug_line_not_an_error(server, caplog):
+    caplog.set_level(logging.DEBUG, logger="langchain_starcoder")
+    port = int(server.rsplit(":", 1)[1])
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head + b'Content-Length: 1000\r\n\r\n{"prompt": "def')  # then leaves
+            time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while sum("disconnected" in r.getMessage() for r in caplog.records) < 3:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.05)
+    ours = [r for r in caplog.records if r.name.startswith("langchain_starcoder")]
+    assert [r.levelno for r in ours if "disconnected" in r.getMessage()] == [logging.DEBUG] * 3
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "Traceback" not in caplog.text
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
 
 
 # --- errors ------------------------------------------------------------------------------------------
