@@ -13,7 +13,7 @@ from ..types import Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
 from .limits import check_text_fits
 from .parsing import field, infill_request, is_ids, llama_settings, read_body, text
-from .shapes import infill_response, pick_fields
+from .shapes import files_used, infill_response, pick_fields
 from .state import ServerState
 from .streams import join, sse, time_limited, unless_gone
 
@@ -95,14 +95,17 @@ async def infill(server: ServerState, request: Request) -> Response:
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
     prompt = await asyncio.to_thread(engine.fim_prompt, fim_request, max_tokens)
-    truncated = prompt.prefix_chars_kept < len(fim_request.prefix) or prompt.suffix_chars_kept < len(
-        fim_request.suffix
-    ) or len(prompt.files_kept) < len(fim_request.context_files)  # fmt: skip
+    used = files_used(fim_request.context_files, prompt.files_kept)
+    truncated = (
+        prompt.prefix_chars_kept < len(fim_request.prefix)
+        or prompt.suffix_chars_kept < len(fim_request.suffix)
+        or any(u != "whole" for u in used)
+    )
     stream = time_limited(engine.astream(fim_request, **settings), limit_ms, len(prompt.token_ids))
 
     def final(c: Completion, content: str) -> dict[str, Any]:
         out = infill_response(server.name, c, content, truncated, n_predict)
-        return pick_fields(out, fields)
+        return pick_fields({**out, "input_extra_used": used}, fields)
 
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, join(stream))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from ..types import Completion, usage
+from ..types import Completion, ContextFile, usage
 
 #: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
 TIME_LIMIT = "time_limit"
@@ -15,6 +16,20 @@ def usage_body(done: list[Completion]) -> dict[str, Any]:
     counts = usage(done)
     cached = counts.pop("cached_tokens")
     return {**counts, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def files_used(given: Sequence[ContextFile], kept: Sequence[ContextFile]) -> list[str]:
+    """For each file given, "whole", "cut" or "dropped": how much of it the FIM prompt holds. ``kept``
+    is the prompt's files, in order, each whole or its first lines."""
+    used, rest = [], iter(kept)
+    candidate = next(rest, None)
+    for file in given:
+        if candidate is not None and candidate.path == file.path and file.text.startswith(candidate.text):
+            used.append("whole" if candidate.text == file.text else "cut")
+            candidate = next(rest, None)
+        else:
+            used.append("dropped")
+    return used
 
 
 def infill_response(

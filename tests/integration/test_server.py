@@ -223,6 +223,25 @@ def test_llama_vim_ring_warm_up_generates_nothing_and_full_shape_without_fields(
     assert set(got["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms"}
 
 
+def test_infill_reports_context_files_cut_or_dropped_as_truncated(server, tiny_engine):
+    """A file cut to what fits is not "kept": ``truncated`` says so, ``input_extra_used`` says how."""
+    big = "".join(f"value_{i} = compute({i}, {i + 1})\n" for i in range(3000))
+    extra = [{"filename": "small.py", "text": "import math\n"}, {"filename": "big.py", "text": big}]
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra, "n_predict": N}
+    files = [ContextFile(e["filename"], e["text"]) for e in extra]
+    prompt = tiny_engine.fim_prompt(FIMRequest(PREFIX, SUFFIX, context_files=files), N)
+    assert len(prompt.files_kept) == 2 and len(prompt.files_kept[1].text) < len(big)  # cut, still there
+    got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
+    assert got["truncated"] is True and got["input_extra_used"] == ["whole", "cut"]
+    # A prefix that fills the context leaves no room for the files: dropped, and truncated too.
+    body.update(input_prefix=big, input_extra=extra[:1])
+    got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
+    assert got["truncated"] is True and got["input_extra_used"] == ["dropped"]
+    body.update(input_prefix=PREFIX, response_fields=["truncated", "input_extra_used"])
+    got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
+    assert got == {"truncated": False, "input_extra_used": ["whole"]}
+
+
 def test_infill_stream_is_llama_cpp_sse(server, tiny_engine):
     expected = tiny_engine.infill(PREFIX, SUFFIX, **_greedy())
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": N, "stream": True, "temperature": 0}
