@@ -37,8 +37,9 @@ def create_app(
         model_name: The model id the API reports (default: the engine's name).
         batch_window_ms: When above 0, non-streamed completions and chat requests with the same
             settings that arrive within this many milliseconds of each other run as one engine batch
-            (more throughput for many clients; no prompt-cache reuse within a batch). Off by default:
-            requests then run one after another, each reusing the prompt cache.
+            (more throughput for many clients; no prompt-cache reuse within a batch). Sampling requests
+            with a ``seed`` run alone, so the seed reproduces their answer. Off by default: requests
+            then run one after another, each reusing the prompt cache.
         max_body_bytes: A request body larger than this is refused with 413 before it is read whole
             (default 4 MiB). Text prompts are also refused before tokenizing when they are longer than
             the context window could hold at the tokenizer's longest token.

@@ -77,8 +77,8 @@ async def completions(server: ServerState, request: Request) -> Response:
     if not stream:
         if len(prompts) == 1:
             done = [await unless_gone(request, server.generate(engine, prompts[0], settings))]
-        else:  # several prompts: one batch
-            done = await unless_gone(request, engine.agenerate_batch(prompts, **settings))
+        else:  # several prompts: one batch (seeded sampling: one by one, each as alone)
+            done = await unless_gone(request, server.generate_all(engine, prompts, settings))
         choices = [choice(i, c.text, c.finish_reason) for i, c in enumerate(done)]
         return JSONResponse(chunk(choices, usage=usage_body(done)))
     if len(prompts) > 1:

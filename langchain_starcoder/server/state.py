@@ -116,7 +116,20 @@ class ServerState:
             )
 
     async def generate(self, engine: StarCoderEngine, prompt: Any, settings: dict[str, Any]) -> Completion:
-        """One non-streamed generation: alone, or in a batch with others when batching is on."""
-        if self.batcher is None:
+        """One non-streamed generation: alone, or in a batch with others when batching is on. Seeded
+        sampling runs alone: a seed reproduces an answer only there (a batch shares the random state)."""
+        if self.batcher is None or _seeded_sampling(settings):
             return await engine.agenerate(prompt, **settings)
         return await self.batcher.generate(engine, prompt, settings)
+
+    async def generate_all(
+        self, engine: StarCoderEngine, prompts: list[Any], settings: dict[str, Any]
+    ) -> list[Completion]:
+        """Several prompts of one request: one batch, or one after another for seeded sampling."""
+        if _seeded_sampling(settings):
+            return [await engine.agenerate(prompt, **settings) for prompt in prompts]
+        return await engine.agenerate_batch(prompts, **settings)
+
+
+def _seeded_sampling(settings: dict[str, Any]) -> bool:
+    return settings.get("seed") is not None and settings.get("temperature") != 0

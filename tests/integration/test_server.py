@@ -374,6 +374,33 @@ def test_with_a_batch_window_concurrent_requests_run_as_one_batch_each_as_alone(
         running.stop()
 
 
+def test_with_a_batch_window_seeded_sampling_answers_as_alone(tiny_engine):
+    """A seed makes sampling reproducible only alone (a batch shares the sampler's random state):
+    seeded sampling requests are kept out of batches."""
+    sampled = {"max_tokens": N, "temperature": 1.0, "top_k": 50, "seed": 1234}
+    prompts = [f"def h{i}(z):\n    " for i in range(4)]
+    alone = [tiny_engine.generate(p, parse_special_tokens=False, **sampled).text for p in prompts]
+    assert len(set(alone)) > 1
+    running = _Running(create_app(tiny_engine, batch_window_ms=200))
+    try:
+        c = openai.OpenAI(base_url=f"{running.url}/v1", api_key="x", max_retries=0, timeout=60)
+        extra = {"extra_body": {"top_k": 50}}
+
+        def ask(p: str) -> str:
+            got = c.completions.create(model="m", prompt=p, max_tokens=N, temperature=1.0, seed=1234, **extra)
+            return got.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, prompts)) == alone
+        # A list of prompts is one batch, but not when the sampling is seeded.
+        got = c.completions.create(
+            model="m", prompt=prompts, max_tokens=N, temperature=1.0, seed=1234, **extra
+        )
+        assert [g.text for g in sorted(got.choices, key=lambda g: g.index)] == alone
+    finally:
+        running.stop()
+
+
 def test_a_client_dropped_mid_stream_cancels_its_generation(server, client, tiny_engine):
     full = _time_long_generation(tiny_engine)
     body = {"prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
