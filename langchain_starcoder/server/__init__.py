@@ -18,8 +18,9 @@ Endpoints:
   files become StarCoder2's repository context with their real names; ``prompt`` (the text of the
   cursor's line before the cursor, as llama.vim sends it) is appended to ``input_prefix``.
 - ``GET /health``, ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
-- llama.cpp's ``POST /completion`` (token-id prompts, streamed with ids) and ``GET /props``: so
-  ``StarCoderEngine.connect("http://host:8080", model=...)`` drives this server like a llama-server.
+- llama.cpp's ``POST /completion`` (one prompt: text, token ids or both mixed; whole or streamed, with
+  ids when ``return_tokens``) and ``GET /props``: so ``StarCoderEngine.connect("http://host:8080",
+  model=...)`` drives this server like a llama-server.
 
 Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input,
 401 without the API key when one is set, 413 when the body passes ``max_body_bytes`` or the prompt plus

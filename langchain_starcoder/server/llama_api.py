@@ -1,5 +1,5 @@
 """llama.cpp's endpoints: ``/infill`` (llama.vim, llama.vscode), ``/completion`` and ``/props`` (what
-``StarCoderEngine.connect`` speaks), ``/health``, ``/tokenize`` and ``/detokenize``."""
+``StarCoderEngine.connect`` speaks, with text prompts too), ``/health``, ``/tokenize`` and ``/detokenize``."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..engine import StarCoderEngine
 from ..types import Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
 from .limits import check_text_fits
-from .parsing import field, infill_request, is_ids, llama_settings, read_body, text
-from .shapes import files_used, infill_response, pick_fields
+from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
+from .shapes import files_used, final_answer, pick_fields
 from .state import ServerState
 from .streams import join, sse, time_limited, unless_gone
 
@@ -56,30 +57,56 @@ async def detokenize(server: ServerState, request: Request) -> Response:
 
 
 async def completion(server: ServerState, request: Request) -> Response:
-    """llama.cpp's ``/completion`` for token-id prompts, streamed with each chunk's ids: what
-    ``StarCoderEngine.connect`` speaks. The client keeps its stop strings; this engine ends at
-    end-of-text only."""
+    """llama.cpp's ``/completion``: one prompt (text, token ids, or a list mixing both), answered whole
+    or streamed; with ``return_tokens`` each chunk carries its ids (what ``StarCoderEngine.connect``
+    speaks). Text is data unless the server parses control tokens (``parse_special_tokens``)."""
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
-    ids = body.get("prompt")
-    if not is_ids(ids):
-        raise bad_request("/completion takes the prompt as a list of token ids.", "prompt")
-    if not field(body, "stream", bool, False) or not field(body, "return_tokens", bool, False):
-        raise bad_request("/completion answers stream=true with return_tokens=true only.", "stream")
-    settings = llama_settings(body, field(body, "n_predict", int, INFILL_MAX_TOKENS))
-    stream = engine.astream(ids, **settings)
+    for key in ("grammar", "json_schema", "n_probs"):  # constrained output and probabilities: not here
+        if body.get(key):
+            raise bad_request(f"/completion does not support {key}.", key)
+    prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
+    n_predict = field(body, "n_predict", int, -1)
+    settings = llama_settings(body, INFILL_MAX_TOKENS if n_predict < 0 else n_predict)
+    with_tokens = field(body, "return_tokens", bool, False)
+    if not field(body, "stream", bool, False):
+        done = await unless_gone(request, server.generate(engine, prompt, settings))
+        out = final_answer(server.name, done, done.text, False, n_predict)
+        return JSONResponse(out | ({"tokens": done.token_ids} if with_tokens else {}))
     predicted = 0
 
     def events(c: CompletionChunk) -> list[dict[str, Any]]:
         nonlocal predicted
         predicted += len(c.token_ids)
-        event = {"content": c.text, "tokens": c.token_ids, "tokens_predicted": predicted}
+        event: dict[str, Any] = {"content": c.text, "tokens_predicted": predicted}
+        if with_tokens:
+            event["tokens"] = c.token_ids
         event["stop"] = c.finish_reason is not None
         if c.finish_reason is not None:
             event["timings"] = {"cache_n": c.cached_tokens or 0, "prompt_n": c.prompt_tokens}
         return [event]
 
-    return await sse(request, stream, events, done_marker=False)
+    return await sse(request, engine.astream(prompt, **settings), events, done_marker=False)
+
+
+def _completion_prompt(server: ServerState, engine: StarCoderEngine, prompt: Any) -> list[int]:
+    """The ids of a /completion prompt: text, ids, or llama.cpp's mixed list (ids as given, text encoded)."""
+    parse = server.parse_special_tokens
+    if isinstance(prompt, str):
+        return text_ids(engine, prompt, parse, server.max_text_chars)
+    pieces = prompt if isinstance(prompt, list) and prompt else [None]
+    if not all(is_int(p) or isinstance(p, str) for p in pieces) or all(isinstance(p, str) for p in pieces):
+        msg = (
+            "/completion takes one prompt: text, a list of token ids, or a list mixing ids and text; "
+            "send several prompts as several requests."
+        )
+        raise bad_request(msg, "prompt")
+    chars = sum(len(p) for p in pieces if isinstance(p, str))
+    check_text_fits(chars, server.max_text_chars, engine.context_window, "prompt")
+    ids: list[int] = []
+    for piece in pieces:
+        ids += engine.encode(piece, special_tokens=parse) if isinstance(piece, str) else [piece]
+    return ids
 
 
 async def infill(server: ServerState, request: Request) -> Response:
@@ -104,7 +131,7 @@ async def infill(server: ServerState, request: Request) -> Response:
     stream = time_limited(engine.astream(fim_request, **settings), limit_ms, len(prompt.token_ids))
 
     def final(c: Completion, content: str) -> dict[str, Any]:
-        out = infill_response(server.name, c, content, truncated, n_predict)
+        out = final_answer(server.name, c, content, truncated, n_predict)
         return pick_fields({**out, "input_extra_used": used}, fields)
 
     if not field(body, "stream", bool, False):

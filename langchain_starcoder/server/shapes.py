@@ -1,4 +1,4 @@
-"""Response shapes: OpenAI's usage, llama.cpp's /infill answer and its ``response_fields``."""
+"""Response shapes: OpenAI's usage, llama.cpp's final answer and its ``response_fields``."""
 
 from __future__ import annotations
 
@@ -32,10 +32,8 @@ def files_used(given: Sequence[ContextFile], kept: Sequence[ContextFile]) -> lis
     return used
 
 
-def infill_response(
-    model: str, c: Completion, content: str, truncated: bool, n_predict: int
-) -> dict[str, Any]:
-    """llama.cpp's final /infill answer (``stop`` True, counts and timings)."""
+def final_answer(model: str, c: Completion, content: str, truncated: bool, n_predict: int) -> dict[str, Any]:
+    """llama.cpp's final answer of /infill and /completion (``stop`` True, counts and timings)."""
     predicted = 0 if n_predict == 0 else c.completion_tokens
     evaluated = c.prompt_tokens - c.cached_tokens
     prompt_ms, predicted_ms = c.prompt_seconds * 1000, c.generation_seconds * 1000

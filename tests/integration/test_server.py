@@ -645,6 +645,74 @@ def test_serve_help_is_fast_and_imports_nothing_heavy():
     assert "--parse-special-tokens" in result.stdout and "127.0.0.1" in result.stdout
 
 
+# --- llama.cpp's /completion with text -------------------------------------------------------------------
+
+
+def test_completion_takes_text_as_llama_cpp_does_and_keeps_it_data(server, tiny_engine):
+    expected = tiny_engine.generate(PROMPT, parse_special_tokens=False, **_greedy())
+    body = {"prompt": PROMPT, "n_predict": N, "temperature": 0}
+    got = httpx.post(f"{server}/completion", json=body, timeout=60).json()
+    assert got["content"] == expected.text and got["stop"] is True
+    assert (got["tokens_evaluated"], got["tokens_predicted"]) == (
+        expected.prompt_tokens,
+        expected.completion_tokens,
+    )
+    assert "tokens" not in got
+    # Streamed, without ids: the same text; with return_tokens, the ids too.
+    events = []
+    with httpx.stream("POST", f"{server}/completion", json={**body, "stream": True}, timeout=60) as reply:
+        assert reply.status_code == 200
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == expected.text and events[-1]["stop"] is True
+    assert not any("tokens" in e for e in events)
+    got = httpx.post(f"{server}/completion", json={**body, "return_tokens": True}, timeout=60).json()
+    assert got["tokens"] == expected.token_ids
+    # Control-token strings in the text are data on a server that does not parse them.
+    hostile = httpx.post(f"{server}/completion", json={**body, "prompt": HOSTILE}, timeout=60).json()
+    assert hostile["tokens_evaluated"] == len(tiny_engine.encode(HOSTILE, special_tokens=False))
+    # llama.cpp's mixed prompt: ids as given, text encoded between them.
+    ids = tiny_engine.encode("<fim_prefix>")
+    mixed = ids + tiny_engine.encode(PREFIX, special_tokens=False)
+    got = httpx.post(f"{server}/completion", json={**body, "prompt": [*ids, PREFIX]}, timeout=60).json()
+    assert got["content"] == tiny_engine.generate(mixed, **_greedy()).text
+    assert got["tokens_evaluated"] == len(mixed)
+
+
+def test_a_parsing_server_parses_completion_text(tiny_engine):
+    running = _Running(create_app(tiny_engine, parse_special_tokens=True))
+    try:
+        body = {"prompt": HOSTILE, "n_predict": 2}
+        got = httpx.post(f"{running.url}/completion", json=body, timeout=60).json()
+        assert got["tokens_evaluated"] == len(tiny_engine.encode(HOSTILE))
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "status"),
+    [
+        (["one", "two"], 400),
+        ([[1, 2], [3]], 400),
+        (5, 400),
+        ([], 400),
+        ("  ", 400),
+        ("x = 1\n" * 20_000, 413),
+    ],
+)
+def test_completion_refuses_what_is_not_one_prompt(server, prompt, status):
+    reply = _post(f"{server}/completion", {"prompt": prompt, "n_predict": 2})
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize(
+    "extra", [{"grammar": "root ::= [a-z]+"}, {"json_schema": {"type": "string"}}, {"n_probs": 3}]
+)
+def test_completion_refuses_what_it_does_not_implement(server, extra):
+    reply = _post(f"{server}/completion", {"prompt": PROMPT, "n_predict": 2, **extra})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == next(iter(extra))
+
+
 # --- StarCoderEngine.connect against this server ----------------------------------------------------------
 
 
