@@ -18,8 +18,8 @@ from .shapes import files_used, final_answer, pick_fields
 from .state import ServerState
 from .streams import join, sse, time_limited, unless_gone
 
-#: ``/infill`` without ``n_predict`` (or with llama.cpp's -1, "until done"): this many tokens at most.
-INFILL_MAX_TOKENS = 256
+#: Tokens at most for ``/infill`` and ``/completion`` without ``n_predict`` (or with -1, "until done").
+DEFAULT_N_PREDICT = 256
 
 
 async def health(server: ServerState, request: Request) -> Response:
@@ -67,7 +67,7 @@ async def completion(server: ServerState, request: Request) -> Response:
             raise bad_request(f"/completion does not support {key}.", key)
     prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
     n_predict = field(body, "n_predict", int, -1)
-    settings = llama_settings(body, INFILL_MAX_TOKENS if n_predict < 0 else n_predict)
+    settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
     with_tokens = field(body, "return_tokens", bool, False)
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, server.generate(engine, prompt, settings))
@@ -115,7 +115,7 @@ async def infill(server: ServerState, request: Request) -> Response:
     fim_request = infill_request(body)
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
-    max_tokens = 1 if warm_up else (INFILL_MAX_TOKENS if n_predict < 0 else n_predict)
+    max_tokens = 1 if warm_up else (DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
     settings = llama_settings(body, max_tokens)
     limit_ms = field(body, "t_max_predict_ms", (int, float), 0)
     fields = body.get("response_fields")
