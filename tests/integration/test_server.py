@@ -27,7 +27,7 @@ from langchain_openai import OpenAI as LangChainOpenAI
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.chat import chat_prompt_ids, resolve_chat_template
-from langchain_starcoder.server import create_app
+from langchain_starcoder.server import BoundedConfig, create_app
 from langchain_starcoder.types import ContextFile, FIMRequest
 
 PROMPT = "def count_items(items):\n    "
@@ -45,11 +45,11 @@ def _free_port() -> int:
 
 
 class _Running:
-    """A uvicorn server in a thread, stopped by ``should_exit``."""
+    """A uvicorn server in a thread as ``serve`` runs it (BoundedConfig), stopped by ``should_exit``."""
 
     def __init__(self, app: Any):
         self.port = _free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = BoundedConfig(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
