@@ -7,7 +7,8 @@ So 2,100 connections that never finish their headers used up the server's file d
 request's headers and body must arrive within ``request_timeout`` seconds of the connection opening (or
 of the previous answer), and at ``max_connections`` a new connection closes the one that has waited
 longest for a request's headers (so a good client is served while bad ones hold connections), or gets
-503 when every connection is serving a request.
+503 when every connection is serving a request. The listen backlog is small too: asyncio accepts a whole
+backlog in one go, before any of these checks can run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ DEFAULT_MAX_CONNECTIONS = 512
 DEFAULT_REQUEST_TIMEOUT = 20.0
 #: Seconds an idle keep-alive connection stays open between requests (uvicorn's own default).
 DEFAULT_KEEP_ALIVE_TIMEOUT = 5.0
+#: Connections waiting to be accepted at most (uvicorn's default, 2048, lets one burst pass the limit).
+ACCEPT_BACKLOG = 128
 
 _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -47,8 +50,12 @@ class BoundedConfig(uvicorn.Config):
         keep_alive_timeout: float = DEFAULT_KEEP_ALIVE_TIMEOUT,
         **kwargs: Any,
     ):
+        max_connections = default_max_connections() if max_connections is None else max_connections
+        # asyncio accepts up to ``backlog`` connections at once, before any protocol sees one: a small
+        # backlog keeps a burst from opening more files than the limit leaves (EMFILE stops accepting).
+        kwargs.setdefault("backlog", min(ACCEPT_BACKLOG, max_connections))
         super().__init__(app, http=BoundedH11Protocol, timeout_keep_alive=keep_alive_timeout, **kwargs)  # type: ignore[arg-type]
-        self.max_connections = default_max_connections() if max_connections is None else max_connections
+        self.max_connections = max_connections
         self.request_timeout = request_timeout
 
 
