@@ -493,12 +493,12 @@ def test_cli_stats_say_the_prompt_rate_is_unknown() -> None:
 
 
 def test_infill_timings_say_unknown_as_null() -> None:
-    from langchain_starcoder.server import _infill_response
+    from langchain_starcoder.server.shapes import final_answer
     from langchain_starcoder.types import Completion
 
     completion = Completion("x", [1], "length", prompt_tokens=4, cached_tokens=1, completion_tokens=1,
                             prompt_seconds=None, generation_seconds=0.5)  # fmt: skip
-    timings = _infill_response("tiny", completion, "x", False, 1)["timings"]
+    timings = final_answer("tiny", completion, "x", False, 1)["timings"]
     assert timings["prompt_ms"] is None and timings["prompt_per_second"] is None
     assert timings["prompt_per_token_ms"] is None and timings["predicted_per_second"] == 2.0
 
