@@ -108,7 +108,7 @@ class StarCoderSettings(BaseModel):
     base_url: str | None = None
     """The root URL of a vLLM server or a llama.cpp ``llama-server`` that serves ``model``, e.g.
     ``http://127.0.0.1:8080``: the model then runs there, and only the tokenizer, prompt building,
-    stop strings and detokenization run here (README "Scaling out")."""
+    stop strings and detokenization run here (docs/scaling-out.md)."""
 
     tokenizer: str | None = None
     """With ``base_url``: the checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer

@@ -198,7 +198,7 @@ class StarCoderEngine:
         max_retries: int = 2,
         max_concurrency: int = 16,
     ) -> StarCoderEngine:
-        """An engine whose model runs on a vLLM server or a llama.cpp ``llama-server`` (README "Scaling out").
+        """An engine whose model runs on a vLLM server or a llama.cpp ``llama-server`` (docs/scaling-out.md).
 
         The tokenizer, prompt building, stop strings and detokenization stay here; the server gets
         token ids and streams token ids back, so text is never re-tokenized by the server (where a

@@ -562,10 +562,9 @@ def test_chat_completions_use_the_template_with_contents_as_data(chat_path: Path
         engine.close()
 
 
-def test_the_readme_client_block_runs_against_the_server(server):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Use it from your editor", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```py\n(.*?)```", section, flags=re.S)
+def test_the_docs_client_block_runs_against_the_server(server):
+    page = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    (code,) = re.findall(r"```py\n(.*?)```", page, flags=re.S)
     code = code.replace("http://127.0.0.1:8080", server)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

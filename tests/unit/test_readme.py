@@ -1,4 +1,5 @@
-"""Every code block of the README runs, offline, on a built checkpoint instead of the hub model."""
+"""Every code block of the README and of docs/*.md runs, offline, on a built checkpoint instead of the hub
+model; their links lead somewhere, and the claims the pages make about the project hold."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, flags=re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCED = re.compile(r"```(\w+)\n(.*?)```", flags=re.S)
+BLOCKS = FENCED.findall(README)
+# Every block of every page, with where it is: (page, language, code).
+ALL_BLOCKS = [(page.relative_to(ROOT).as_posix(), lang, code) for page in PAGES for lang, code in
+              FENCED.findall(page.read_text())]  # fmt: skip
+# python blocks run offline here; py blocks need a server (tests/integration runs them against one);
+# bash blocks are the commands checked below; sh, text and yaml are shown, not run.
+LANGUAGES = {"python", "py", "bash", "sh", "text", "yaml"}
 HUB_MODEL = "mlx-community/starcoder2-3b-4bit"
 INSTALL = "python3 -m venv .venv && . .venv/bin/activate && "
 
@@ -25,7 +34,12 @@ def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[s
 
 
 def python_blocks() -> list[str]:
-    return [code for lang, code in BLOCKS if lang == "python"]
+    return [code for _, lang, code in ALL_BLOCKS if lang == "python"]
+
+
+def python_block_ids() -> list[str]:
+    pages = [page for page, lang, _ in ALL_BLOCKS if lang == "python"]
+    return [f"{page}-{pages[:i].count(page)}" for i, page in enumerate(pages)]
 
 
 def test_the_readme_has_the_blocks_we_expect() -> None:
@@ -34,7 +48,15 @@ def test_the_readme_has_the_blocks_we_expect() -> None:
     assert all(HUB_MODEL in code for code in python_blocks())
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_block_of_a_page_is_one_the_tests_know(page: Path) -> None:
+    """A block without a language, or with one not listed, would be skipped here without a word."""
+    text = page.read_text()
+    assert text.count("```") == 2 * len(FENCED.findall(text)), "a code block without a language"
+    assert {lang for lang, _ in FENCED.findall(text)} <= LANGUAGES
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())), ids=python_block_ids())
 def test_python_block(index: int, tiny_path: Path, tmp_path: Path) -> None:
     code = python_blocks()[index].replace(HUB_MODEL, str(tiny_path))
     result = run([sys.executable, "-c", code], tmp_path)
@@ -42,7 +64,7 @@ def test_python_block(index: int, tiny_path: Path, tmp_path: Path) -> None:
     assert result.stdout.strip()
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
+@pytest.mark.parametrize("index", range(len(python_blocks())), ids=python_block_ids())
 def test_python_block_uses_every_name_it_imports(index: int) -> None:
     tree = ast.parse(python_blocks()[index])
     imported = {
@@ -74,7 +96,7 @@ def test_the_two_commands(tmp_path: Path) -> None:
 
 
 def test_command_line_block(tmp_path: Path) -> None:
-    (block,) = (code for lang, code in BLOCKS if lang == "bash" and "langchain-starcoder " in code)
+    (block,) = (code for _, lang, code in ALL_BLOCKS if lang == "bash" and "langchain-starcoder " in code)
     script = block.replace("langchain-starcoder ", f"{sys.executable} -m langchain_starcoder ")
     result = run(["bash", "-euo", "pipefail", "-c", script], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -90,7 +112,7 @@ def test_command_line_block(tmp_path: Path) -> None:
 MAX_TRACEBACK_LINES = 45
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
+@pytest.mark.parametrize("index", range(len(python_blocks())), ids=python_block_ids())
 def test_python_block_verbatim_offline_ends_in_a_short_traceback(index: int, tmp_path: Path) -> None:
     code = python_blocks()[index]
     # An empty hub cache: offline, the model cannot be had.
@@ -106,17 +128,18 @@ def test_python_block_verbatim_offline_ends_in_a_short_traceback(index: int, tmp
 
 def test_every_install_command_works_from_the_checkout() -> None:
     """The package is not on PyPI yet: `pip install langchain-starcoder[...]` fails; `-e .[...]` works."""
-    docs = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "examples").glob("*.py")),
+    docs = [*PAGES, ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "examples").glob("*.py")),
             *sorted((ROOT / "notebooks").glob("*.ipynb"))]  # fmt: skip
     from_index = re.compile(r"pip install\s+(?:-U\s+)?[\"']?langchain-starcoder")
     found = [f"{p.name}: {m.group(0)}" for p in docs for m in from_index.finditer(p.read_text())]
     assert not found
-    extras = re.findall(r'pip install -e "\.\[(\w+)\]"', README)
-    assert {"openblas", "examples", "test"} <= set(extras)
+    install = re.compile(r'pip install -e "\.\[(\w+)\]"')
+    extras = {extra for page in PAGES for extra in install.findall(page.read_text())}
+    assert {"openblas", "examples", "test", "server"} <= extras
 
 
 def test_the_speed_tables_say_which_shape_each_figure_is_for() -> None:
-    section = README.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "benchmarks.md").read_text()
     tables = re.findall(r"((?:^\|.*\|\n)+)", section, flags=re.M)
     default_model, comparisons = tables
     # The default model's own figures, at its real depth, and the command that measured them.
@@ -128,3 +151,54 @@ def test_the_speed_tables_say_which_shape_each_figure_is_for() -> None:
     header, _, *rows = comparisons.splitlines()
     assert header.split(" | ")[1] == "Shape"
     assert all(re.search(r"narrow|layers? of 3b", row.split(" | ")[1]) for row in rows)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", FENCED.sub("", page.read_text()), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def relative_links(page: Path) -> list[str]:
+    """The targets of a page's Markdown links that are not a URL, outside code blocks and inline code."""
+    prose = re.sub(r"`[^`\n]*`", "", FENCED.sub("", page.read_text()))
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", prose) if not re.match(r"[a-z]+:", target)]
+
+
+def test_the_link_helpers_see_links_and_anchors() -> None:
+    """The link check below is only as good as what these find: the README's own links and headings."""
+    readme = ROOT / "README.md"
+    assert "docs/fim.md" in relative_links(readme)
+    assert {"two-commands", "fill-in-the-middle-with-repository-context", "documentation"} <= anchors(readme)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page: Path) -> None:
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.is_file() or ROOT not in file.parents:
+            broken.append(f"{target}: no such file in the checkout")
+        elif anchor and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+def test_the_readme_links_every_docs_page_and_each_opens_with_what_it_is_for() -> None:
+    listed = README.split("\n## Documentation\n", 1)[1]
+    for page in PAGES[1:]:
+        assert f"(docs/{page.name})" in listed, f"the README's Documentation list misses docs/{page.name}"
+        title, opening = page.read_text().split("\n\n", 2)[:2]
+        assert title.startswith("# ") and opening.startswith("What you can do here: "), page.name
+
+
+def extras_table(pyproject: str) -> str:
+    return pyproject.split("\n[project.optional-dependencies]\n", 1)[1].split("\n[", 1)[0]
+
+
+def test_every_extra_the_pages_name_exists() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    declared = set(re.findall(r"^(\w+) = \[", extras_table(pyproject), flags=re.M))
+    named = {extra for page in PAGES for extra in re.findall(r'"\.\[(\w+)\]"', page.read_text())}
+    assert named <= declared, f"extras no pyproject.toml declares: {sorted(named - declared)}"
