@@ -50,18 +50,105 @@ BUDGETS = (1024, 2048)
 SEED = 0
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Installed packages measured (site-packages folders, tests excluded), and one JavaScript package.
-PYTHON_REPOS = ("rich", "langchain_core", "huggingface_hub", "httpx")
+PYTHON_REPOS = ("rich", "langchain_core", "huggingface_hub")
 JS_PACKAGE = "axios@1.21.1"
 BUILD_FILES = 1000
-_PY_SKIP = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | {"self", "cls"}
+_PY_SKIP = (
+    frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | {"self", "cls"}
+)
 _JS_SKIP = frozenset(
-    "break case catch class const continue debugger default delete do else export extends finally for "
-    "function if import in instanceof new return super switch this throw try typeof var void while with "
-    "yield let static enum await async implements package protected interface private public null true "
-    "false undefined NaN Infinity Object Array String Number Boolean Symbol Map Set WeakMap WeakSet Promise "
-    "Error TypeError RangeError JSON Math Date RegExp console window document globalThis process require "
-    "module exports arguments Buffer setTimeout clearTimeout setInterval clearInterval parseInt "
-    "parseFloat isNaN encodeURIComponent decodeURIComponent Reflect Proxy BigInt".split()
+    [
+        "break",
+        "case",
+        "catch",
+        "class",
+        "const",
+        "continue",
+        "debugger",
+        "default",
+        "delete",
+        "do",
+        "else",
+        "export",
+        "extends",
+        "finally",
+        "for",
+        "function",
+        "if",
+        "import",
+        "in",
+        "instanceof",
+        "new",
+        "return",
+        "super",
+        "switch",
+        "this",
+        "throw",
+        "try",
+        "typeof",
+        "var",
+        "void",
+        "while",
+        "with",
+        "yield",
+        "let",
+        "static",
+        "enum",
+        "await",
+        "async",
+        "implements",
+        "package",
+        "protected",
+        "interface",
+        "private",
+        "public",
+        "null",
+        "true",
+        "false",
+        "undefined",
+        "NaN",
+        "Infinity",
+        "Object",
+        "Array",
+        "String",
+        "Number",
+        "Boolean",
+        "Symbol",
+        "Map",
+        "Set",
+        "WeakMap",
+        "WeakSet",
+        "Promise",
+        "Error",
+        "TypeError",
+        "RangeError",
+        "JSON",
+        "Math",
+        "Date",
+        "RegExp",
+        "console",
+        "window",
+        "document",
+        "globalThis",
+        "process",
+        "require",
+        "module",
+        "exports",
+        "arguments",
+        "Buffer",
+        "setTimeout",
+        "clearTimeout",
+        "setInterval",
+        "clearInterval",
+        "parseInt",
+        "parseFloat",
+        "isNaN",
+        "encodeURIComponent",
+        "decodeURIComponent",
+        "Reflect",
+        "Proxy",
+        "BigInt",
+    ]
 )
 
 
@@ -103,7 +190,9 @@ def _train_tokenizer(path: Path) -> None:
     from langchain_starcoder.testing import SPECIAL_TOKENS
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
+    files = sorted(
+        p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts
+    )
 
     def texts() -> Any:
         size = 0
@@ -153,9 +242,17 @@ def python_definitions(text: str) -> set[str]:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return set()
-    names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    names = {
+        n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
         for target in targets:
             for n in ast.walk(target):
                 if isinstance(n, ast.Name):
@@ -175,7 +272,13 @@ def python_hole_lines(text: str) -> list[int]:
     inside: set[int] = set()
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-            if tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+            if tok.type in (
+                tokenize.NL,
+                tokenize.NEWLINE,
+                tokenize.INDENT,
+                tokenize.DEDENT,
+                tokenize.ENDMARKER,
+            ):
                 continue
             first.setdefault(tok.start[0], tok.type)
             if tok.type == tokenize.STRING:
@@ -207,7 +310,8 @@ def js_hole_lines(text: str) -> list[int]:
 def make_holes(root: Path, files: list[str], language: str) -> list[Hole]:
     texts = {rel: (root / rel).read_text("utf-8") for rel in files}
     defs = {
-        rel: (python_definitions(t) if language == "python" else js_definitions(rel, t)) for rel, t in texts.items()
+        rel: (python_definitions(t) if language == "python" else js_definitions(rel, t))
+        for rel, t in texts.items()
     }
     defined_in: dict[str, set[str]] = {}
     for rel, names in defs.items():
@@ -259,8 +363,8 @@ class BM25Windows:
             for start in range(0, max(len(lines) - 10, 1), 10):
                 self.windows.append((rel, "\n".join(lines[start : start + 20])))
         self.retriever = bm25s.BM25()
-        self.retriever.index(bm25s.tokenize([t for _, t in self.windows], stopwords=None, show_progress=False),
-                             show_progress=False)  # fmt: skip
+        corpus = bm25s.tokenize([t for _, t in self.windows], stopwords=None, show_progress=False)
+        self.retriever.index(corpus, show_progress=False)
 
     def context(self, hole: Hole, max_tokens: int, count_tokens: Callable[[str], int]) -> list[Any]:
         import bm25s
@@ -322,10 +426,14 @@ def measure_repo(
     for budget in BUDGETS:
         for hole in holes:
             t = time.perf_counter()
-            ours = index.context_files(hole.path, hole.prefix, hole.suffix, max_tokens=budget, count_tokens=count_tokens)
+            ours = index.context_files(
+                hole.path, hole.prefix, hole.suffix, max_tokens=budget, count_tokens=count_tokens
+            )
             lookups.append(time.perf_counter() - t)
             scores.setdefault(f"ours@{budget}", []).append(recall(hole, ours))
-            scores.setdefault(f"bm25@{budget}", []).append(recall(hole, bm25.context(hole, budget, count_tokens)))
+            scores.setdefault(f"bm25@{budget}", []).append(
+                recall(hole, bm25.context(hole, budget, count_tokens))
+            )
             scores.setdefault(f"imports@{budget}", []).append(
                 recall(hole, imports_whole(index, hole, budget, count_tokens))
             )
@@ -334,10 +442,14 @@ def measure_repo(
     lookups.sort()
     result.update(
         repo=name, files=len(index.files), holes=len(holes), build_s=build,
-        lookup_p50_ms=1000 * lookups[len(lookups) // 2], lookup_p95_ms=1000 * lookups[int(len(lookups) * 0.95)],
+        lookup_p50_ms=1000 * lookups[len(lookups) // 2],
+        lookup_p95_ms=1000 * lookups[int(len(lookups) * 0.95)],
         stable_prefix=prefix_stability(index, holes, count_tokens),
     )  # fmt: skip
-    log(f"  {name}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    log(
+        f"  {name}: "
+        + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
+    )
     return result
 
 
@@ -353,7 +465,11 @@ def prefix_stability(index: Any, holes: list[Hole], count_tokens: Callable[[str]
         nxt = lines[i + 1]
         indent = nxt[: len(nxt) - len(nxt.lstrip())]
         moved = "".join(lines[: i + 1]) + indent, nxt[len(indent) :] + "".join(lines[i + 2 :])
-        a = _layout(index.context_files(hole.path, hole.prefix, hole.suffix, max_tokens=1024, count_tokens=count_tokens))
+        a = _layout(
+            index.context_files(
+                hole.path, hole.prefix, hole.suffix, max_tokens=1024, count_tokens=count_tokens
+            )
+        )
         b = _layout(index.context_files(hole.path, *moved, max_tokens=1024, count_tokens=count_tokens))
         if a:
             same = 0
@@ -432,13 +548,49 @@ def section(found: dict[str, Any]) -> Section:
         return statistics.fmean(r[key] for r in repos)
 
     shape = f"{len(repos)} Python repositories, {sum(r['holes'] for r in repos)} holes"
-    s.rows.append(Row(13, "Repository context", "cross-file identifier recall @1,024 tokens", "RepoIndex",
-                      "BM25 windows", [mean("ours@1024")], [mean("bm25@1024")], "", shape, (">=", 1.5)))
-    s.rows.append(Row(13, "Repository context", "cross-file identifier recall @2,048 tokens", "RepoIndex",
-                      "the 0.70 target", [mean("ours@2048")], [0.70], "", shape, (">=", 1.0)))
+    s.rows.append(
+        Row(
+            13,
+            "Repository context",
+            "cross-file identifier recall @1,024 tokens",
+            "RepoIndex",
+            "BM25 windows",
+            [mean("ours@1024")],
+            [mean("bm25@1024")],
+            "",
+            shape,
+            (">=", 1.5),
+        )
+    )
+    s.rows.append(
+        Row(
+            13,
+            "Repository context",
+            "cross-file identifier recall @2,048 tokens",
+            "RepoIndex",
+            "the 0.70 target",
+            [mean("ours@2048")],
+            [0.70],
+            "",
+            shape,
+            (">=", 1.0),
+        )
+    )
     lookups = [r["lookup_p95_ms"] for r in repos]
-    s.rows.append(Row(13, "Repository context", "lookup p95", "RepoIndex.context_files", "the 30 ms target",
-                      [max(lookups)], [30.0], "ms", shape, ("<=", 1.0)))
+    s.rows.append(
+        Row(
+            13,
+            "Repository context",
+            "lookup p95",
+            "RepoIndex.context_files",
+            "the 30 ms target",
+            [max(lookups)],
+            [30.0],
+            "ms",
+            shape,
+            ("<=", 1.0),
+        )
+    )
     s.rows.append(Row(13, "Repository context", "index build", f"RepoIndex, {found['build_files']} files",
                       "the 10 s target", [found["build_s"]], [10.0], "s", "transformers' first 1,000 files",
                       ("<=", 1.0)))  # fmt: skip
@@ -452,22 +604,29 @@ def section(found: dict[str, Any]) -> Section:
 
 
 def markdown(found: dict[str, Any]) -> str:
-    head = "| Repository | files | holes | " + " | ".join(
-        f"{m} @{b}" for b in BUDGETS for m in ("RepoIndex", "BM25", "imports", "none")
-    ) + " | p50 / p95 lookup | stable prefix |"
+    head = (
+        "| Repository | files | holes | "
+        + " | ".join(f"{m} @{b}" for b in BUDGETS for m in ("RepoIndex", "BM25", "imports", "none"))
+        + " | p50 / p95 lookup | stable prefix |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     rows = [*found["repos"], *([found["js"]] if found["js"] else [])]
     for r in rows:
         cells = [f"{r[f'{m}@{b}']:.2f}" for b in BUDGETS for m in ("ours", "bm25", "imports", "none")]
-        lines.append(f"| {r['repo']} | {r['files']} | {r['holes']} | " + " | ".join(cells)
-                     + f" | {r['lookup_p50_ms']:.1f} / {r['lookup_p95_ms']:.1f} ms | {r['stable_prefix']:.2f} |")  # fmt: skip
+        times = f"{r['lookup_p50_ms']:.1f} / {r['lookup_p95_ms']:.1f} ms"
+        lines.append(
+            f"| {r['repo']} | {r['files']} | {r['holes']} | {' | '.join(cells)} | {times} "
+            f"| {r['stable_prefix']:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     from .__main__ import DEFAULT_WORKDIR
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.repo_context", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.repo_context", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json or checkpoint folder for the counts")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)

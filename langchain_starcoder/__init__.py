@@ -65,11 +65,11 @@ __all__ = [
     "GenerationParams",
     "InvalidParameterError",
     "ModelNotFoundError",
+    "RepoIndex",
     "StarCoderEngine",
     "StarCoderError",
     "StarCoderLLM",
     "StarCoderPromptTemplate",
-    "RepoIndex",
     "UnsupportedModelError",
     "build_fim_prompt",
 ]

@@ -39,6 +39,8 @@ class FileEntry:
     """Whole definitions short enough to excerpt, by name."""
     classes: dict[str, Unit] = field(default_factory=dict)
     """The signature unit of each class, by name (a method's outline line needs its class's)."""
+    windows: list[tuple[int, frozenset[str]]] | None = None
+    """Its 20-line windows' first lines and words, made at the first search that reaches the file."""
 
     @classmethod
     def build(cls, path: str, text: str) -> FileEntry:

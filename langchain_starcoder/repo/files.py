@@ -148,7 +148,7 @@ class FileTree:
             return
         ignores = inherited
         own = (
-            read_text(path / ".gitignore", self.max_file_bytes)
+            read_text(Path(path) / ".gitignore", self.max_file_bytes)
             if any(e.name == ".gitignore" for e in entries)
             else None
         )

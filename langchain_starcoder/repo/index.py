@@ -9,13 +9,16 @@ from pathlib import Path
 
 from ..errors import InvalidParameterError
 from ..types import ContextFile
-from .chunks import FileEntry
+from .chunks import FileEntry, Unit
 from .files import FileTree, read_text
+from .lexical import WordIndex
 from .rank import Hole, Related, Tables, file_cost, order_files, render, select
 from .symbols import parse
 
 #: How many recently requested files count as "recently seen".
 RECENT_FILES = 10
+#: The lexical query: the prefix's last lines and half as many of the suffix's first.
+WINDOW_QUERY_LINES = 20
 _JS_ENDINGS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", "/index.ts", "/index.js")
 
 
@@ -48,6 +51,7 @@ class RepoIndex:
         self._entries: dict[str, FileEntry] = {}
         self._versions: dict[str, object] = {}
         self._tables = Tables()
+        self._words = WordIndex()
         self._imports: dict[str, frozenset[str]] = {}
         self._modules: dict[str, str] = {}
         self._recent: list[str] = []
@@ -102,12 +106,21 @@ class RepoIndex:
         hole = Hole.of(rel, prefix, suffix)
         related = self._related(rel, prefix + suffix)
         self.touch(rel)
-        return self._fit(hole, related, max_tokens, count_tokens)
+        query = "\n".join(
+            prefix.splitlines()[-WINDOW_QUERY_LINES:] + suffix.splitlines()[: WINDOW_QUERY_LINES // 2]
+        )
+        windows = self._words.windows(query, self._entries, rel)
+        return self._fit(hole, related, windows, max_tokens, count_tokens)
 
     # --- packing to the exact budget ------------------------------------------------------------
 
     def _fit(
-        self, hole: Hole, related: Related, max_tokens: int, count_tokens: Callable[[str], int]
+        self,
+        hole: Hole,
+        related: Related,
+        windows: list[tuple[float, Unit]],
+        max_tokens: int,
+        count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
         key = _key(count_tokens)
         ratio = self._ratios.get(key, 0.3)
@@ -117,7 +130,7 @@ class RepoIndex:
 
         budget = float(max_tokens)
         for _ in range(6):  # estimated by bytes, checked exactly; a miss shrinks the estimate's budget
-            chosen = select(hole, self._entries, self._tables, related, budget, cost)
+            chosen = select(hole, self._entries, self._tables, related, budget, cost, windows)
             files = [
                 ContextFile(path, render(self._entries[path], chosen[path]))
                 for path in order_files(chosen, related, hole.path)
@@ -154,6 +167,7 @@ class RepoIndex:
             self._entries[rel] = entry
             self._versions[rel] = version
             self._tables.add(entry)
+            self._words.add(entry)
             added = True
         if added:
             self._modules = _python_modules(self._entries)
@@ -164,6 +178,7 @@ class RepoIndex:
         self._versions.pop(rel, None)
         if entry is not None:
             self._tables.remove(entry)
+            self._words.remove(entry)
 
     def _related(self, rel: str, text: str) -> Related:
         # The hole's imports come from the editor's text (the file on disk may differ, and holds the hole).

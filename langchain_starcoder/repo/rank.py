@@ -30,6 +30,8 @@ FRAME_TOKENS = 2
 #: Lines of the prefix's end and the suffix's start that count as "near the cursor".
 NEAR_PREFIX_LINES = 30
 NEAR_SUFFIX_LINES = 10
+#: The share of the budget lexical windows may take before the outline (measured: benchmarks/repo_context).
+WINDOW_SHARE = 0.4
 #: How many of the repository's most used names are candidates at each lookup.
 GLOBAL_CANDIDATES = 4000
 
@@ -135,8 +137,10 @@ def select(
     related: Related,
     budget: float,
     cost: Callable[[str], float],
+    windows: Sequence[tuple[float, Unit]] = (),
 ) -> dict[str, list[Unit]]:
-    """The units to show, by file, whose estimated cost fits ``budget``."""
+    """The units to show, by file, whose estimated cost fits ``budget``: first the best ``windows``
+    (lexical matches of the code around the cursor) within ``WINDOW_SHARE`` of it, then the outline."""
     own = entries.get(hole.path)
     own_once = own.once if own is not None else frozenset()
     file_weight: dict[str, float] = {}
@@ -185,6 +189,20 @@ def select(
     covered: set[str] = set()
     spent = 0.0
     misses = 0
+    for _, unit in windows:
+        entry = entries[unit.path]
+        taken = lines_of.setdefault(unit.path, set())
+        lines = [i for i in range(unit.start, unit.end + 1) if i not in taken]
+        need = sum(cost(entry.lines[i]) + 1 for i in lines) + 2
+        if unit.path not in chosen:
+            need += cost(unit.path) + FRAME_TOKENS
+        if spent + need > budget * WINDOW_SHARE:
+            break
+        spent += need
+        taken.update(lines)
+        chosen.setdefault(unit.path, []).append(unit)
+        for i in lines:
+            covered.update(WORD.findall(entry.lines[i]))
     for _, name, unit in candidates:
         if name in covered:
             continue
