@@ -397,7 +397,7 @@ def imports_whole(index: Any, hole: Hole, max_tokens: int, count_tokens: Callabl
     from langchain_starcoder.types import ContextFile
 
     out, spent = [], 0
-    for path in sorted(index._related(hole.path, hole.prefix + hole.suffix).imported):
+    for path in sorted(index._related(hole.path, hole.prefix, hole.suffix).imported):
         file = ContextFile(path, index._entries[path].text)
         cost = file_cost(file, count_tokens)
         if spent + cost <= max_tokens:
@@ -453,30 +453,38 @@ def measure_repo(
     return result
 
 
-def prefix_stability(index: Any, holes: list[Hole], count_tokens: Callable[[str], int]) -> float:
-    """Mean share of the context's layout that stays the same when the cursor moves down one line
-    inside the same function (the prompt cache reuses that much)."""
-    shares = []
+def prefix_stability(index: Any, holes: list[Hole], count_tokens: Callable[[str], int]) -> dict[str, float]:
+    """Mean share of the context's layout (at 1,024 tokens) that stays the same: "typing" when the middle
+    is typed in (the prefix grows by its first half), "next line" when the hole moves one line down
+    inside the same block (what the prompt cache reuses in each case)."""
+    shares: dict[str, list[float]] = {"typing": [], "next line": []}
     for hole in holes[:60]:
         lines = (index.root / hole.path).read_text("utf-8").splitlines(keepends=True)
         i = hole.prefix.count("\n")
-        if i + 1 >= len(lines) or not lines[i + 1].strip() or not lines[i + 1].startswith((" ", "\t")):
-            continue
-        nxt = lines[i + 1]
-        indent = nxt[: len(nxt) - len(nxt.lstrip())]
-        moved = "".join(lines[: i + 1]) + indent, nxt[len(indent) :] + "".join(lines[i + 2 :])
+        middle = lines[i][len(hole.prefix) - sum(map(len, lines[:i])) :].rstrip("\r\n")
+        moves = {"typing": (hole.prefix + middle[: len(middle) // 2], hole.suffix)}
+        if i + 1 < len(lines) and lines[i + 1].strip() and lines[i + 1].startswith((" ", "\t")):
+            nxt = lines[i + 1]
+            indent = nxt[: len(nxt) - len(nxt.lstrip())]
+            moves["next line"] = (
+                "".join(lines[: i + 1]) + indent,
+                nxt[len(indent) :] + "".join(lines[i + 2 :]),
+            )
         a = _layout(
             index.context_files(
                 hole.path, hole.prefix, hole.suffix, max_tokens=1024, count_tokens=count_tokens
             )
         )
-        b = _layout(index.context_files(hole.path, *moved, max_tokens=1024, count_tokens=count_tokens))
-        if a:
-            same = 0
-            while same < min(len(a), len(b)) and a[same] == b[same]:
-                same += 1
-            shares.append(same / len(a))
-    return statistics.fmean(shares) if shares else float("nan")
+        for kind, (prefix, suffix) in moves.items():
+            b = _layout(
+                index.context_files(hole.path, prefix, suffix, max_tokens=1024, count_tokens=count_tokens)
+            )
+            if a:
+                same = 0
+                while same < min(len(a), len(b)) and a[same] == b[same]:
+                    same += 1
+                shares[kind].append(same / len(a))
+    return {k: statistics.fmean(v) if v else float("nan") for k, v in shares.items()}
 
 
 def _layout(files: list[Any]) -> str:
@@ -616,7 +624,7 @@ def markdown(found: dict[str, Any]) -> str:
         times = f"{r['lookup_p50_ms']:.1f} / {r['lookup_p95_ms']:.1f} ms"
         lines.append(
             f"| {r['repo']} | {r['files']} | {r['holes']} | {' | '.join(cells)} | {times} "
-            f"| {r['stable_prefix']:.2f} |"
+            f"| {r['stable_prefix']['typing']:.2f} / {r['stable_prefix']['next line']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@ of a hole."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import InvalidParameterError
@@ -12,11 +12,13 @@ from ..types import ContextFile
 from .chunks import FileEntry, Unit
 from .files import FileTree, read_text
 from .lexical import WordIndex
-from .rank import Hole, Related, Tables, file_cost, order_files, render, select
+from .rank import Hole, Related, Tables, file_cost, order_files, outline_candidates, render, select
 from .symbols import parse
 
 #: How many recently requested files count as "recently seen".
 RECENT_FILES = 10
+#: How many times a lookup packs to fit the exact budget.
+FIT_TRIES = 3
 #: The lexical query: the prefix's last lines and half as many of the suffix's first.
 WINDOW_QUERY_LINES = 20
 _JS_ENDINGS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", "/index.ts", "/index.js")
@@ -104,7 +106,7 @@ class RepoIndex:
         rel = self._relative(file_path)
         self.refresh()
         hole = Hole.of(rel, prefix, suffix)
-        related = self._related(rel, prefix + suffix)
+        related = self._related(rel, prefix, suffix)
         self.touch(rel)
         query = "\n".join(
             prefix.splitlines()[-WINDOW_QUERY_LINES:] + suffix.splitlines()[: WINDOW_QUERY_LINES // 2]
@@ -122,31 +124,55 @@ class RepoIndex:
         max_tokens: int,
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
-        key = _key(count_tokens)
-        ratio = self._ratios.get(key, 0.3)
+        ratio = self._ratio(count_tokens)
+        candidates = outline_candidates(hole, self._entries, self._tables, related)
 
         def cost(text: str) -> float:
             return len(text.encode("utf-8")) * ratio
 
+        # Estimated by bytes, checked exactly: a budget missed or underused by the estimate is scaled
+        # and tried again; the fullest try that fits wins (deterministic for the same request).
         budget = float(max_tokens)
-        for _ in range(6):  # estimated by bytes, checked exactly; a miss shrinks the estimate's budget
-            chosen = select(hole, self._entries, self._tables, related, budget, cost, windows)
+        best: list[ContextFile] = []
+        best_spent = -1
+        for _ in range(FIT_TRIES):
+            chosen, windowed = select(candidates, windows, self._entries, budget, cost)
             files = [
                 ContextFile(path, render(self._entries[path], chosen[path]))
-                for path in order_files(chosen, related, hole.path)
+                for path in order_files(chosen, windowed, related, hole.path)
             ]
             spent = sum(file_cost(f, count_tokens) for f in files)
-            estimated = sum(cost(f.path) + cost(f.text) + 2 for f in files)
-            if spent and estimated:
-                ratio = ratio * spent / estimated
-                if key is not None:
-                    self._ratios[key] = ratio
-            if spent <= max_tokens:
-                return files
-            budget *= max_tokens / spent * 0.97
-        while files and sum(file_cost(f, count_tokens) for f in files) > max_tokens:
-            files.pop(0)  # the least related file first
-        return files
+            if best_spent < spent <= max_tokens:
+                best, best_spent = files, spent
+            if not chosen and not candidates and not windows:
+                break
+            if 0.95 * max_tokens <= spent <= max_tokens:
+                break
+            budget *= 1.5 if not spent else max_tokens / spent * (0.98 if spent > max_tokens else 1.0)
+        if best_spent <= 0:  # every try missed: the last one without its least related files
+            while files and sum(file_cost(f, count_tokens) for f in files) > max_tokens:
+                files.pop(0)
+            best = files
+        return best
+
+    def _ratio(self, count_tokens: Callable[[str], int]) -> float:
+        """Tokens per byte of this repository's code for ``count_tokens``, measured once on a sample
+        (a fixed estimate keeps the same request picking the same context)."""
+        key = _key(count_tokens)
+        ratio = self._ratios.get(key)
+        if ratio is None:
+            lines = (
+                entry.lines[u.start]
+                for path in sorted(self._entries)[:200]
+                for entry in [self._entries[path]]
+                for u in entry.signatures[:20]
+            )
+            sample = "\n".join(lines)[:20_000]
+            size = len(sample.encode("utf-8"))
+            ratio = max(count_tokens(sample), 1) / size if size else 0.3
+            if key is not None:
+                self._ratios[key] = ratio
+        return ratio
 
     # --- keeping the tables in step with the files ----------------------------------------------
 
@@ -171,7 +197,10 @@ class RepoIndex:
             added = True
         if added:
             self._modules = _python_modules(self._entries)
-            self._imports = {rel: self._resolve(rel, e.symbols.imports) for rel, e in self._entries.items()}
+            self._imports = {
+                rel: self._resolve(rel, (spec for spec, _, _ in e.symbols.imports))
+                for rel, e in self._entries.items()
+            }
 
     def _forget(self, rel: str) -> None:
         entry = self._entries.pop(rel, None)
@@ -180,15 +209,29 @@ class RepoIndex:
             self._tables.remove(entry)
             self._words.remove(entry)
 
-    def _related(self, rel: str, text: str) -> Related:
-        # The hole's imports come from the editor's text (the file on disk may differ, and holds the hole).
-        imported = self._resolve(rel, parse(rel, text, imports_only=True).imports) - {rel}
+    def _related(self, rel: str, prefix: str, suffix: str) -> Related:
+        imported = self._resolve(rel, self._hole_imports(rel, prefix, suffix)) - {rel}
         importers = frozenset(p for p, deps in self._imports.items() if rel in deps and p != rel)
         second = frozenset(q for p in imported for q in self._imports.get(p, ())) - imported - {rel}
         recent = [p for p in self._recent if p != rel]
         return Related(imported, importers, second, recent)
 
-    def _resolve(self, rel: str, specs: tuple[str, ...]) -> frozenset[str]:
+    def _hole_imports(self, rel: str, prefix: str, suffix: str) -> list[str]:
+        """The imports of the editor's text: those of the file on disk outside the hole when the disk
+        file has the same prefix and suffix (no parse), else the editor's text parsed."""
+        entry = self._entries.get(rel)
+        text = entry.text if entry is not None else ""
+        if (
+            entry is None
+            or len(prefix) + len(suffix) > len(text)
+            or not (text.startswith(prefix) and text.endswith(suffix))
+        ):
+            return [spec for spec, _, _ in parse(rel, prefix + suffix, imports_only=True).imports]
+        first = prefix.count("\n")
+        last = first + text.count("\n", len(prefix), len(text) - len(suffix))
+        return [spec for spec, start, end in entry.symbols.imports if end < first or start > last]
+
+    def _resolve(self, rel: str, specs: Iterable[str]) -> frozenset[str]:
         found = set()
         for spec in specs:
             path = _resolve_python(rel, spec, self._modules) if rel.endswith((".py", ".pyi")) else None

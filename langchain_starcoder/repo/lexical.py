@@ -15,7 +15,7 @@ from .symbols import WORD
 WINDOW_LINES = 20
 WINDOW_STRIDE = 10
 #: Files searched window by window, of those sharing the most rare words with the query.
-TOP_FILES = 8
+TOP_FILES = 6
 #: A word in more than this share of the files says nothing about relatedness.
 COMMON_SHARE = 0.3
 
@@ -58,7 +58,7 @@ class WordIndex:
         for path in heapq.nlargest(TOP_FILES, scores, key=lambda p: (scores[p], p)):
             entry = entries[path]
             for start, words in _windows(entry):
-                score = sum(weights.get(w, 0.0) for w in words)
+                score = sum(weights[w] for w in weights.keys() & words)
                 if score > 0:
                     end = min(start + WINDOW_LINES, len(entry.lines)) - 1
                     found.append((score, Unit(path, start, end, None, excerpt=True)))

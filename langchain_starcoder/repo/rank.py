@@ -32,6 +32,8 @@ NEAR_PREFIX_LINES = 30
 NEAR_SUFFIX_LINES = 10
 #: The share of the budget lexical windows may take before the outline (measured: benchmarks/repo_context).
 WINDOW_SHARE = 0.4
+#: Units that do not fit before packing gives up on what is left.
+MAX_MISSES = 200
 #: How many of the repository's most used names are candidates at each lookup.
 GLOBAL_CANDIDATES = 4000
 
@@ -130,17 +132,10 @@ class Tables:
         return self._popular
 
 
-def select(
-    hole: Hole,
-    entries: dict[str, FileEntry],
-    tables: Tables,
-    related: Related,
-    budget: float,
-    cost: Callable[[str], float],
-    windows: Sequence[tuple[float, Unit]] = (),
-) -> dict[str, list[Unit]]:
-    """The units to show, by file, whose estimated cost fits ``budget``: first the best ``windows``
-    (lexical matches of the code around the cursor) within ``WINDOW_SHARE`` of it, then the outline."""
+def outline_candidates(
+    hole: Hole, entries: dict[str, FileEntry], tables: Tables, related: Related
+) -> list[tuple[float, str, Unit]]:
+    """Signature units worth showing for the hole, best first: (value, the name it covers, unit)."""
     own = entries.get(hole.path)
     own_once = own.once if own is not None else frozenset()
     file_weight: dict[str, float] = {}
@@ -183,47 +178,71 @@ def select(
                 assert unit.definition is not None
                 offer(unit.definition.name, [unit], 0.0)
     candidates.sort(key=lambda c: (-c[0], c[2].path, c[2].start))
+    return candidates
 
+
+def select(
+    candidates: Sequence[tuple[float, str, Unit]],
+    windows: Sequence[tuple[float, Unit]],
+    entries: dict[str, FileEntry],
+    budget: float,
+    cost: Callable[[str], float],
+) -> tuple[dict[str, list[Unit]], set[str]]:
+    """The units to show, by file, whose estimated cost fits ``budget``, and the files given windows:
+    the outline within ``1 - WINDOW_SHARE`` of it, then the best ``windows`` (lexical matches of the
+    code around the cursor), then more outline in what is left. The first part does not depend on the
+    windows, so it stays put while the cursor moves."""
     chosen: dict[str, list[Unit]] = {}
     lines_of: dict[str, set[int]] = {}
     covered: set[str] = set()
+    windowed: set[str] = set()
     spent = 0.0
-    misses = 0
-    for _, unit in windows:
+    done: set[int] = set()
+
+    def take(unit: Unit, extra: Sequence[Unit], limit: float) -> bool:
+        nonlocal spent
         entry = entries[unit.path]
         taken = lines_of.setdefault(unit.path, set())
-        lines = [i for i in range(unit.start, unit.end + 1) if i not in taken]
-        need = sum(cost(entry.lines[i]) + 1 for i in lines) + 2
-        if unit.path not in chosen:
-            need += cost(unit.path) + FRAME_TOKENS
-        if spent + need > budget * WINDOW_SHARE:
-            break
-        spent += need
-        taken.update(lines)
-        chosen.setdefault(unit.path, []).append(unit)
-        for i in lines:
-            covered.update(WORD.findall(entry.lines[i]))
-    for _, name, unit in candidates:
-        if name in covered:
-            continue
-        entry = entries[unit.path]
-        taken = lines_of.setdefault(unit.path, set())
-        new = [unit, *([o] if (o := _owner(entry, unit)) is not None else [])]
+        new = [unit, *extra]
         lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
-        need = sum(cost(entry.lines[i]) + 1 for i in lines)
+        if not lines:
+            return True
+        need = sum(cost(entry.lines[i]) + 1 for i in lines) + (2 if unit.excerpt else 0)
         if unit.path not in chosen:
             need += cost(unit.path) + FRAME_TOKENS
-        if spent + need > budget:
-            misses += 1
-            if misses > 200:
-                break
-            continue
+        if spent + need > limit:
+            return False
         spent += need
         taken.update(lines)
         chosen.setdefault(unit.path, []).extend(new)
         for i in lines:
             covered.update(WORD.findall(entry.lines[i]))
-    return chosen
+        return True
+
+    def outline(limit: float) -> None:
+        misses = 0
+        for k, (_, name, unit) in enumerate(candidates):
+            if k in done or name in covered:
+                continue
+            owner = _owner(entries[unit.path], unit)
+            if take(unit, [owner] if owner is not None else [], limit):
+                done.add(k)
+            else:
+                misses += 1
+                if misses > MAX_MISSES:
+                    return
+
+    outline(budget * (1 - WINDOW_SHARE))
+    misses = 0
+    for _, unit in windows:
+        if take(unit, (), budget):
+            windowed.add(unit.path)
+        else:
+            misses += 1
+            if misses > MAX_MISSES // 10:
+                break
+    outline(budget)
+    return chosen, windowed
 
 
 def _units(by_file: dict[str, list[Unit]]) -> list[Unit]:
@@ -255,9 +274,10 @@ def render(entry: FileEntry, units: Sequence[Unit]) -> str:
     return "\n".join(out)
 
 
-def order_files(paths: Iterable[str], related: Related, hole_path: str) -> list[str]:
-    """Least related first, so the most related file sits right before the hole; ties by path."""
-    return sorted(paths, key=lambda p: (related.weight(p, hole_path), p))
+def order_files(paths: Iterable[str], windowed: set[str], related: Related, hole_path: str) -> list[str]:
+    """Outline-only files first, then those with windows (which change as the cursor moves), each
+    group least related first, so the most related code sits right before the hole; ties by path."""
+    return sorted(paths, key=lambda p: (p in windowed, related.weight(p, hole_path), p))
 
 
 def file_cost(file: ContextFile, count_tokens: Callable[[str], int]) -> int:

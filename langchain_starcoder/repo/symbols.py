@@ -85,8 +85,9 @@ class Definition:
 @dataclass(frozen=True)
 class Symbols:
     definitions: tuple[Definition, ...]
-    imports: tuple[str, ...]
-    """Imported module specs as written: ``pkg.mod``, ``.mod`` (Python), ``./mod`` (JavaScript)."""
+    imports: tuple[tuple[str, int, int], ...]
+    """Imported module specs as written (``pkg.mod``, ``.mod`` in Python, ``./mod`` in JavaScript), each
+    with the first and last line of its statement."""
 
 
 def language_of(path: str) -> str | None:
@@ -128,12 +129,13 @@ def parse(path: str, text: str, *, imports_only: bool = False) -> Symbols:
     source = text.encode("utf-8")
     tree = parser.parse(source)
     definitions: list[Definition] = []
-    imports: list[str] = []
+    imports: list[tuple[str, int, int]] = []
     python = language == "python"
     for _, captures in tree_sitter.QueryCursor(query).matches(tree.root_node):
         if "import" in captures:
             node = captures["import"][0]
-            imports.extend(_import_specs(node.text.decode("utf-8", "replace"), python))
+            for spec in _import_specs(node.text.decode("utf-8", "replace"), python):
+                imports.append((spec, node.start_point[0], node.end_point[0]))
             continue
         names = captures.get("name")
         nodes = captures.get("def") or captures.get("field")
@@ -145,7 +147,7 @@ def parse(path: str, text: str, *, imports_only: bool = False) -> Symbols:
         start, end = node.start_point[0], node.end_point[0]
         definitions.append(Definition(name, kind, start, _header_end(node, python), end, _parent(node)))
     definitions.sort(key=lambda d: (d.start, d.name))
-    return Symbols(tuple(definitions), tuple(dict.fromkeys(imports)))
+    return Symbols(tuple(definitions), tuple(imports))
 
 
 def _kind(node_type: str) -> str:

@@ -307,9 +307,10 @@ def test_recently_seen_files_rank_higher(tmp_path: Path) -> None:
         {f"m{i}.py": f"def helper_{i}(value):\n    return value\n" for i in range(6)} | {"main.py": ""},
     )
     index = RepoIndex(tmp_path)
-    index.touch("m4.py")
-    out = index.context_files("main.py", "x = ", "", max_tokens=20, count_tokens=words)
-    assert [f.path for f in out] == ["m4.py"]
+    for touched in ("m4.py", "m2.py"):  # room for one file: the one seen last
+        index.touch(touched)
+        out = index.context_files("main.py", "x = ", "", max_tokens=5, count_tokens=words)
+        assert [f.path for f in out] == [touched]
 
 
 def test_bad_arguments_get_clear_errors(repo: Path) -> None:
