@@ -87,11 +87,14 @@ def _skipped_name(name: str) -> bool:
 class FileTree:
     """The files of ``root`` worth indexing, with their versions; :meth:`refresh` reports changes."""
 
-    def __init__(self, root: Path, *, max_file_bytes: int, max_files: int) -> None:
+    def __init__(self, root: Path, *, max_file_bytes: int, max_files: int, max_total_bytes: int) -> None:
         self.root = root
         self._root = str(root)
         self.max_file_bytes = max_file_bytes
         self.max_files = max_files
+        self.max_total_bytes = max_total_bytes
+        self._bytes = 0
+        """The size of the files held (a file that would pass ``max_total_bytes`` is left out)."""
         self.files: dict[str, FileVersion] = {}
         self._dirs: dict[str, _Dir] = {}
         self._exclude = self._exclude_file()
@@ -100,6 +103,7 @@ class FileTree:
         """Walk the whole folder."""
         self.files.clear()
         self._dirs.clear()
+        self._bytes = 0
         self._walk("", self._exclude)
 
     def refresh(self) -> bool:
@@ -108,10 +112,11 @@ class FileTree:
         for rel, version in list(self.files.items()):
             now = self._version(rel)
             if now is None or now.size > self.max_file_bytes:
-                self.files.pop(rel)
+                self._bytes -= self.files.pop(rel).size
                 self._dirs.get(_parent(rel), _Dir(0, ())).files.discard(rel)
                 moved = True
             elif now != version:
+                self._bytes += now.size - version.size
                 self.files[rel] = now
                 moved = True
                 if Path(rel).name == ".gitignore":  # its folder is walked again with the new rules
@@ -179,6 +184,9 @@ class FileTree:
             version = self._version(child)
             if version is None or version.size > self.max_file_bytes:
                 continue
+            if self._bytes + version.size > self.max_total_bytes:
+                continue
+            self._bytes += version.size
             self.files[child] = version
             state.files.add(child)
         for child in subdirs:
@@ -192,7 +200,8 @@ class FileTree:
             return set()
         dropped = set(state.files)
         for rel_file in state.files:
-            self.files.pop(rel_file, None)
+            version = self.files.pop(rel_file, None)
+            self._bytes -= version.size if version is not None else 0
         for sub in state.dirs:
             dropped |= self._drop_dir(sub)
         return dropped

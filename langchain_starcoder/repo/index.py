@@ -41,15 +41,23 @@ class RepoIndex:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], *, max_file_bytes: int = 1_000_000, max_files: int = 100_000
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_file_bytes: int = 1_000_000,
+        max_files: int = 100_000,
+        max_total_bytes: int = 256_000_000,
     ) -> None:
-        """Index ``root``; files over ``max_file_bytes`` are skipped, at most ``max_files`` are held."""
+        """Index ``root``: files over ``max_file_bytes`` are skipped, and once ``max_files`` files or
+        ``max_total_bytes`` bytes are held, later files (in walk order) are left out."""
         path = Path(root).expanduser()
         if not path.is_dir():
             msg = f"RepoIndex needs a repository folder; {str(root)!r} is not a folder."
             raise InvalidParameterError(msg)
         self.root = path.resolve()
-        self._tree = FileTree(self.root, max_file_bytes=max_file_bytes, max_files=max_files)
+        self._tree = FileTree(
+            self.root, max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes
+        )
         self._entries: dict[str, FileEntry] = {}
         self._versions: dict[str, object] = {}
         self._tables = Tables()

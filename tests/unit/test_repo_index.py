@@ -324,3 +324,9 @@ def test_bad_arguments_get_clear_errors(repo: Path) -> None:
     with pytest.raises(InvalidParameterError, match="not inside the repository"):
         index.context_files("/etc/passwd", "", "", max_tokens=10, count_tokens=words)
     assert re.fullmatch(r".+", str(index.root))
+
+
+def test_file_count_and_total_size_caps_bound_what_is_held(tmp_path: Path) -> None:
+    write(tmp_path, {f"m{i}.py": f"x_{i} = {'1' * 40}\n" for i in range(10)})  # 47 bytes each
+    assert len(RepoIndex(tmp_path, max_files=3).files) == 3
+    assert len(RepoIndex(tmp_path, max_total_bytes=100).files) == 2
