@@ -31,6 +31,8 @@ class FileEntry:
     text: str
     lines: list[str]
     words: frozenset[str]
+    counts: dict[str, int]
+    """How many times the file uses each name."""
     once: frozenset[str]
     """The names the file uses exactly once."""
     symbols: Symbols
@@ -47,7 +49,7 @@ class FileEntry:
         symbols = parse(path, text)
         counts = Counter(WORD.findall(text))
         once = frozenset(w for w, n in counts.items() if n == 1)
-        entry = cls(path, text, text.splitlines(), frozenset(counts), once, symbols)
+        entry = cls(path, text, text.splitlines(), frozenset(counts), dict(counts), once, symbols)
         for d in symbols.definitions:
             unit = Unit(path, d.start, d.header_end, d, excerpt=False)
             entry.signatures.append(unit)

@@ -4,6 +4,7 @@ of a hole."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -12,8 +13,19 @@ from ..types import ContextFile
 from .chunks import FileEntry, Unit
 from .files import FileTree, read_text
 from .lexical import WordIndex
-from .rank import Hole, Related, Tables, file_cost, order_files, outline_candidates, render, select
-from .symbols import parse
+from .rank import (
+    Hole,
+    Related,
+    Tables,
+    file_cost,
+    head_lines,
+    order_files,
+    outline_candidates,
+    render,
+    select,
+    tail_lines,
+)
+from .symbols import WORD, parse
 
 #: How many recently requested files count as "recently seen".
 RECENT_FILES = 10
@@ -113,12 +125,11 @@ class RepoIndex:
             raise InvalidParameterError(msg)
         rel = self._relative(file_path)
         self.refresh()
-        hole = Hole.of(rel, prefix, suffix)
-        related = self._related(rel, prefix, suffix)
+        on_disk = self._on_disk(rel, prefix, suffix)
+        hole = Hole.of(rel, prefix, suffix, self._hole_words(on_disk, prefix, suffix))
+        related = self._related(rel, prefix, suffix, on_disk)
         self.touch(rel)
-        query = "\n".join(
-            prefix.splitlines()[-WINDOW_QUERY_LINES:] + suffix.splitlines()[: WINDOW_QUERY_LINES // 2]
-        )
+        query = tail_lines(prefix, WINDOW_QUERY_LINES) + "\n" + head_lines(suffix, WINDOW_QUERY_LINES // 2)
         windows = self._words.windows(query, self._entries, rel)
         return self._fit(hole, related, windows, max_tokens, count_tokens)
 
@@ -133,6 +144,14 @@ class RepoIndex:
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
         ratio = self._ratio(count_tokens)
+        memo: dict[str, int] = {}
+
+        def counted(text: str) -> int:  # the tries share most of their files
+            n = memo.get(text)
+            if n is None:
+                n = memo[text] = count_tokens(text)
+            return n
+
         candidates = outline_candidates(hole, self._entries, self._tables, related)
 
         def cost(text: str) -> float:
@@ -149,7 +168,7 @@ class RepoIndex:
                 ContextFile(path, render(self._entries[path], chosen[path]))
                 for path in order_files(chosen, windowed, related, hole.path)
             ]
-            spent = sum(file_cost(f, count_tokens) for f in files)
+            spent = sum(file_cost(f, counted) for f in files)
             if best_spent < spent <= max_tokens:
                 best, best_spent = files, spent
             if not chosen and not candidates and not windows:
@@ -158,7 +177,7 @@ class RepoIndex:
                 break
             budget *= 1.5 if not spent else max_tokens / spent * (0.98 if spent > max_tokens else 1.0)
         if best_spent <= 0:  # every try missed: the last one without its least related files
-            while files and sum(file_cost(f, count_tokens) for f in files) > max_tokens:
+            while files and sum(file_cost(f, counted) for f in files) > max_tokens:
                 files.pop(0)
             best = files
         return best
@@ -217,27 +236,41 @@ class RepoIndex:
             self._tables.remove(entry)
             self._words.remove(entry)
 
-    def _related(self, rel: str, prefix: str, suffix: str) -> Related:
-        imported = self._resolve(rel, self._hole_imports(rel, prefix, suffix)) - {rel}
+    def _related(self, rel: str, prefix: str, suffix: str, on_disk: FileEntry | None = None) -> Related:
+        on_disk = on_disk or self._on_disk(rel, prefix, suffix)
+        imported = self._resolve(rel, self._hole_imports(rel, prefix, suffix, on_disk)) - {rel}
         importers = frozenset(p for p, deps in self._imports.items() if rel in deps and p != rel)
         second = frozenset(q for p in imported for q in self._imports.get(p, ())) - imported - {rel}
         recent = [p for p in self._recent if p != rel]
         return Related(imported, importers, second, recent)
 
-    def _hole_imports(self, rel: str, prefix: str, suffix: str) -> list[str]:
+    def _on_disk(self, rel: str, prefix: str, suffix: str) -> FileEntry | None:
+        """The indexed hole's file if it starts with the prefix and ends with the suffix (an editor's
+        saved file around the line being typed): its tables then stand for the editor's text."""
+        entry = self._entries.get(rel)
+        if entry is None or len(prefix) + len(suffix) > len(entry.text):
+            return None
+        return entry if entry.text.startswith(prefix) and entry.text.endswith(suffix) else None
+
+    @staticmethod
+    def _hole_words(on_disk: FileEntry | None, prefix: str, suffix: str) -> frozenset[str] | None:
+        """The names of prefix and suffix from the file's counts less the hole's (no big regex scan)."""
+        if on_disk is None:
+            return None
+        hidden = Counter(WORD.findall(on_disk.text[len(prefix) : len(on_disk.text) - len(suffix)]))
+        if not hidden:
+            return on_disk.words
+        return frozenset(w for w, n in on_disk.counts.items() if n > hidden.get(w, 0))
+
+    def _hole_imports(self, rel: str, prefix: str, suffix: str, on_disk: FileEntry | None) -> list[str]:
         """The imports of the editor's text: those of the file on disk outside the hole when the disk
         file has the same prefix and suffix (no parse), else the editor's text parsed."""
-        entry = self._entries.get(rel)
-        text = entry.text if entry is not None else ""
-        if (
-            entry is None
-            or len(prefix) + len(suffix) > len(text)
-            or not (text.startswith(prefix) and text.endswith(suffix))
-        ):
+        if on_disk is None:
             return [spec for spec, _, _ in parse(rel, prefix + suffix, imports_only=True).imports]
+        text = on_disk.text
         first = prefix.count("\n")
         last = first + text.count("\n", len(prefix), len(text) - len(suffix))
-        return [spec for spec, start, end in entry.symbols.imports if end < first or start > last]
+        return [spec for spec, start, end in on_disk.symbols.imports if end < first or start > last]
 
     def _resolve(self, rel: str, specs: Iterable[str]) -> frozenset[str]:
         found = set()

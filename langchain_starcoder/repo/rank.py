@@ -45,13 +45,32 @@ class Hole:
     near_words: frozenset[str]
 
     @classmethod
-    def of(cls, path: str, prefix: str, suffix: str) -> Hole:
-        near = "\n".join(prefix.splitlines()[-NEAR_PREFIX_LINES:] + suffix.splitlines()[:NEAR_SUFFIX_LINES])
-        return cls(
-            path,
-            frozenset(WORD.findall(prefix)) | frozenset(WORD.findall(suffix)),
-            frozenset(WORD.findall(near)),
-        )
+    def of(cls, path: str, prefix: str, suffix: str, file_words: frozenset[str] | None = None) -> Hole:
+        """The hole's names; ``file_words``, when the caller knows them, saves reading a big file again."""
+        if file_words is None:
+            file_words = frozenset(WORD.findall(prefix)) | frozenset(WORD.findall(suffix))
+        near = tail_lines(prefix, NEAR_PREFIX_LINES) + "\n" + head_lines(suffix, NEAR_SUFFIX_LINES)
+        return cls(path, file_words, frozenset(WORD.findall(near)))
+
+
+def tail_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text`` (without splitting all of it)."""
+    at = len(text)
+    for _ in range(n):
+        at = text.rfind("\n", 0, at)
+        if at < 0:
+            return text
+    return text[at + 1 :]
+
+
+def head_lines(text: str, n: int) -> str:
+    """The first ``n`` lines of ``text``."""
+    at = -1
+    for _ in range(n):
+        at = text.find("\n", at + 1)
+        if at < 0:
+            return text
+    return text[:at]
 
 
 @dataclass(frozen=True)
