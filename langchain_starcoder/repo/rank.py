@@ -182,7 +182,8 @@ def outline_candidates(
                 candidates.append((value, name, unit))
 
     for name in tables.popular():  # the repository's most used names, each by its shortest definition
-        offer(name, [tables.shortest(name)], 0.0)
+        if tables.used_once[name] > (name in own_once):  # used once by a file besides the hole's
+            offer(name, [tables.shortest(name)], 0.0)
     for name in hole.file_words:
         for units in tables.members.get(name, {}).values():  # members of the classes the file mentions
             for unit in units:
