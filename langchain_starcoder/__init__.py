@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .fim import FIMPrompt, build_fim_prompt
     from .llms import StarCoderLLM
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
+    from .repo import RepoIndex
     from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that `import
@@ -45,6 +46,7 @@ _EXPORTS = {
     "StarCoderError": "errors",
     "StarCoderLLM": "llms",
     "StarCoderPromptTemplate": "prompts",
+    "RepoIndex": "repo",
     "UnsupportedModelError": "errors",
     "build_fim_prompt": "fim",
 }
@@ -63,6 +65,7 @@ __all__ = [
     "GenerationParams",
     "InvalidParameterError",
     "ModelNotFoundError",
+    "RepoIndex",
     "StarCoderEngine",
     "StarCoderError",
     "StarCoderLLM",
