@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from .fim import FIMPrompt, build_fim_prompt
     from .llms import StarCoderLLM
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
+    from .llama_index import RepoNodeRetriever
     from .repo import RepoIndex
+    from .retrievers import RepoRetriever
     from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that `import
@@ -47,6 +49,8 @@ _EXPORTS = {
     "StarCoderLLM": "llms",
     "StarCoderPromptTemplate": "prompts",
     "RepoIndex": "repo",
+    "RepoNodeRetriever": "llama_index",
+    "RepoRetriever": "retrievers",
     "UnsupportedModelError": "errors",
     "build_fim_prompt": "fim",
 }
@@ -66,6 +70,8 @@ __all__ = [
     "InvalidParameterError",
     "ModelNotFoundError",
     "RepoIndex",
+    "RepoNodeRetriever",
+    "RepoRetriever",
     "StarCoderEngine",
     "StarCoderError",
     "StarCoderLLM",

@@ -451,7 +451,8 @@ class StarCoderEngine:
         """``request`` with a repository-relative ``file_path`` and, unless it has context files
         (which win), the files its index picks in the budget the hole's part leaves."""
         index = request.repo
-        request = dataclasses.replace(request, file_path=_repo_path(index, request.file_path), repo=None)
+        file_path = repo_relative_path(index, request.file_path)
+        request = dataclasses.replace(request, file_path=file_path, repo=None)
         if request.context_files:
             return request
         hole = self._build_fim(request, max_tokens)
@@ -459,7 +460,7 @@ class StarCoderEngine:
         left = hole.max_prompt_tokens - len(hole.token_ids)
         if left <= 0:
             return request
-        with _lock_of(index):  # an index is not safe to use from two threads at once
+        with index_lock(index):
             files = index.context_files(
                 request.file_path,
                 request.prefix,
@@ -635,7 +636,8 @@ _locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictiona
 _locks_guard = threading.Lock()
 
 
-def _lock_of(index: Any) -> threading.Lock:
+def index_lock(index: Any) -> threading.Lock:
+    """The lock every lookup of ``index`` holds (a RepoIndex is not safe to use from two threads)."""
     with _locks_guard:
         lock = _locks.get(index)
         if lock is None:
@@ -643,7 +645,7 @@ def _lock_of(index: Any) -> threading.Lock:
         return lock
 
 
-def _repo_path(index: Any, file_path: str | None) -> str:
+def repo_relative_path(index: Any, file_path: str | None) -> str:
     """The hole's path relative to the index's root (``/``-separated); an absolute path must lie
     inside the root, and a relative one may not climb out of it."""
     root = Path(index.root)
