@@ -21,9 +21,9 @@ if TYPE_CHECKING:
         UnsupportedModelError,
     )
     from .fim import FIMPrompt, build_fim_prompt
+    from .llama_index import RepoNodeRetriever
     from .llms import StarCoderLLM
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
-    from .llama_index import RepoNodeRetriever
     from .repo import RepoIndex
     from .retrievers import RepoRetriever
     from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
