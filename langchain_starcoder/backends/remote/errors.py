@@ -1,0 +1,17 @@
+"""The errors a remote server's answers turn into."""
+
+from __future__ import annotations
+
+from ...errors import StarCoderError
+
+
+class ServerError(StarCoderError):
+    """The server answered with an error, or something that is not its protocol."""
+
+
+class ServerUnavailableError(ServerError, ConnectionError):
+    """The server could not be reached (or stayed busy) after the retries."""
+
+
+class ServerTimeoutError(ServerError, TimeoutError):
+    """The server sent no token for ``timeout`` seconds, or a request ran past its ``deadline``."""
