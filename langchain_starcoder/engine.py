@@ -447,13 +447,27 @@ class StarCoderEngine:
             request = self._with_repo_context(request, max_tokens)
         return self._build_fim(request, max_tokens)
 
-    def _with_repo_context(self, request: FIMRequest, max_tokens: int) -> FIMRequest:
+    def add_repo_context(
+        self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens
+    ) -> FIMRequest:
+        """``request`` with its ``repo``'s context files after its own ``context_files`` (which stay
+        first), in the budget its hole and its own files leave when generating ``max_tokens``, and
+        ``file_path`` relative to the repository. (:meth:`infill` instead lets given files win.)"""
+        self._check_room(max_tokens)
+        return (
+            request if request.repo is None else self._with_repo_context(request, max_tokens, keep_given=True)
+        )
+
+    def _with_repo_context(
+        self, request: FIMRequest, max_tokens: int, *, keep_given: bool = False
+    ) -> FIMRequest:
         """``request`` with a repository-relative ``file_path`` and, unless it has context files
-        (which win), the files its index picks in the budget the hole's part leaves."""
+        (which win, or with ``keep_given`` come first), the files its index picks in the budget the
+        hole's part leaves."""
         index = request.repo
         file_path = repo_relative_path(index, request.file_path)
         request = dataclasses.replace(request, file_path=file_path, repo=None)
-        if request.context_files:
+        if request.context_files and not keep_given:
             return request
         hole = self._build_fim(request, max_tokens)
         assert hole.max_prompt_tokens is not None  # an engine's prompt always has a budget
@@ -468,7 +482,7 @@ class StarCoderEngine:
                 max_tokens=left,
                 count_tokens=self._count_data,
             )
-        return dataclasses.replace(request, context_files=tuple(files))
+        return dataclasses.replace(request, context_files=request.context_files + tuple(files))
 
     def _count_data(self, text: str) -> int:
         """Tokens of ``text`` as the FIM builder encodes it (as data, never control tokens)."""

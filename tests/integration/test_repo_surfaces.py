@@ -8,6 +8,7 @@ RepoIndex of the same folder picks in the budget the hole's part leaves (counted
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections import Counter
 from pathlib import Path
@@ -206,6 +207,44 @@ def test_explicit_context_files_win(tiny_engine: StarCoderEngine, repo: Path) ->
     )
     assert prompt.token_ids == layout(tiny_engine, given, "pkg/app.py", prefix, suffix)
     assert asked == []  # the index was not asked
+
+
+def test_add_repo_context_keeps_given_files_first_and_fills_what_they_leave(
+    tiny_engine: StarCoderEngine, repo: Path
+) -> None:
+    prefix, suffix = hole(repo)
+    given = (ContextFile("extra.py", "EXTRA = 1\n"),)
+    budget = len(layout(tiny_engine, list(given), "pkg/app.py", prefix, suffix)) + 60
+    request = FIMRequest(prefix, suffix, file_path="pkg/app.py", context_files=given, repo=RepoIndex(repo))
+    added = tiny_engine.add_repo_context(dataclasses.replace(request, max_prompt_tokens=budget), 8)
+    left = budget - len(layout(tiny_engine, list(given), "pkg/app.py", prefix, suffix))
+    picked = RepoIndex(repo).context_files(
+        "pkg/app.py", prefix, suffix, max_tokens=left, count_tokens=lambda t: len(data(tiny_engine, t))
+    )
+    assert picked and added.context_files == given + tuple(picked)
+    assert added.repo is None and added.file_path == "pkg/app.py"
+    prompt = tiny_engine.fim_prompt(added, 8)
+    assert prompt.token_ids == layout(tiny_engine, list(added.context_files), "pkg/app.py", prefix, suffix)
+    assert len(prompt.token_ids) <= budget
+    plain = FIMRequest(prefix, suffix)
+    assert tiny_engine.add_repo_context(plain) is plain  # no repo: nothing to add
+
+
+def test_llm_wrappers_infill_with_a_repo(tiny_engine: StarCoderEngine, repo: Path, backend_spy: Any) -> None:
+    from langchain_starcoder.llama_index import StarCoder
+
+    prefix, suffix = hole(repo)
+    index = RepoIndex(repo)
+    expected = tiny_engine.fim_prompt(FIMRequest(prefix, suffix, file_path="pkg/app.py", repo=index), 4)
+    fed = backend_spy(tiny_engine).prompts
+    StarCoderLLM(engine=tiny_engine, max_tokens=4).infill(prefix, suffix, file_path="pkg/app.py", repo=index)
+    StarCoder(engine=tiny_engine, max_tokens=4).infill(prefix, suffix, file_path="pkg/app.py", repo=index)
+    asyncio.run(
+        StarCoder(engine=tiny_engine, max_tokens=4).ainfill(
+            prefix, suffix, file_path="pkg/app.py", repo=index
+        )
+    )
+    assert fed == [expected.token_ids] * 3 and expected.files_kept
 
 
 def test_bad_repo_arguments_are_refused_clearly(
