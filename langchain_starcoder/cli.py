@@ -438,11 +438,28 @@ def _cmd_info(args: argparse.Namespace) -> int:
 # --- serve ------------------------------------------------------------------------------------------------
 
 
+def _serve_positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type for a serve bound: a number above 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):
+            msg = f"expected a {kind.__name__} above 0, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error
+    return parse
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .server import create_app
+        from .server import BoundedConfig, create_app
     except ImportError as e:  # an optional extra
         msg = f"serve needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\""
         raise CommandError(msg) from e
@@ -463,8 +480,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(
         load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
+        max_body_bytes=int(args.max_body_mb * 2**20),
     )  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    config = BoundedConfig(
+        app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,
+        request_timeout=args.request_timeout, keep_alive_timeout=args.keep_alive_timeout,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
     _err(f"Serving {args.model} on http://{args.host}:{args.port} (/v1/completions, /infill, /health).")
     server.run()
     if failed:
@@ -658,6 +680,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="batch non-streamed requests with the same settings that arrive within MS of each other "
         "(default 0: off, each request reuses the prompt cache)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=_serve_positive(float),
+        default=4.0,
+        metavar="MB",
+        help="refuse (413) a request body over MB MiB before reading it whole (default 4)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_serve_positive(int),
+        metavar="N",
+        help="open connections at most; when full, the one waiting longest for its request is closed "
+        "(default 512, or half the open-file limit if lower)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_serve_positive(float),
+        default=20.0,
+        metavar="S",
+        help="close a connection whose request (headers and body) has not come in S seconds (default 20)",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=_serve_positive(float),
+        default=5.0,
+        metavar="S",
+        help="close an idle keep-alive connection after S seconds (default 5)",
     )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_cmd_serve)

@@ -24,16 +24,18 @@ Q2_K and Q6_K as float16 (Q4_K, which it gets wrong, is dequantized here). K-qua
 
 from .checkpoint import STARCODER2_SLIDING_WINDOW, GGUFCheckpoint, GGUFNotice, read_gguf, warn_notices
 from .convert import convert_gguf
-from .ggml_types import GGML_TYPES, SUPPORTED_TYPES
+from .ggml_types import FLOAT_TYPES, GGML_TYPES, GROUP_SIZE, SUPPORTED_TYPES
 from .header import GGUFHeader, TensorInfo, read_header
 from .hub import is_gguf, resolve_gguf_file
 from .layout import LAYOUTS, our_name
 from .load import load_gguf_model, open_gguf
 from .tokenizer import gguf_tokenizer
-from .weights import dequantize_q4_k, read_weights
+from .weights import dequantize_q4_k, quantized_layers, read_weights
 
 __all__ = [
+    "FLOAT_TYPES",
     "GGML_TYPES",
+    "GROUP_SIZE",
     "LAYOUTS",
     "STARCODER2_SLIDING_WINDOW",
     "SUPPORTED_TYPES",
@@ -48,6 +50,7 @@ __all__ = [
     "load_gguf_model",
     "open_gguf",
     "our_name",
+    "quantized_layers",
     "read_gguf",
     "read_header",
     "read_weights",

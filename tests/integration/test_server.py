@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -26,7 +27,7 @@ from langchain_openai import OpenAI as LangChainOpenAI
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.chat import chat_prompt_ids, resolve_chat_template
-from langchain_starcoder.server import create_app
+from langchain_starcoder.server import BoundedConfig, create_app
 from langchain_starcoder.types import ContextFile, FIMRequest
 
 PROMPT = "def count_items(items):\n    "
@@ -44,11 +45,11 @@ def _free_port() -> int:
 
 
 class _Running:
-    """A uvicorn server in a thread, stopped by ``should_exit``."""
+    """A uvicorn server in a thread as ``serve`` runs it (BoundedConfig), stopped by ``should_exit``."""
 
     def __init__(self, app: Any):
         self.port = _free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = BoundedConfig(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -222,6 +223,25 @@ def test_llama_vim_ring_warm_up_generates_nothing_and_full_shape_without_fields(
     assert set(got["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms"}
 
 
+def test_infill_reports_context_files_cut_or_dropped_as_truncated(server, tiny_engine):
+    """A file cut to what fits is not "kept": ``truncated`` says so, ``input_extra_used`` says how."""
+    big = "".join(f"value_{i} = compute({i}, {i + 1})\n" for i in range(3000))
+    extra = [{"filename": "small.py", "text": "import math\n"}, {"filename": "big.py", "text": big}]
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra, "n_predict": N}
+    files = [ContextFile(e["filename"], e["text"]) for e in extra]
+    prompt = tiny_engine.fim_prompt(FIMRequest(PREFIX, SUFFIX, context_files=files), N)
+    assert len(prompt.files_kept) == 2 and len(prompt.files_kept[1].text) < len(big)  # cut, still there
+    got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
+    assert got["truncated"] is True and got["input_extra_used"] == ["whole", "cut"]
+    # A prefix that fills the context leaves no room for the files: dropped, and truncated too.
+    body.update(input_prefix=big, input_extra=extra[:1])
+    got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
+    assert got["truncated"] is True and got["input_extra_used"] == ["dropped"]
+    body.update(input_prefix=PREFIX, response_fields=["truncated", "input_extra_used"])
+    got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
+    assert got == {"truncated": False, "input_extra_used": ["whole"]}
+
+
 def test_infill_stream_is_llama_cpp_sse(server, tiny_engine):
     expected = tiny_engine.infill(PREFIX, SUFFIX, **_greedy())
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": N, "stream": True, "temperature": 0}
@@ -354,6 +374,33 @@ def test_with_a_batch_window_concurrent_requests_run_as_one_batch_each_as_alone(
         running.stop()
 
 
+def test_with_a_batch_window_seeded_sampling_answers_as_alone(tiny_engine):
+    """A seed makes sampling reproducible only alone (a batch shares the sampler's random state):
+    seeded sampling requests are kept out of batches."""
+    sampled = {"max_tokens": N, "temperature": 1.0, "top_k": 50, "seed": 1234}
+    prompts = [f"def h{i}(z):\n    " for i in range(4)]
+    alone = [tiny_engine.generate(p, parse_special_tokens=False, **sampled).text for p in prompts]
+    assert len(set(alone)) > 1
+    running = _Running(create_app(tiny_engine, batch_window_ms=200))
+    try:
+        c = openai.OpenAI(base_url=f"{running.url}/v1", api_key="x", max_retries=0, timeout=60)
+        extra = {"extra_body": {"top_k": 50}}
+
+        def ask(p: str) -> str:
+            got = c.completions.create(model="m", prompt=p, max_tokens=N, temperature=1.0, seed=1234, **extra)
+            return got.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, prompts)) == alone
+        # A list of prompts is one batch, but not when the sampling is seeded.
+        got = c.completions.create(
+            model="m", prompt=prompts, max_tokens=N, temperature=1.0, seed=1234, **extra
+        )
+        assert [g.text for g in sorted(got.choices, key=lambda g: g.index)] == alone
+    finally:
+        running.stop()
+
+
 def test_a_client_dropped_mid_stream_cancels_its_generation(server, client, tiny_engine):
     full = _time_long_generation(tiny_engine)
     body = {"prompt": PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
@@ -373,6 +420,25 @@ def test_a_client_dropped_before_a_plain_answer_cancels_its_generation(server, c
         httpx.post(f"{server}/v1/completions", json=body, timeout=httpx.Timeout(60, read=full / 8))
     time.sleep(0.3)  # the server notices within its poll interval
     _next_request_is_correct_and_not_queued(client, tiny_engine, full)
+
+
+def test_a_client_dropped_mid_body_is_one_debug_line_not_an_error(server, caplog):
+    caplog.set_level(logging.DEBUG, logger="langchain_starcoder")
+    port = int(server.rsplit(":", 1)[1])
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head + b'Content-Length: 1000\r\n\r\n{"prompt": "def')  # then leaves
+            time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while sum("disconnected" in r.getMessage() for r in caplog.records) < 3:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.05)
+    ours = [r for r in caplog.records if r.name.startswith("langchain_starcoder")]
+    assert [r.levelno for r in ours if "disconnected" in r.getMessage()] == [logging.DEBUG] * 3
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "Traceback" not in caplog.text
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
 
 
 # --- errors ------------------------------------------------------------------------------------------
@@ -577,6 +643,74 @@ def test_serve_help_is_fast_and_imports_nothing_heavy():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert json.loads(result.stdout.splitlines()[-1]) == {"code": 0, "heavy": []}
     assert "--parse-special-tokens" in result.stdout and "127.0.0.1" in result.stdout
+
+
+# --- llama.cpp's /completion with text -------------------------------------------------------------------
+
+
+def test_completion_takes_text_as_llama_cpp_does_and_keeps_it_data(server, tiny_engine):
+    expected = tiny_engine.generate(PROMPT, parse_special_tokens=False, **_greedy())
+    body = {"prompt": PROMPT, "n_predict": N, "temperature": 0}
+    got = httpx.post(f"{server}/completion", json=body, timeout=60).json()
+    assert got["content"] == expected.text and got["stop"] is True
+    assert (got["tokens_evaluated"], got["tokens_predicted"]) == (
+        expected.prompt_tokens,
+        expected.completion_tokens,
+    )
+    assert "tokens" not in got
+    # Streamed, without ids: the same text; with return_tokens, the ids too.
+    events = []
+    with httpx.stream("POST", f"{server}/completion", json={**body, "stream": True}, timeout=60) as reply:
+        assert reply.status_code == 200
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == expected.text and events[-1]["stop"] is True
+    assert not any("tokens" in e for e in events)
+    got = httpx.post(f"{server}/completion", json={**body, "return_tokens": True}, timeout=60).json()
+    assert got["tokens"] == expected.token_ids
+    # Control-token strings in the text are data on a server that does not parse them.
+    hostile = httpx.post(f"{server}/completion", json={**body, "prompt": HOSTILE}, timeout=60).json()
+    assert hostile["tokens_evaluated"] == len(tiny_engine.encode(HOSTILE, special_tokens=False))
+    # llama.cpp's mixed prompt: ids as given, text encoded between them.
+    ids = tiny_engine.encode("<fim_prefix>")
+    mixed = ids + tiny_engine.encode(PREFIX, special_tokens=False)
+    got = httpx.post(f"{server}/completion", json={**body, "prompt": [*ids, PREFIX]}, timeout=60).json()
+    assert got["content"] == tiny_engine.generate(mixed, **_greedy()).text
+    assert got["tokens_evaluated"] == len(mixed)
+
+
+def test_a_parsing_server_parses_completion_text(tiny_engine):
+    running = _Running(create_app(tiny_engine, parse_special_tokens=True))
+    try:
+        body = {"prompt": HOSTILE, "n_predict": 2}
+        got = httpx.post(f"{running.url}/completion", json=body, timeout=60).json()
+        assert got["tokens_evaluated"] == len(tiny_engine.encode(HOSTILE))
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "status"),
+    [
+        (["one", "two"], 400),
+        ([[1, 2], [3]], 400),
+        (5, 400),
+        ([], 400),
+        ("  ", 400),
+        ("x = 1\n" * 20_000, 413),
+    ],
+)
+def test_completion_refuses_what_is_not_one_prompt(server, prompt, status):
+    reply = _post(f"{server}/completion", {"prompt": prompt, "n_predict": 2})
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize(
+    "extra", [{"grammar": "root ::= [a-z]+"}, {"json_schema": {"type": "string"}}, {"n_probs": 3}]
+)
+def test_completion_refuses_what_it_does_not_implement(server, extra):
+    reply = _post(f"{server}/completion", {"prompt": PROMPT, "n_predict": 2, **extra})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == next(iter(extra))
 
 
 # --- StarCoderEngine.connect against this server ----------------------------------------------------------

@@ -1,0 +1,45 @@
+"""An HTTP server over one engine: OpenAI-compatible completions and chat, and llama.cpp's ``/infill``.
+
+A Starlette app whose handlers translate request shapes into engine calls and back: ``app`` (the
+routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
+and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
+``limits`` (body size, text bound) and ``connections`` (uvicorn's request deadline, connection limit).
+
+Endpoints:
+
+- ``POST /v1/completions``: OpenAI's legacy completions. ``prompt`` is text, a list of token ids, or a
+  list of either (run as one batch, not streamed). With ``suffix`` the middle between ``prompt`` and
+  ``suffix`` is generated, as :meth:`StarCoderEngine.infill` does (FIM control tokens, suffix-overlap
+  trim). A text prompt is data by default: control-token strings in it (``<fim_prefix>``,
+  ``<|endoftext|>``) stay text. A server started with ``parse_special_tokens=True`` parses them, for
+  clients that hand-write StarCoder prompts. Token-id prompts are taken as given.
+- ``POST /v1/chat/completions``: for checkpoints with a chat template; message contents are data.
+- ``POST /infill``: llama.cpp's request and response shape (llama.vim, llama.vscode). ``input_extra``
+  files become StarCoder2's repository context with their real names; ``prompt`` (the text of the
+  cursor's line before the cursor, as llama.vim sends it) is appended to ``input_prefix``.
+- ``GET /health``, ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
+- llama.cpp's ``POST /completion`` (one prompt: text, token ids or both mixed; whole or streamed, with
+  ids when ``return_tokens``) and ``GET /props``: so ``StarCoderEngine.connect("http://host:8080",
+  model=...)`` drives this server like a llama-server.
+
+Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input,
+401 without the API key when one is set, 413 when the body passes ``max_body_bytes`` or the prompt plus
+``max_tokens`` pass the context window, 503 while the model loads. Generation runs through the engine's
+async API, so the event loop never blocks; a client that disconnects cancels its generation (and one that
+leaves mid-body is a debug line, not an error).
+"""
+
+from __future__ import annotations
+
+try:
+    import sse_starlette  # noqa: F401
+    import starlette  # noqa: F401
+    import uvicorn  # noqa: F401
+except ImportError as e:  # an optional extra: say how to get it
+    msg = f"The server needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\"."
+    raise ImportError(msg, name=e.name) from e
+
+from .app import create_app
+from .connections import BoundedConfig
+
+__all__ = ["BoundedConfig", "create_app"]

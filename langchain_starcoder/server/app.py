@@ -1,0 +1,62 @@
+"""The ASGI app: the routes over one :class:`ServerState`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from ..engine import StarCoderEngine
+from ..errors import InvalidParameterError
+from ..types import is_int
+from . import llama_api, openai_api
+from .limits import DEFAULT_MAX_BODY_BYTES
+from .state import ServerState
+
+
+def create_app(
+    engine: StarCoderEngine | Callable[[], StarCoderEngine],
+    *,
+    api_key: str | None = None,
+    parse_special_tokens: bool = False,
+    model_name: str | None = None,
+    batch_window_ms: float = 0,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
+    """The ASGI app serving ``engine`` (see the package docs for the endpoints).
+
+    Args:
+        engine: A loaded engine (the caller closes it), or a function that loads one: it then runs in a
+            thread when the server starts (requests get 503 meanwhile) and the server closes the engine
+            when it stops.
+        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        parse_special_tokens: Whether control-token strings in a text ``prompt`` of ``/v1/completions``
+            (and ``/tokenize``) are control tokens. Off by default: client text is data. Turn it on for
+            trusted clients that hand-write ``<fim_prefix>...`` prompts.
+        model_name: The model id the API reports (default: the engine's name).
+        batch_window_ms: When above 0, non-streamed completions and chat requests with the same
+            settings that arrive within this many milliseconds of each other run as one engine batch
+            (more throughput for many clients; no prompt-cache reuse within a batch). Sampling requests
+            with a ``seed`` run alone, so the seed reproduces their answer. Off by default: requests
+            then run one after another, each reusing the prompt cache.
+        max_body_bytes: A request body larger than this is refused with 413 before it is read whole
+            (default 4 MiB). Text prompts are also refused before tokenizing when they are longer than
+            the context window could hold at the tokenizer's longest token.
+    """
+    if not is_int(max_body_bytes) or max_body_bytes <= 0:
+        msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
+        raise InvalidParameterError(msg)
+    server = ServerState(engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes)
+    routes = [
+        Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
+        Route("/v1/models", server.route(openai_api.models), methods=["GET"]),
+        Route("/tokenize", server.route(llama_api.tokenize), methods=["POST"]),
+        Route("/detokenize", server.route(llama_api.detokenize), methods=["POST"]),
+        Route("/v1/completions", server.route(openai_api.completions), methods=["POST"]),
+        Route("/v1/chat/completions", server.route(openai_api.chat), methods=["POST"]),
+        Route("/infill", server.route(llama_api.infill), methods=["POST"]),
+        Route("/completion", server.route(llama_api.completion), methods=["POST"]),
+        Route("/props", server.route(llama_api.props), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=server.lifespan)

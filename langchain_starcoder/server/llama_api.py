@@ -1,0 +1,149 @@
+"""llama.cpp's endpoints: ``/infill`` (llama.vim, llama.vscode), ``/completion`` and ``/props`` (what
+``StarCoderEngine.connect`` speaks, with text prompts too), ``/health``, ``/tokenize`` and ``/detokenize``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..engine import StarCoderEngine
+from ..types import Completion, CompletionChunk, is_int, join_chunks
+from .errors import bad_request
+from .limits import check_text_fits
+from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
+from .shapes import files_used, final_answer, pick_fields
+from .state import ServerState
+from .streams import join, sse, time_limited, unless_gone
+
+#: Tokens at most for ``/infill`` and ``/completion`` without ``n_predict`` (or with -1, "until done").
+DEFAULT_N_PREDICT = 256
+
+
+async def health(server: ServerState, request: Request) -> Response:
+    server.ready()
+    return JSONResponse({"status": "ok"})
+
+
+async def props(server: ServerState, request: Request) -> Response:
+    """llama.cpp's ``/props``: the context a request may fill (StarCoderEngine.connect reads it)."""
+    engine = server.ready()
+    return JSONResponse({"default_generation_settings": {"n_ctx": engine.context_window}})
+
+
+async def tokenize(server: ServerState, request: Request) -> Response:
+    engine = server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    content = text(body.get("content"), "content")
+    parse = field(body, "parse_special", bool, server.parse_special_tokens)
+    check_text_fits(len(content), server.max_text_chars, engine.context_window, "content")
+    ids = await asyncio.to_thread(engine.encode, content, special_tokens=parse)
+    return JSONResponse({"tokens": ids})
+
+
+async def detokenize(server: ServerState, request: Request) -> Response:
+    engine = server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(is_int(t) for t in ids):
+        raise bad_request("tokens must be a list of token ids (integers).", "tokens")
+    bad = [t for t in ids if not 0 <= t < engine.vocab_size]
+    if bad:
+        msg = f"Token ids {bad[:5]} are outside the vocabulary [0, {engine.vocab_size})."
+        raise bad_request(msg, "tokens")
+    return JSONResponse({"content": await asyncio.to_thread(engine.decode, ids)})
+
+
+async def completion(server: ServerState, request: Request) -> Response:
+    """llama.cpp's ``/completion``: one prompt (text, token ids, or a list mixing both), answered whole
+    or streamed; with ``return_tokens`` each chunk carries its ids (what ``StarCoderEngine.connect``
+    speaks). Text is data unless the server parses control tokens (``parse_special_tokens``)."""
+    engine = server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    for key in ("grammar", "json_schema", "n_probs"):  # constrained output and probabilities: not here
+        if body.get(key):
+            raise bad_request(f"/completion does not support {key}.", key)
+    prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
+    n_predict = field(body, "n_predict", int, -1)
+    settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
+    with_tokens = field(body, "return_tokens", bool, False)
+    if not field(body, "stream", bool, False):
+        done = await unless_gone(request, server.generate(engine, prompt, settings))
+        out = final_answer(server.name, done, done.text, False, n_predict)
+        return JSONResponse(out | ({"tokens": done.token_ids} if with_tokens else {}))
+    predicted = 0
+
+    def events(c: CompletionChunk) -> list[dict[str, Any]]:
+        nonlocal predicted
+        predicted += len(c.token_ids)
+        event: dict[str, Any] = {"content": c.text, "tokens_predicted": predicted}
+        if with_tokens:
+            event["tokens"] = c.token_ids
+        event["stop"] = c.finish_reason is not None
+        if c.finish_reason is not None:
+            event["timings"] = {"cache_n": c.cached_tokens or 0, "prompt_n": c.prompt_tokens}
+        return [event]
+
+    return await sse(request, engine.astream(prompt, **settings), events, done_marker=False)
+
+
+def _completion_prompt(server: ServerState, engine: StarCoderEngine, prompt: Any) -> list[int]:
+    """The ids of a /completion prompt: text, ids, or llama.cpp's mixed list (ids as given, text encoded)."""
+    parse = server.parse_special_tokens
+    if isinstance(prompt, str):
+        return text_ids(engine, prompt, parse, server.max_text_chars)
+    pieces = prompt if isinstance(prompt, list) and prompt else [None]
+    if not all(is_int(p) or isinstance(p, str) for p in pieces) or all(isinstance(p, str) for p in pieces):
+        msg = (
+            "/completion takes one prompt: text, a list of token ids, or a list mixing ids and text; "
+            "send several prompts as several requests."
+        )
+        raise bad_request(msg, "prompt")
+    chars = sum(len(p) for p in pieces if isinstance(p, str))
+    check_text_fits(chars, server.max_text_chars, engine.context_window, "prompt")
+    ids: list[int] = []
+    for piece in pieces:
+        ids += engine.encode(piece, special_tokens=parse) if isinstance(piece, str) else [piece]
+    return ids
+
+
+async def infill(server: ServerState, request: Request) -> Response:
+    engine = server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    fim_request = infill_request(body)
+    n_predict = field(body, "n_predict", int, -1)
+    warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
+    max_tokens = 1 if warm_up else (DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
+    settings = llama_settings(body, max_tokens)
+    limit_ms = field(body, "t_max_predict_ms", (int, float), 0)
+    fields = body.get("response_fields")
+    if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+        raise bad_request("response_fields must be a list of strings.", "response_fields")
+    prompt = await asyncio.to_thread(engine.fim_prompt, fim_request, max_tokens)
+    used = files_used(fim_request.context_files, prompt.files_kept)
+    truncated = (
+        prompt.prefix_chars_kept < len(fim_request.prefix)
+        or prompt.suffix_chars_kept < len(fim_request.suffix)
+        or any(u != "whole" for u in used)
+    )
+    stream = time_limited(engine.astream(fim_request, **settings), limit_ms, len(prompt.token_ids))
+
+    def final(c: Completion, content: str) -> dict[str, Any]:
+        out = final_answer(server.name, c, content, truncated, n_predict)
+        return pick_fields({**out, "input_extra_used": used}, fields)
+
+    if not field(body, "stream", bool, False):
+        done = await unless_gone(request, join(stream))
+        return JSONResponse(final(done, "" if warm_up else done.text))
+
+    def events(c: CompletionChunk) -> list[dict[str, Any]]:
+        if c.finish_reason is not None:
+            tail = [{"content": c.text, "stop": False, "id_slot": 0}] if c.text and not warm_up else []
+            return [*tail, final(join_chunks([c]), "")]
+        if not c.text or warm_up:
+            return []
+        return [{"content": c.text, "stop": False, "id_slot": 0}]
+
+    return await sse(request, stream, events, done_marker=False)

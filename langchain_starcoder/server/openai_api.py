@@ -1,0 +1,165 @@
+"""OpenAI's endpoints: ``/v1/completions`` (with ``suffix`` for fill in the middle), ``/v1/chat/completions``
+and ``/v1/models``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..chat import chat_prompt_ids, resolve_chat_template
+from ..engine import StarCoderEngine
+from ..fim import fim_stop_token_ids
+from ..types import CompletionChunk, FIMRequest, join_chunks
+from .errors import bad_request
+from .limits import check_text_fits
+from .parsing import (
+    field,
+    include_usage,
+    is_ids,
+    message_content,
+    openai_settings,
+    read_body,
+    refuse_unsupported,
+    text,
+    text_ids,
+)
+from .shapes import usage_body
+from .state import ServerState
+from .streams import sse, unless_gone
+
+#: OpenAI's defaults for the legacy completions endpoint (``max_tokens`` 16, ``temperature`` 1).
+OPENAI_MAX_TOKENS = 16
+
+
+async def models(server: ServerState, request: Request) -> Response:
+    engine = server.ready()
+    model = {
+        "id": server.name,
+        "object": "model",
+        "created": server.created,
+        "owned_by": "langchain-starcoder",
+        "context_window": engine.context_window,
+        # llama.cpp's fields, which StarCoderEngine.connect checks against its tokenizer.
+        "meta": {"n_vocab": engine.vocab_size, "n_ctx_train": engine.context_window},
+    }
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+# --- /v1/completions ------------------------------------------------------------------------------
+
+
+async def completions(server: ServerState, request: Request) -> Response:
+    engine = server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    refuse_unsupported(body)
+    settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0)
+    # Tokenizing runs off the event loop.
+    prompts = await asyncio.to_thread(_completion_prompts, server, engine, body)
+    middle = engine.token_id("<fim_middle>")
+    if any(isinstance(p, list) and middle in p for p in prompts):
+        # A FIM prompt written by the client (parsed or as ids): end the middle as infill does.
+        settings["stop_token_ids"] = fim_stop_token_ids(engine)
+    stream = field(body, "stream", bool, False)
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+        return {"id": cid, "object": "text_completion", "created": created, "model": server.name,
+                "choices": choices, **more}  # fmt: skip
+
+    def choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+        return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
+
+    if not stream:
+        if len(prompts) == 1:
+            done = [await unless_gone(request, server.generate(engine, prompts[0], settings))]
+        else:  # several prompts: one batch (seeded sampling: one by one, each as alone)
+            done = await unless_gone(request, server.generate_all(engine, prompts, settings))
+        choices = [choice(i, c.text, c.finish_reason) for i, c in enumerate(done)]
+        return JSONResponse(chunk(choices, usage=usage_body(done)))
+    if len(prompts) > 1:
+        raise bad_request("Streaming takes one prompt; send a list of prompts without stream.", "prompt")
+    with_usage = include_usage(body)
+
+    def events(c: CompletionChunk) -> list[dict[str, Any]]:
+        out = [chunk([choice(0, c.text, c.finish_reason)])] if c.text or c.finish_reason else []
+        if c.finish_reason is not None and with_usage:
+            out.append(chunk([], usage=usage_body([join_chunks([c])])))
+        return out
+
+    return await sse(request, engine.astream(prompts[0], **settings), events, done_marker=True)
+
+
+def _completion_prompts(server: ServerState, engine: StarCoderEngine, body: dict[str, Any]) -> list[Any]:
+    """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or is_ids(prompt):
+        items = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
+        items = list(prompt)
+    else:
+        msg = "prompt must be text, a list of token ids, or a non-empty list of either."
+        raise bad_request(msg, "prompt")
+    suffix = body.get("suffix")
+    if suffix is None:
+        # Text is data unless this server parses it (see create_app); either way it goes on as ids.
+        parse, max_chars = server.parse_special_tokens, server.max_text_chars
+        return [text_ids(engine, p, parse, max_chars) if isinstance(p, str) else p for p in items]
+    suffix = text(suffix, "suffix")
+    if not all(isinstance(p, str) for p in items):
+        raise bad_request("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
+    return [FIMRequest(p, suffix) for p in items]
+
+
+# --- /v1/chat/completions -------------------------------------------------------------------------
+
+
+async def chat(server: ServerState, request: Request) -> Response:
+    engine = server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    refuse_unsupported(body)
+    template = resolve_chat_template(engine, None)
+    if template is None:
+        raise bad_request("This checkpoint has no chat template; use /v1/completions.")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list.", "messages")
+    pairs = [
+        (text(m.get("role") if isinstance(m, dict) else None, "role"), message_content(m)) for m in messages
+    ]
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    settings = openai_settings(body, 256, 1.0)
+    chars = sum(len(content) for _, content in pairs)
+    check_text_fits(chars, server.max_text_chars, engine.context_window, "messages")
+    ids = await asyncio.to_thread(chat_prompt_ids, engine, pairs, template)
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chunk(kind: str, choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+        return {"id": cid, "object": kind, "created": created, "model": server.name,
+                "choices": choices, **more}  # fmt: skip
+
+    if not field(body, "stream", bool, False):
+        done = await unless_gone(request, server.generate(engine, ids, settings))
+        message = {"role": "assistant", "content": done.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
+        return JSONResponse(chunk("chat.completion", [choice], usage=usage_body([done])))
+    with_usage = include_usage(body)
+    first = [True]
+
+    def events(c: CompletionChunk) -> list[dict[str, Any]]:
+        out = []
+        if c.text or c.finish_reason:
+            delta = {"content": c.text} | ({"role": "assistant"} if first[0] else {})
+            first[0] = False
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": c.finish_reason}
+            out.append(chunk("chat.completion.chunk", [choice]))
+        if c.finish_reason is not None and with_usage:
+            out.append(chunk("chat.completion.chunk", [], usage=usage_body([join_chunks([c])])))
+        return out
+
+    return await sse(request, engine.astream(ids, **settings), events, done_marker=True)

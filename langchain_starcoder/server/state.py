@@ -1,0 +1,134 @@
+"""The server's state: the engine (or its loading), the API key, settings, and how a route answers errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..engine import StarCoderEngine
+from ..tokens import max_text_chars
+from ..types import Completion
+from .batcher import Batcher
+from .errors import APIError, api_error, error_response
+
+logger = logging.getLogger(__name__)
+
+
+class ServerState:
+    """The engine (or its loading) and the server's settings, shared by the handlers."""
+
+    def __init__(
+        self,
+        engine: StarCoderEngine | Callable[[], StarCoderEngine],
+        api_key: str | None,
+        parse_special_tokens: bool,
+        model_name: str | None,
+        batch_window_ms: float,
+        max_body_bytes: int,
+    ):
+        self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
+        self.engine: StarCoderEngine | None = None
+        self.load_error: BaseException | None = None
+        self.loader = None if isinstance(engine, StarCoderEngine) else engine
+        self.api_key = api_key.encode() if api_key else None
+        self.parse_special_tokens = parse_special_tokens
+        self.model_name = model_name
+        self.created = int(time.time())
+        self.max_body_bytes = max_body_bytes
+        #: The most characters a text can have and still fit the context window (None: no bound).
+        self.max_text_chars: int | None = None
+        if isinstance(engine, StarCoderEngine):
+            self._ready(engine)
+
+    def _ready(self, engine: StarCoderEngine) -> None:
+        self.max_text_chars = max_text_chars(engine.tokenizer, engine.context_window)
+        self.engine = engine  # last: requests are served from here on
+
+    @property
+    def name(self) -> str:
+        return self.model_name or (self.engine.name if self.engine is not None else "starcoder")
+
+    # --- lifecycle: load in a thread so /health answers 503 meanwhile -----------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        loading = None
+        if self.loader is not None:
+            loading = threading.Thread(target=self._load, name="starcoder-load", daemon=True)
+            loading.start()
+        try:
+            yield
+        finally:
+            if loading is not None:  # the server loaded the engine, so it closes it
+                await asyncio.to_thread(loading.join)
+                if self.engine is not None:
+                    self.engine.close()
+
+    def _load(self) -> None:
+        assert self.loader is not None
+        try:
+            self._ready(self.loader())
+        except BaseException as e:
+            logger.error("Loading the model failed: %s", e)
+            self.load_error = e
+
+    def ready(self) -> StarCoderEngine:
+        if self.engine is not None:
+            return self.engine
+        if self.load_error is not None:
+            msg = f"The model failed to load: {self.load_error}"
+            raise APIError(500, msg, kind="server_error")
+        raise APIError(503, "The model is loading; try again shortly.", kind="unavailable_error")
+
+    def route(
+        self, handler: Callable[[ServerState, Request], Awaitable[Response]], *, auth: bool = True
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if auth:
+                    self._check_key(request)
+                return await handler(self, request)
+            except Exception as e:
+                return error_response(api_error(e))
+
+        return endpoint
+
+    def _check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        # Constant-time comparison; the key itself never reaches a log or a message.
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.api_key):
+            raise APIError(
+                401, "A valid API key is needed (Authorization: Bearer KEY).", kind="authentication_error"
+            )
+
+    async def generate(self, engine: StarCoderEngine, prompt: Any, settings: dict[str, Any]) -> Completion:
+        """One non-streamed generation: alone, or in a batch with others when batching is on. Seeded
+        sampling runs alone: a seed reproduces an answer only there (a batch shares the random state)."""
+        if self.batcher is None or _seeded_sampling(settings):
+            return await engine.agenerate(prompt, **settings)
+        return await self.batcher.generate(engine, prompt, settings)
+
+    async def generate_all(
+        self, engine: StarCoderEngine, prompts: list[Any], settings: dict[str, Any]
+    ) -> list[Completion]:
+        """Several prompts of one request: one batch, or one after another for seeded sampling."""
+        if _seeded_sampling(settings):
+            return [await engine.agenerate(prompt, **settings) for prompt in prompts]
+        return await engine.agenerate_batch(prompts, **settings)
+
+
+def _seeded_sampling(settings: dict[str, Any]) -> bool:
+    return settings.get("seed") is not None and settings.get("temperature") != 0
