@@ -219,14 +219,15 @@ def select(
     spent = 0.0
     done: set[int] = set()
 
-    def take(unit: Unit, extra: Sequence[Unit], limit: float) -> bool:
+    def take(unit: Unit, extra: Sequence[Unit], limit: float) -> bool | None:
+        """Add the unit's new lines if they fit: True, False if not, None if it has none."""
         nonlocal spent
         entry = entries[unit.path]
         taken = lines_of.setdefault(unit.path, set())
         new = [unit, *extra]
         lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
         if not lines:
-            return True
+            return None
         need = sum(cost(entry.lines[i]) + 1 for i in lines) + (2 if unit.excerpt else 0)
         if unit.path not in chosen:
             need += cost(unit.path) + FRAME_TOKENS
@@ -245,7 +246,7 @@ def select(
             if k in done or name in covered:
                 continue
             owner = _owner(entries[unit.path], unit)
-            if take(unit, [owner] if owner is not None else [], limit):
+            if take(unit, [owner] if owner is not None else [], limit) is not False:
                 done.add(k)
             else:
                 misses += 1
@@ -255,9 +256,10 @@ def select(
     outline(budget * (1 - WINDOW_SHARE))
     misses = 0
     for _, unit in windows:
-        if take(unit, (), budget):
+        taken = take(unit, (), budget)
+        if taken:
             windowed.add(unit.path)
-        else:
+        elif taken is False:
             misses += 1
             if misses > MAX_MISSES // 10:
                 break
