@@ -466,6 +466,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_ENV) or None
+    if args.repo is not None and not args.repo.is_dir():
+        msg = f"--repo {args.repo} is not a folder: give the repository's root folder."
+        raise CommandError(msg)
+    repo = _repo_index(args.repo) if args.repo is not None else None  # scanned before serving
     failed: list[BaseException] = []
 
     def load() -> Any:
@@ -480,7 +484,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(
         load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
-        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
     )  # fmt: skip
     config = BoundedConfig(
         app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,
@@ -673,6 +677,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="parse control-token strings (<fim_prefix>...) in /v1/completions text prompts (default: data)",
     )
     p.add_argument("--model-name", help="the model id the API reports (default: --model)")
+    p.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help="add this repository's context to /infill and /v1/completions (with suffix) requests that "
+        "send file_path (relative to DIR), after the client's input_extra (default: none)",
+    )
     p.add_argument(
         "--batch-window-ms",
         type=float,
