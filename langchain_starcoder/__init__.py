@@ -21,11 +21,11 @@ if TYPE_CHECKING:
         UnsupportedModelError,
     )
     from .fim import FIMPrompt, build_fim_prompt
-    from .llama_index import RepoNodeRetriever
     from .llms import StarCoderLLM
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
     from .repo import RepoIndex
     from .retrievers import RepoRetriever
+    from .retrievers.llama_index import RepoNodeRetriever
     from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that `import
@@ -49,7 +49,7 @@ _EXPORTS = {
     "StarCoderLLM": "llms",
     "StarCoderPromptTemplate": "prompts",
     "RepoIndex": "repo",
-    "RepoNodeRetriever": "llama_index",
+    "RepoNodeRetriever": "retrievers.llama_index",
     "RepoRetriever": "retrievers",
     "UnsupportedModelError": "errors",
     "build_fim_prompt": "fim",

@@ -1,5 +1,6 @@
 """Retrieval over a :class:`~langchain_starcoder.RepoIndex` for RAG chains: a LangChain retriever here,
-the LlamaIndex one (:class:`langchain_starcoder.llama_index.RepoNodeRetriever`) on the same search.
+the LlamaIndex one (:class:`langchain_starcoder.retrievers.llama_index.RepoNodeRetriever`) on the
+same search.
 
 A text query is read as code a cursor sits after, in a file of its own (or in ``file_path``, whose
 imports and neighbours then count and which is left out): the index returns the definitions of the
@@ -19,10 +20,10 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, model_validator
 
-from .engine import index_lock, repo_relative_path
-from .errors import InvalidParameterError
-from .repo import GAP_MARKER
-from .types import ContextFile, is_int
+from ..engine import index_lock, repo_relative_path
+from ..errors import InvalidParameterError
+from ..repo import GAP_MARKER
+from ..types import ContextFile, is_int
 
 if TYPE_CHECKING:
     from typing_extensions import Self
