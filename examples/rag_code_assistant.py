@@ -20,7 +20,8 @@ holding ``--marker`` up to the next blank line are cut out, and the model writes
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
 (its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
-No extra package is needed beyond langchain-starcoder.
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"`` (this one needs
+nothing beyond the package itself).
 """
 
 from __future__ import annotations
