@@ -51,7 +51,9 @@ class FileEntry:
         once = frozenset(w for w, n in counts.items() if n == 1)
         entry = cls(path, text, text.splitlines(), frozenset(counts), dict(counts), once, symbols)
         for d in symbols.definitions:
-            unit = Unit(path, d.start, d.header_end, d, excerpt=False)
+            # A definition's first line only: more names per token than whole multi-line signatures
+            # (recall at 1,024 tokens 0.60 -> 0.66 on rich, 0.52 -> 0.55 on huggingface_hub).
+            unit = Unit(path, d.start, d.start, d, excerpt=False)
             entry.signatures.append(unit)
             if d.kind == "class":
                 entry.classes.setdefault(d.name, unit)

@@ -35,7 +35,7 @@ WINDOW_SHARE = 0.4
 #: Units that do not fit before packing gives up on what is left.
 MAX_MISSES = 200
 #: How many of the repository's most used names are candidates at each lookup.
-GLOBAL_CANDIDATES = 4000
+GLOBAL_CANDIDATES = 1000
 
 
 @dataclass(frozen=True)
