@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 from langchain_tests.integration_tests import RetrieversIntegrationTests
@@ -314,6 +317,30 @@ def test_hostile_files_and_paths_stay_data_in_the_engine(
     assert special_counts(tiny_engine, named.token_ids) == layout_counts(tiny_engine, len(named.files_kept))
 
 
+hostile = st.lists(
+    st.one_of(st.text(max_size=12), st.sampled_from(SPECIAL_TOKENS), st.sampled_from(["<", ">", "|", "\n"])),
+    max_size=8,
+).map("".join)
+name_part = st.lists(
+    st.one_of(st.sampled_from(SPECIAL_TOKENS), st.sampled_from(["a", "_", "-"])), min_size=1, max_size=3
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(code=hostile, other=hostile, name=name_part.map("".join), prefix=hostile, suffix=hostile)
+def test_hostile_repository_files_stay_data_property(
+    tiny_engine: StarCoderEngine, code: str, other: str, name: str, prefix: str, suffix: str
+) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / f"{name}.py").write_text(f"def helper():\n    return 1\n{code}\n", encoding="utf-8")
+        (root / "b.py").write_text(f"{other}\nclass Helper:\n    pass\n", encoding="utf-8")
+        index = RepoIndex(root)
+        request = FIMRequest("helper() + Helper()\n" + prefix, suffix, file_path="main.py", repo=index)
+        prompt = tiny_engine.fim_prompt(request, 8)
+    assert special_counts(tiny_engine, prompt.token_ids) == layout_counts(tiny_engine, len(prompt.files_kept))
+
+
 # --- FIMPromptTemplate(repo=...) -------------------------------------------------------------------
 
 
@@ -338,6 +365,24 @@ async def test_template_with_a_repo_feeds_the_index_context(
     fed.clear()
     chain.invoke({**values, "context_files": [("notes.py", "NOTE = 1\n")]})
     assert fed == [layout(tiny_engine, [ContextFile("notes.py", "NOTE = 1\n")], "pkg/app.py", prefix, suffix)]
+
+
+def test_llm_cache_never_answers_a_repo_request_from_an_older_repository(
+    tiny_engine: StarCoderEngine, repo: Path, backend_spy: Any
+) -> None:
+    from langchain_core.caches import InMemoryCache
+
+    prefix, suffix = hole(repo)
+    index = RepoIndex(repo)
+    llm = StarCoderLLM(engine=tiny_engine, max_tokens=3, cache=InMemoryCache())
+    chain = FIMPromptTemplate(repo=index) | llm
+    fed = backend_spy(tiny_engine).prompts
+    values = {"prefix": prefix, "suffix": suffix, "file_path": "pkg/app.py"}
+    chain.invoke(values)
+    (repo / "pkg" / "geometry.py").write_text(GEOMETRY.replace("radius: float", "r_meters: float"))
+    chain.invoke(values)
+    assert len(fed) == 2 and fed[0] != fed[1]  # the edited file is in the second prompt, not a cached answer
+    assert "r_meters" in tiny_engine.decode(fed[1]) and "r_meters" not in tiny_engine.decode(fed[0])
 
 
 def test_template_with_a_repo_keeps_hostile_text_data(
