@@ -39,12 +39,15 @@ def resolve_chat_template(engine: StarCoderEngine, override: str | None) -> str 
     return engine.tokenizer.chat_template if engine.tokenizer.has_chat_template else None
 
 
-def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]], template: str) -> list[int]:
+def chat_prompt_ids(
+    engine: StarCoderEngine, messages: Sequence[tuple[str, str]], template: str, *, check_size: bool = True
+) -> list[int]:
     """Token ids of ``(role, content)`` messages rendered by ``template``, ready for generation.
 
     The ids are those of the rendered text, except that control-token strings inside contents
     stay plain text. Raises InvalidParameterError for a role the template does not know and for a
-    template that alters contents (see the module's docs).
+    template that alters contents (see the module's docs), and ContextLengthError for contents too
+    long for the context window (``check_size=False`` to count the tokens of any chat).
     """
     if not messages:
         msg = "A chat needs at least one message."
@@ -52,7 +55,8 @@ def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]]
     roles = [role for role, _ in messages]
     _check_roles(template, roles)
     # The prompt holds every content unchanged (or is refused below): too long is refused unrendered.
-    engine.check_prompt_size(sum(len(content) for _, content in messages))
+    if check_size:
+        engine.check_prompt_size(sum(len(content) for _, content in messages))
     pieces = _MARK.split(_render(engine, template, [(r, f"\ue000{i}\ue001") for i, r in enumerate(roles)]))
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(messages))):
         msg = (
@@ -74,7 +78,7 @@ def chat_prompt_ids(engine: StarCoderEngine, messages: Sequence[tuple[str, str]]
             raise InvalidParameterError(msg)
     # Control tokens come only from the template's text; contents are data (one encoder for both).
     segments = [(messages[int(p)][1], True) if i % 2 else (p, False) for i, p in enumerate(pieces)]
-    return engine.encode_segments(segments)
+    return engine.encode_segments(segments, check_size=check_size)
 
 
 def _check_roles(template: str, roles: Sequence[str]) -> None:

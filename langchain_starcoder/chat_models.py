@@ -206,7 +206,9 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
 
     # --- prompts -----------------------------------------------------------------------------------
 
-    def _prompt_ids(self, engine: StarCoderEngine, messages: Sequence[BaseMessage]) -> list[int]:
+    def _prompt_ids(
+        self, engine: StarCoderEngine, messages: Sequence[BaseMessage], *, check_size: bool = True
+    ) -> list[int]:
         """The prompt for ``messages``: the template's text with control tokens, contents as data."""
         template = resolve_chat_template(engine, self.chat_template)
         if template is None:
@@ -216,7 +218,8 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
                 "instruct checkpoint, or use StarCoderLLM for a base model."
             )
             raise UnsupportedModelError(msg)
-        return chat_prompt_ids(engine, [(_role(m), _content(m)) for m in messages], template)
+        pairs = [(_role(m), _content(m)) for m in messages]
+        return chat_prompt_ids(engine, pairs, template, check_size=check_size)
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` from the model's own tokenizer."""
@@ -231,7 +234,7 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         if tools:
             msg = "StarCoder models have no tool calling, so ChatStarCoder cannot count tool tokens."
             raise InvalidParameterError(msg)
-        return len(self._prompt_ids(self.engine, messages))
+        return len(self._prompt_ids(self.engine, messages, check_size=False))  # counts any length
 
     # --- generation ----------------------------------------------------------------------------------
 

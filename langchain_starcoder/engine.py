@@ -295,12 +295,14 @@ class StarCoderEngine:
         check_text(text, "text")
         return self._encode_parsed(text) if special_tokens else self._codec.encode_data(text)
 
-    def encode_segments(self, segments: Iterable[tuple[str, bool]]) -> list[int]:
+    def encode_segments(self, segments: Iterable[tuple[str, bool]], *, check_size: bool = True) -> list[int]:
         """Ids of a prompt in pieces ``(text, is_data)``: control-token strings count only in
         pieces that are not data (see :func:`langchain_starcoder.tokens.encode_segments`).
-        Raises ContextLengthError, before tokenizing, for text too long for the context window."""
+        Raises ContextLengthError, before tokenizing, for text too long for the context window
+        (``check_size=False`` to count the tokens of any text)."""
         segments = list(segments)
-        self.check_prompt_size(sum(len(text) for text, _ in segments))
+        if check_size:
+            self.check_prompt_size(sum(len(text) for text, _ in segments))
         return encode_segments(self._codec, segments)
 
     def decode(self, ids: Sequence[int]) -> str:

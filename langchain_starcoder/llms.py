@@ -168,12 +168,9 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
         engine = self.engine
         if isinstance(text, FIMText):
             return list(engine.fim_prompt(text.fim, self.max_tokens).token_ids)
-        prompt = _engine_prompt(engine, text)
-        return (
-            prompt
-            if isinstance(prompt, list)
-            else engine.encode(prompt, special_tokens=self.parse_special_tokens)
-        )
+        if isinstance(text, CarriedText):
+            return text.token_ids(engine, check_size=False)  # a count, at any length
+        return engine.encode(str(text), special_tokens=self.parse_special_tokens)
 
     # --- generation ------------------------------------------------------------------------------
 

@@ -129,8 +129,8 @@ class TemplateText(CarriedText):
     def cache_key(self) -> str:
         return "template" + _exact([text for text, is_data in self.segments if is_data], self.segments)
 
-    def token_ids(self, engine: StarCoderEngine) -> list[int]:
-        return engine.encode_segments(self.segments)
+    def token_ids(self, engine: StarCoderEngine, *, check_size: bool = True) -> list[int]:
+        return engine.encode_segments(self.segments, check_size=check_size)
 
 
 def to_context_files(files: Any) -> tuple[ContextFile, ...]:

@@ -177,6 +177,23 @@ def test_text_too_long_is_refused_before_tokenizing(tiny_engine: StarCoderEngine
     assert tiny_engine.generate("def f():", max_tokens=2).completion_tokens == 2  # still usable
 
 
+def test_counting_is_never_refused(tiny_engine: StarCoderEngine, chat_path: Path) -> None:
+    """Counting is how callers find out a text is too long (LangChain's trim_messages, token
+    budgets): the counts of a template prompt and of a chat too long to generate from still answer."""
+    from langchain_core.messages import HumanMessage
+
+    from langchain_starcoder import ChatStarCoder, StarCoderLLM
+
+    text = "x" * (max_text_chars(tiny_engine.tokenizer, tiny_engine.context_window) + 1)
+    llm = StarCoderLLM(model=str(tiny_engine.path))
+    prompt = StarCoderPromptTemplate.from_template("<file_sep>{code}").format(code=text)
+    assert len(llm.get_token_ids(prompt)) > tiny_engine.context_window
+    with pytest.raises(ContextLengthError):
+        llm.invoke(prompt, max_tokens=2)
+    chat = ChatStarCoder(model=str(chat_path))
+    assert chat.get_num_tokens_from_messages([HumanMessage(text)]) > tiny_engine.context_window
+
+
 def test_huge_prompt_is_refused_in_milliseconds(tiny_engine: StarCoderEngine) -> None:
     """A 16 MB prompt took tens of seconds and GBs to tokenize before the window was checked."""
     text = "def add(a, b):\n    return a + b\n" * 500_000
