@@ -7,6 +7,7 @@ Examples::
     python -m benchmarks --only cache,dtype   # some benchmarks
     python -m benchmarks --baselines          # add transformers (torch) and the roofline
     python -m benchmarks --only fullmodel     # the default model at full depth (30 layers, 4-bit)
+    python -m benchmarks --only repo          # repository context: cross-file identifier recall
     python -m benchmarks --preset tiny        # every checkpoint tiny: checks the harness in seconds
     python -m benchmarks --write-results      # also publish the table: benchmarks/results.{json,md}
 
@@ -61,6 +62,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="when the run finishes, also copy its results over the published benchmarks/results.json and "
         "results.md (real preset only)",
     )  # fmt: skip
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json or checkpoint for --only repo counts")
     parser.add_argument("--no-openblas", action="store_true", help="leave out the OpenBLAS variants")
     parser.add_argument("--keep-going", action="store_true", help="report a failing benchmark and go on")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the table")
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             print(msg, file=sys.stderr, flush=True)
 
     ctx = Context(Checkpoints(args.workdir, tiny=tiny, log=log), quick=args.quick, reps=reps,
-                  warmup=args.warmup, log=log, openblas=not args.no_openblas)  # fmt: skip
+                  warmup=args.warmup, log=log, openblas=not args.no_openblas,
+                  tokenizer=args.tokenizer)  # fmt: skip
     meta = {
         "command": f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "selected": selected,

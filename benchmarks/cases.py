@@ -45,6 +45,8 @@ class Context:
     """False leaves out the OpenBLAS variants (they need a fresh process each, a few seconds)."""
     found: dict[str, Any] = field(default_factory=dict)
     """Figures one benchmark leaves for a later one (the baselines reuse the BLAS numbers)."""
+    tokenizer: Path | None = None
+    """A tokenizer.json or checkpoint folder for the repository-context token counts (--tokenizer)."""
 
     @property
     def tiny(self) -> bool:
@@ -1126,6 +1128,13 @@ def bench_remote(ctx: Context) -> Section:
     return section
 
 
+def bench_repo(ctx: Context) -> Section:
+    """Repository context (issue 21): recall, build and lookup times; benchmarks/repo_context.py."""
+    from . import repo_context
+
+    return repo_context.section(repo_context.run(ctx.checkpoints.workdir, ctx.tokenizer, ctx.log))
+
+
 def _rate(run: Callable[[], int]) -> float:
     start = time.perf_counter()
     return run() / (time.perf_counter() - start)
@@ -1145,7 +1154,8 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "gguf": bench_gguf,
     "server": bench_server,
     "remote": bench_remote,
+    "repo": bench_repo,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote")
+OPTIONAL = ("baselines", "fullmodel", "remote", "repo")

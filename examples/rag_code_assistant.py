@@ -1,9 +1,12 @@
-"""A retrieval-augmented code assistant: fill a hole in a file, with related files of the repo as context.
+"""A retrieval-augmented code assistant: fill a hole in a file, with related code of the repo as context.
 
-1. Index the repository's Python files with BM25 (the ``bm25s`` package; no model, no download).
-2. Query it with the code around the hole, to find the files the edited one depends on.
-3. Build a StarCoder2 repository-level FIM prompt from the hole and the retrieved files
-   (``<repo_name>...<file_sep>path\\ncode...<file_sep><fim_prefix>...``) and stream the middle.
+1. Index the repository with ``RepoIndex`` (``.gitignore`` respected; definitions and imports from
+   tree-sitter; kept fresh as files change).
+2. Give the engine the index: it picks the code the hole's file needs (what it imports, the
+   definitions of names used near the hole, matching windows) within the token budget the hole
+   leaves (docs/repository-context.md).
+3. The prompt is StarCoder2's repository-level FIM layout
+   (``<repo_name>...<file_sep>path\\ncode...<file_sep><fim_prefix>...``); the middle is streamed.
 
 Run (the first run downloads the model from the Hugging Face hub):
 
@@ -17,24 +20,18 @@ holding ``--marker`` up to the next blank line are cut out, and the model writes
 With no hub access it says so and runs on a small checkpoint with random weights, built offline
 (its output is nonsense, but every step is real): see ``langchain_starcoder.testing.model_or_offline``.
 
-Install what the examples need, from the checkout: ``pip install -e ".[examples]"``
-(``bm25s`` is in it).
+Install what the examples need, from the checkout: ``pip install -e ".[examples]"`` (this one needs
+nothing beyond the package itself).
 """
 
 from __future__ import annotations
 
 import argparse
-import keyword
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import bm25s
-import numpy as np
-
-from langchain_starcoder import StarCoderEngine
-from langchain_starcoder.fim import ContextFile, build_fim_prompt
+from langchain_starcoder import FIMRequest, RepoIndex, StarCoderEngine
 from langchain_starcoder.testing import model_or_offline
 
 SAMPLE_REPO = Path(__file__).resolve().parent / "sample_repo"
@@ -64,38 +61,6 @@ def make_hole(text: str, marker: str | None, position: str | None) -> Hole:
     return Hole(text[:line_end], text[block_end:], text[line_end:block_end])
 
 
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-
-
-def code_tokens(text: str) -> list[str]:
-    """Identifiers and their parts (``place_order`` -> place_order, place, order), no keywords."""
-    out = []
-    for word in _WORD.findall(text):
-        if keyword.iskeyword(word) or len(word) < 2:
-            continue
-        out.append(word.lower())
-        parts = [p.lower() for p in _PART.findall(word)]
-        if len(parts) > 1:
-            out.extend(p for p in parts if len(p) > 1)
-    return out
-
-
-def retrieve(repo: Path, edited: Path, query: str, top_k: int) -> list[tuple[ContextFile, float]]:
-    """The ``top_k`` files of ``repo`` (other than ``edited``) most related to ``query``, by BM25.
-
-    Each file is one document: the sample files are short. For a big repository, index chunks
-    (functions or windows of lines) and keep the best chunks instead.
-    """
-    files = [p for p in sorted(repo.rglob("*.py")) if p.resolve() != edited.resolve()]
-    docs = [ContextFile(p.relative_to(repo).as_posix(), p.read_text(encoding="utf-8")) for p in files]
-    corpus = [code_tokens(f"{d.path}\n{d.text}") for d in docs]
-    retriever = bm25s.BM25()
-    retriever.index(corpus, show_progress=False)
-    ids, scores = retriever.retrieve([code_tokens(query)], k=min(top_k, len(docs)), show_progress=False)
-    return [(docs[i], float(s)) for i, s in zip(np.ravel(ids), np.ravel(scores), strict=True) if s > 0]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlx-community/starcoder2-3b-4bit", help="hub id or folder")
@@ -107,39 +72,29 @@ def main() -> None:
         help="the hole replaces the block after the line holding this text",
     )
     parser.add_argument("--position", help="LINE:COL: put the hole there instead (nothing removed)")
-    parser.add_argument("--top-k", type=int, default=3, help="how many related files to retrieve")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--max-prompt-tokens", type=int, default=None)
+    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="default: the context window")
     args = parser.parse_args()
     model = model_or_offline(args.model)
 
-    edited = args.repo / args.file
-    hole = make_hole(edited.read_text(encoding="utf-8"), args.marker, args.position)
-    # The query: the file's imports (what it depends on) and the code around the hole.
-    text = hole.prefix + hole.suffix
-    imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
-    query = "\n".join(imports + hole.prefix.splitlines()[-12:] + hole.suffix.splitlines()[:8])
-    related = retrieve(args.repo, edited, query, args.top_k)
-    print(f"Retrieved for {args.file} (BM25):")
-    for file, score in related:
-        print(f"  {file.path}  score={score:.2f}")
-
+    index = RepoIndex(args.repo)  # scanned once; every lookup sees edited, added and deleted files
+    hole = make_hole((args.repo / args.file).read_text(encoding="utf-8"), args.marker, args.position)
     engine = StarCoderEngine.load(model)
-    options = dict(
-        context_files=[file for file, _ in related],
-        repo_name=args.repo.resolve().name,
-        file_path=args.file,
-        max_prompt_tokens=args.max_prompt_tokens or engine.context_window - args.max_tokens,
-    )
-    prompt = build_fim_prompt(engine, hole.prefix, hole.suffix, **options)
-    kept = ", ".join(f.path for f in prompt.files_kept) or "none"
-    print(f"Prompt: {len(prompt.token_ids)} tokens; context files kept: {kept}")
+    request = FIMRequest(
+        hole.prefix, hole.suffix, repo=index, repo_name=args.repo.resolve().name, file_path=args.file,
+        max_prompt_tokens=args.max_prompt_tokens,
+    )  # fmt: skip
+    prompt = engine.fim_prompt(request, args.max_tokens)  # what stream_infill below builds too
+    print(f"Repository context for {args.file} ({len(index.files)} files indexed):")
+    for file in prompt.files_kept:
+        print(f"  {file.path}  {engine.count_tokens(file.text)} tokens, {len(file.text.splitlines())} lines")
+    print(f"Prompt: {len(prompt.token_ids)} tokens")
     if hole.removed:
         print("--- original ---")
         print(hole.removed, end="" if hole.removed.endswith("\n") else "\n")
     print("--- middle ---")
     last = None
-    for chunk in engine.stream_infill(hole.prefix, hole.suffix, max_tokens=args.max_tokens, **options):
+    for chunk in engine.stream_infill(request, max_tokens=args.max_tokens):
         print(chunk.text, end="", flush=True)
         last = chunk
     print("\n--- end ---")

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from .fim import FIMPrompt, build_fim_prompt
     from .llms import StarCoderLLM
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
+    from .repo import RepoIndex
+    from .retrievers import RepoRetriever
+    from .retrievers.llama_index import RepoNodeRetriever
     from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that `import
@@ -45,6 +48,9 @@ _EXPORTS = {
     "StarCoderError": "errors",
     "StarCoderLLM": "llms",
     "StarCoderPromptTemplate": "prompts",
+    "RepoIndex": "repo",
+    "RepoNodeRetriever": "retrievers.llama_index",
+    "RepoRetriever": "retrievers",
     "UnsupportedModelError": "errors",
     "build_fim_prompt": "fim",
 }
@@ -63,6 +69,9 @@ __all__ = [
     "GenerationParams",
     "InvalidParameterError",
     "ModelNotFoundError",
+    "RepoIndex",
+    "RepoNodeRetriever",
+    "RepoRetriever",
     "StarCoderEngine",
     "StarCoderError",
     "StarCoderLLM",

@@ -303,15 +303,20 @@ def _cmd_infill(args: argparse.Namespace) -> int:
     if args.write:
         target, backup = check_in_place(args.file)  # before generating, not after
     context = [ContextFile(p.as_posix(), _read_text(p, "context file")) for p in args.context]
+    root = _repo_root(args) if not context else None  # given context files win over the repository
     # The hole's own path is metadata of the repository layout; plain PSM needs none.
     file_path = args.file_path
-    if file_path is None and args.file is not None and (context or args.repo_name):
+    if file_path is None and args.file is not None and (context or args.repo_name or root):
         file_path = args.file.as_posix()
+    if root is not None and file_path is None:
+        msg = "--repo needs the hole's path in the repository: give --file-path PATH (or --file)."
+        raise CommandError(msg)
     settings = _generation(args)
+    repo = _repo_index(root) if root is not None else None
     engine = _load_engine(args)
     chunks = engine.stream_infill(
         prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
-        mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, **settings,
+        mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, repo=repo, **settings,
     )  # fmt: skip
     middle = _stream(engine, chunks, echo=not args.write)
     if args.write:
@@ -323,6 +328,41 @@ def _cmd_infill(args: argparse.Namespace) -> int:
             raise CommandError(msg) from e
         _err(f"Filled {args.marker} in {target} ({len(middle)} characters); the original is in {backup}.")
     return 0
+
+
+def _repo_root(args: argparse.Namespace) -> Path | None:
+    """The repository whose code is context: --repo, else the git root of --file, else none."""
+    if args.no_repo:
+        if args.repo is not None:
+            msg = "give --repo DIR or --no-repo, not both."
+            raise CommandError(msg)
+        return None
+    if args.repo is not None:
+        if not args.repo.is_dir():
+            msg = f"--repo {args.repo} is not a folder: give the repository's root folder."
+            raise CommandError(msg)
+        return args.repo
+    if args.file is None or str(args.file) == "-":
+        return None
+    return git_root(args.file)
+
+
+def git_root(path: Path) -> Path | None:
+    """The nearest folder at or above ``path``'s folder that holds ``.git`` (a folder or, in a
+    worktree or submodule, a file), or None."""
+    folder = path.resolve().parent
+    for candidate in (folder, *folder.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def _repo_index(root: Path) -> Any:
+    from .repo import RepoIndex
+
+    index = RepoIndex(root)
+    _err(f"Repository context from {root} ({len(index.files)} files indexed).")
+    return index
 
 
 # --- quantize --------------------------------------------------------------------------------------
@@ -426,6 +466,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.api_key is None:
         args.api_key = os.environ.get(API_KEY_ENV) or None
+    if args.repo is not None and not args.repo.is_dir():
+        msg = f"--repo {args.repo} is not a folder: give the repository's root folder."
+        raise CommandError(msg)
+    repo = _repo_index(args.repo) if args.repo is not None else None  # scanned before serving
     failed: list[BaseException] = []
 
     def load() -> Any:
@@ -440,7 +484,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(
         load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
-        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
     )  # fmt: skip
     config = BoundedConfig(
         app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,
@@ -523,6 +567,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo-name", help="the repository's name (StarCoder2 repository-level FIM)")
     p.add_argument(
         "--file-path", help="the hole's path in the repository (default: --file, when there is context)"
+    )
+    p.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "pick context from this repository's code (docs/repository-context.md); default: the git "
+            "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
+            "no repository context. --context files win over it"
+        ),
+    )
+    p.add_argument(
+        "--no-repo", action="store_true", help="no repository context, even inside a git repository"
     )
     p.add_argument("--mode", choices=("psm", "spm"), default="psm")
     p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
@@ -620,6 +677,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="parse control-token strings (<fim_prefix>...) in /v1/completions text prompts (default: data)",
     )
     p.add_argument("--model-name", help="the model id the API reports (default: --model)")
+    p.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help="add this repository's context to /infill and /v1/completions (with suffix) requests that "
+        "send file_path (relative to DIR), after the client's input_extra (default: none)",
+    )
     p.add_argument(
         "--batch-window-ms",
         type=float,

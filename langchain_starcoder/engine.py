@@ -9,9 +9,12 @@ import asyncio
 import dataclasses
 import os
 import queue
+import threading
+import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -387,9 +390,12 @@ class StarCoderEngine:
         Takes a :class:`~langchain_starcoder.types.FIMRequest`, or its fields as arguments
         (``prefix``, ``suffix``, ``context_files``, ``repo_name``, ``file_path``, ``mode``,
         ``max_prompt_tokens``, ``trim_suffix_overlap``), plus the generation settings of
-        :meth:`generate`. The prompt is built by :func:`langchain_starcoder.fim.build_fim_prompt`
-        (PSM or SPM; with context files, a repo name or a file path, StarCoder2's repository
-        layout), within ``max_prompt_tokens`` (default: the context window minus ``max_tokens``).
+        :meth:`generate`, and ``repo``: a :class:`~langchain_starcoder.RepoIndex` that picks the
+        context files for ``file_path`` (its path in the repository) within the budget the hole's
+        part leaves, unless ``context_files`` are given (they win). The prompt is built by
+        :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; with context files, a repo
+        name or a file path, StarCoder2's repository layout), within ``max_prompt_tokens``
+        (default: the context window minus ``max_tokens``).
         Generation stops at ``<|endoftext|>``, ``<file_sep>``, ``<repo_name>`` and the ``<fim_*>``
         tokens, and at any ``stop`` string. With ``trim_suffix_overlap`` (default) an end of the
         middle that repeats the start of the suffix is dropped (rule:
@@ -422,16 +428,70 @@ class StarCoderEngine:
         return self.astream(request, **rest)
 
     def infill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
-        """Several :class:`FIMRequest`\\ s as one batch (:meth:`generate_batch` takes them too)."""
-        return self.generate_batch(requests, **settings)
+        """Several :class:`FIMRequest`\\ s as one batch (:meth:`generate_batch` takes them too).
+        ``repo=index`` gives the index to every request that has no ``repo`` of its own."""
+        return self.generate_batch(_with_repo(requests, settings), **settings)
 
     async def ainfill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
-        """Async :meth:`infill_batch`; cancelling the task cancels the batch."""
-        return await self.agenerate_batch(requests, **settings)
+        """Async :meth:`infill_batch` (prompts and repository lookups in a thread); cancelling the
+        task cancels the batch."""
+        return await self.agenerate_batch(_with_repo(requests, settings), **settings)
 
     def fim_prompt(self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens) -> fim.FIMPrompt:
-        """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``."""
+        """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``.
+
+        With ``request.repo`` and no ``context_files``, the index picks them (README "Repository
+        context"): the hole's part (as much of the prefix and suffix as the budget keeps, its file
+        path and control tokens) is measured first, and the index gets the rest of the budget.
+        """
         self._check_room(max_tokens)
+        if request.repo is not None:
+            request = self._with_repo_context(request, max_tokens)
+        return self._build_fim(request, max_tokens)
+
+    def add_repo_context(
+        self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens
+    ) -> FIMRequest:
+        """``request`` with its ``repo``'s context files after its own ``context_files`` (which stay
+        first), in the budget its hole and its own files leave when generating ``max_tokens``, and
+        ``file_path`` relative to the repository. (:meth:`infill` instead lets given files win.)"""
+        self._check_room(max_tokens)
+        return (
+            request if request.repo is None else self._with_repo_context(request, max_tokens, keep_given=True)
+        )
+
+    def _with_repo_context(
+        self, request: FIMRequest, max_tokens: int, *, keep_given: bool = False
+    ) -> FIMRequest:
+        """``request`` with a repository-relative ``file_path`` and, unless it has context files
+        (which win, or with ``keep_given`` come first), the files its index picks in the budget the
+        hole's part leaves."""
+        index = request.repo
+        file_path = repo_relative_path(index, request.file_path)
+        request = dataclasses.replace(request, file_path=file_path, repo=None)
+        if request.context_files and not keep_given:
+            return request
+        hole = self._build_fim(request, max_tokens)
+        assert hole.max_prompt_tokens is not None  # an engine's prompt always has a budget
+        left = hole.max_prompt_tokens - len(hole.token_ids)
+        if left <= 0:
+            return request
+        with index_lock(index):
+            files = index.context_files(
+                request.file_path,
+                request.prefix,
+                request.suffix,
+                max_tokens=left,
+                count_tokens=self._count_data,
+            )
+        return dataclasses.replace(request, context_files=request.context_files + tuple(files))
+
+    def _count_data(self, text: str) -> int:
+        """Tokens of ``text`` as the FIM builder encodes it (as data, never control tokens)."""
+        return len(self._codec.encode_data(text))
+
+    def _build_fim(self, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
+        """The prompt of ``request`` (its context files as given) within the engine's budget."""
         if request.max_prompt_tokens is None:
             room = self.context_window - max_tokens
             try:
@@ -588,6 +648,56 @@ class StarCoderEngine:
         return [join_chunks(c) for c in chunks]
 
 
+_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def index_lock(index: Any) -> threading.Lock:
+    """The lock every lookup of ``index`` holds (a RepoIndex is not safe to use from two threads)."""
+    with _locks_guard:
+        lock = _locks.get(index)
+        if lock is None:
+            lock = _locks[index] = threading.Lock()
+        return lock
+
+
+def repo_relative_path(index: Any, file_path: str | None) -> str:
+    """The hole's path relative to the index's root (``/``-separated); an absolute path must lie
+    inside the root, and a relative one may not climb out of it."""
+    root = Path(index.root)
+    path = Path(file_path or "")
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(root.resolve())
+        except ValueError:
+            msg = (
+                f"file_path {file_path!r} is outside the repository {str(root)!r}: give the hole's "
+                "path relative to the repository root, or an absolute path inside it."
+            )
+            raise InvalidParameterError(msg) from None
+    rel = os.path.normpath(path.as_posix()).replace(os.sep, "/")
+    if rel in (".", "") or rel == ".." or rel.startswith("../"):
+        msg = (
+            f"file_path {file_path!r} does not name a file inside the repository {str(root)!r}: give "
+            "the hole's path relative to the repository root (e.g. 'pkg/module.py')."
+        )
+        raise InvalidParameterError(msg)
+    return rel
+
+
+def _with_repo(requests: Sequence[FIMRequest], settings: dict[str, Any]) -> Sequence[FIMRequest]:
+    """The batch with ``settings``' ``repo`` (taken out of them) in each request that has none."""
+    index = settings.pop("repo", None)
+    if index is None:
+        return requests
+    if isinstance(requests, str | bytes) or not isinstance(requests, Sequence):
+        return requests  # generate_batch says what a batch is
+    return [
+        dataclasses.replace(r, repo=index) if isinstance(r, FIMRequest) and r.repo is None else r
+        for r in requests
+    ]
+
+
 def _fim_request(prefix: str | FIMRequest, suffix: str, settings: dict[str, Any]) -> tuple[FIMRequest, dict]:
     """The request (given whole, or as keywords) and the remaining (generation) settings."""
     fim_settings = {k: settings[k] for k in FIM_KEYS if k in settings}
@@ -606,8 +716,6 @@ _TOKENIZER_PATTERNS = ["*.json", "*.txt", "*.jinja", "tokenizer.model"]
 
 def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
     """A local folder as it is; a hub id's tokenizer and config files, downloaded (and cached)."""
-    from pathlib import Path
-
     from .errors import ModelNotFoundError
     from .loading import is_hub_id
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from string import Formatter
@@ -84,6 +85,8 @@ class FIMText(CarriedText):
 
     def cache_key(self) -> str:
         f = self.fim
+        if f.repo is not None:  # the context is read from the repository at generation time
+            return f"fim:repo:{uuid.uuid4().hex}"  # so no cached answer stands for it
         parts = (f.prefix, f.suffix, f.repo_name or "", f.file_path or "")
         parts += tuple(x for file in f.context_files for x in (file.path, file.text))
         return f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}" + _exact(parts, f)
@@ -186,6 +189,8 @@ class FIMPromptValue(_InPrompts, PromptValue):
     """Token budget of the prompt; the engine trims the parts to fit."""
     trim_suffix_overlap: bool = True
     """Drop the end of the middle that repeats the start of the suffix."""
+    repo: Any = Field(default=None, exclude=True)
+    """A ``RepoIndex`` that picks the context files for ``file_path`` when none are given."""
     type: Literal["FIMPromptValue"] = "FIMPromptValue"
 
     @classmethod
@@ -227,13 +232,17 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
             Token budget of the prompt; the engine trims context files, then prefix and suffix.
         trim_suffix_overlap: bool
             Drop the end of the middle that repeats the start of the suffix (default True).
+        repo: RepoIndex | None
+            Repository context: the index picks the related code of ``file_path`` (a required
+            input then) within the budget the hole leaves; given ``context_files`` win.
 
     Instantiate:
         .. code-block:: python
 
-            from langchain_starcoder import FIMPromptTemplate, StarCoderLLM
+            from langchain_starcoder import FIMPromptTemplate, RepoIndex, StarCoderLLM
 
             chain = FIMPromptTemplate() | StarCoderLLM(max_tokens=64)
+            repo_chain = FIMPromptTemplate(repo=RepoIndex(".")) | StarCoderLLM(max_tokens=64)
 
     Invoke:
         .. code-block:: python
@@ -279,6 +288,10 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
     trim_suffix_overlap: bool = True
     """Drop the end of the middle that repeats the start of the suffix."""
 
+    repo: Any = Field(default=None, exclude=True)
+    """A :class:`~langchain_starcoder.RepoIndex`: the LLM fills the budget the hole's file leaves with
+    the index's context for ``file_path`` (which then is required), unless ``context_files`` are given."""
+
     @property
     def _prompt_type(self) -> str:
         return "starcoder-fim"
@@ -295,6 +308,7 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
             mode=self.mode,
             max_prompt_tokens=self.max_prompt_tokens,
             trim_suffix_overlap=self.trim_suffix_overlap,
+            repo=self.repo,
         )
 
     def format(self, **kwargs: Any) -> str:

@@ -269,6 +269,9 @@ class FIMRequest:
     """The most tokens the prompt may have (None: the context window minus ``max_tokens``)."""
     trim_suffix_overlap: bool = True
     """Drop an end of the middle that repeats the start of the suffix."""
+    repo: Any = field(default=None, compare=False, repr=False)
+    """A :class:`~langchain_starcoder.RepoIndex` that picks the context files, within the budget the
+    hole's file leaves, when ``context_files`` is empty (given files win). Needs ``file_path``."""
 
     def __post_init__(self) -> None:
         check_text(self.prefix, "prefix")
@@ -290,6 +293,8 @@ class FIMRequest:
             msg = f"trim_suffix_overlap must be True or False, not {self.trim_suffix_overlap!r}."
             raise InvalidParameterError(msg)
         object.__setattr__(self, "context_files", _context_files(self.context_files))
+        if self.repo is not None:
+            _check_repo(self.repo, self.file_path)
 
     @property
     def repo_level(self) -> bool:
@@ -299,6 +304,18 @@ class FIMRequest:
 
 #: The names of :class:`FIMRequest`'s fields: what separates FIM keywords from generation ones.
 FIM_KEYS = tuple(f.name for f in fields(FIMRequest))
+
+
+def _check_repo(repo: Any, file_path: str | None) -> None:
+    if not callable(getattr(repo, "context_files", None)) or not hasattr(repo, "root"):
+        msg = f"repo must be a RepoIndex (langchain_starcoder.RepoIndex(folder)), not {type(repo).__name__}."
+        raise InvalidParameterError(msg)
+    if not file_path:
+        msg = (
+            "repo= needs file_path=: the path of the hole's file relative to the repository root "
+            f"({repo.root}), so the index can leave that file out and see what it imports."
+        )
+        raise InvalidParameterError(msg)
 
 
 def _context_files(files: Any) -> tuple[ContextFile, ...]:

@@ -17,6 +17,10 @@ Endpoints:
 - ``POST /infill``: llama.cpp's request and response shape (llama.vim, llama.vscode). ``input_extra``
   files become StarCoder2's repository context with their real names; ``prompt`` (the text of the
   cursor's line before the cursor, as llama.vim sends it) is appended to ``input_prefix``.
+- With ``create_app(repo=RepoIndex(...))`` (``serve --repo DIR``), ``/infill`` and ``/v1/completions``
+  with a ``suffix`` add the repository's context for the request's ``file_path`` (our extra field on
+  both), after the client's own ``input_extra`` files, in the budget they leave; a request without
+  ``file_path`` gets none (docs/repository-context.md).
 - ``GET /health``, ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
 - llama.cpp's ``POST /completion`` (one prompt: text, token ids or both mixed; whole or streamed, with
   ids when ``return_tokens``) and ``GET /props``: so ``StarCoderEngine.connect("http://host:8080",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -14,6 +15,9 @@ from . import llama_api, openai_api
 from .limits import DEFAULT_MAX_BODY_BYTES
 from .state import ServerState
 
+if TYPE_CHECKING:
+    from ..repo import RepoIndex
+
 
 def create_app(
     engine: StarCoderEngine | Callable[[], StarCoderEngine],
@@ -23,6 +27,7 @@ def create_app(
     model_name: str | None = None,
     batch_window_ms: float = 0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    repo: RepoIndex | None = None,
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the package docs for the endpoints).
 
@@ -43,11 +48,17 @@ def create_app(
         max_body_bytes: A request body larger than this is refused with 413 before it is read whole
             (default 4 MiB). Text prompts are also refused before tokenizing when they are longer than
             the context window could hold at the tokenizer's longest token.
+        repo: A :class:`~langchain_starcoder.RepoIndex`: ``/infill`` and ``/v1/completions`` with a
+            ``suffix`` add its context for the request's ``file_path`` (relative to the index's root, or
+            absolute inside it) after the client's own ``input_extra`` files, in the budget they leave.
+            A request without ``file_path`` gets no repository context.
     """
     if not is_int(max_body_bytes) or max_body_bytes <= 0:
         msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
         raise InvalidParameterError(msg)
-    server = ServerState(engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes)
+    server = ServerState(
+        engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo
+    )
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
         Route("/v1/models", server.route(openai_api.models), methods=["GET"]),

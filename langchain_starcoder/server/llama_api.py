@@ -10,7 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..engine import StarCoderEngine
-from ..types import Completion, CompletionChunk, is_int, join_chunks
+from ..fim import FIMPrompt
+from ..types import Completion, CompletionChunk, FIMRequest, is_int, join_chunks
 from .errors import bad_request
 from .limits import check_text_fits
 from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
@@ -109,6 +110,13 @@ def _completion_prompt(server: ServerState, engine: StarCoderEngine, prompt: Any
     return ids
 
 
+def _infill_prompt(
+    server: ServerState, engine: StarCoderEngine, request: FIMRequest, max_tokens: int
+) -> tuple[FIMRequest, FIMPrompt]:
+    request = server.with_repo_context(engine, request, max_tokens)
+    return request, engine.fim_prompt(request, max_tokens)
+
+
 async def infill(server: ServerState, request: Request) -> Response:
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
@@ -121,8 +129,9 @@ async def infill(server: ServerState, request: Request) -> Response:
     fields = body.get("response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
-    prompt = await asyncio.to_thread(engine.fim_prompt, fim_request, max_tokens)
-    used = files_used(fim_request.context_files, prompt.files_kept)
+    given = fim_request.context_files  # the client's input_extra: first, and what input_extra_used reports
+    fim_request, prompt = await asyncio.to_thread(_infill_prompt, server, engine, fim_request, max_tokens)
+    used = files_used(given, prompt.files_kept)
     truncated = (
         prompt.prefix_chars_kept < len(fim_request.prefix)
         or prompt.suffix_chars_kept < len(fim_request.suffix)

@@ -59,7 +59,7 @@ async def completions(server: ServerState, request: Request) -> Response:
     refuse_unsupported(body)
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0)
     # Tokenizing runs off the event loop.
-    prompts = await asyncio.to_thread(_completion_prompts, server, engine, body)
+    prompts = await asyncio.to_thread(_completion_prompts, server, engine, body, settings["max_tokens"])
     middle = engine.token_id("<fim_middle>")
     if any(isinstance(p, list) and middle in p for p in prompts):
         # A FIM prompt written by the client (parsed or as ids): end the middle as infill does.
@@ -94,8 +94,11 @@ async def completions(server: ServerState, request: Request) -> Response:
     return await sse(request, engine.astream(prompts[0], **settings), events, done_marker=True)
 
 
-def _completion_prompts(server: ServerState, engine: StarCoderEngine, body: dict[str, Any]) -> list[Any]:
-    """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given."""
+def _completion_prompts(
+    server: ServerState, engine: StarCoderEngine, body: dict[str, Any], max_tokens: Any
+) -> list[Any]:
+    """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given (with
+    our extra ``file_path``: the hole's path, and with ``--repo`` its repository context)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str) or is_ids(prompt):
         items = [prompt]
@@ -105,6 +108,11 @@ def _completion_prompts(server: ServerState, engine: StarCoderEngine, body: dict
         msg = "prompt must be text, a list of token ids, or a non-empty list of either."
         raise bad_request(msg, "prompt")
     suffix = body.get("suffix")
+    file_path = body.get("file_path")
+    if file_path is not None and suffix is None:
+        raise bad_request(
+            "file_path names the file of a fill-in-the-middle hole: it needs a suffix.", "file_path"
+        )
     if suffix is None:
         # Text is data unless this server parses it (see create_app); either way it goes on as ids.
         parse, max_chars = server.parse_special_tokens, server.max_text_chars
@@ -112,7 +120,11 @@ def _completion_prompts(server: ServerState, engine: StarCoderEngine, body: dict
     suffix = text(suffix, "suffix")
     if not all(isinstance(p, str) for p in items):
         raise bad_request("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
-    return [FIMRequest(p, suffix) for p in items]
+    file_path = None if file_path is None else text(file_path, "file_path")
+    return [
+        server.with_repo_context(engine, FIMRequest(p, suffix, file_path=file_path), max_tokens)
+        for p in items
+    ]
 
 
 # --- /v1/chat/completions -------------------------------------------------------------------------

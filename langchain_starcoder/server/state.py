@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import threading
@@ -17,7 +18,7 @@ from starlette.responses import Response
 
 from ..engine import StarCoderEngine
 from ..tokens import max_text_chars
-from ..types import Completion
+from ..types import Completion, FIMRequest, is_int
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
 
@@ -35,6 +36,7 @@ class ServerState:
         model_name: str | None,
         batch_window_ms: float,
         max_body_bytes: int,
+        repo: Any = None,
     ):
         self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
@@ -45,6 +47,8 @@ class ServerState:
         self.model_name = model_name
         self.created = int(time.time())
         self.max_body_bytes = max_body_bytes
+        #: The RepoIndex whose context FIM requests with a ``file_path`` get (None: no repository context).
+        self.repo = repo
         #: The most characters a text can have and still fit the context window (None: no bound).
         self.max_text_chars: int | None = None
         if isinstance(engine, StarCoderEngine):
@@ -53,6 +57,14 @@ class ServerState:
     def _ready(self, engine: StarCoderEngine) -> None:
         self.max_text_chars = max_text_chars(engine.tokenizer, engine.context_window)
         self.engine = engine  # last: requests are served from here on
+
+    def with_repo_context(self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any) -> FIMRequest:
+        """``request`` with the served repository's context for its ``file_path`` after the client's own
+        files, in the budget they leave; as it is without ``--repo`` or ``file_path`` (a request with no
+        file has nothing to relate the repository to). Blocking: call it in a thread."""
+        if self.repo is None or not request.file_path or not is_int(max_tokens):
+            return request  # a bad max_tokens is refused by the generation, in its own words
+        return engine.add_repo_context(dataclasses.replace(request, repo=self.repo), max_tokens)
 
     @property
     def name(self) -> str:

@@ -1,4 +1,5 @@
-"""examples/rag_code_assistant.py and examples/infill_repo_context.py, run offline on the tiny checkpoint."""
+"""examples/rag_code_assistant.py (context from a RepoIndex) and examples/infill_repo_context.py,
+run offline on the tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from langchain_starcoder import StarCoderEngine
+from langchain_starcoder import FIMRequest, RepoIndex, StarCoderEngine
 from langchain_starcoder.fim import ContextFile, build_fim_prompt
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -55,31 +56,36 @@ def test_sample_repo_is_a_small_related_package() -> None:
     assert "from .pricing import" in orders and "from .inventory import" in orders
 
 
-def test_rag_script_retrieves_and_streams_a_middle(
+def test_rag_script_streams_a_middle_with_the_index_context(
     tiny_path: Path, tiny_engine: StarCoderEngine, rag
 ) -> None:
     out = run_script("rag_code_assistant.py", "--model", str(tiny_path), "--max-tokens", "8")
-    retrieved = re.findall(r"^  (\S+\.py)  score=", out, re.M)
-    # The edited file imports pricing, models and inventory: those are the related files.
-    assert retrieved == ["shop/pricing.py", "shop/models.py", "shop/inventory.py"]
-    assert "shop/orders.py" not in retrieved
-    kept = re.search(r"context files kept: (.*)$", out, re.M).group(1).split(", ")
-    assert kept[0] == "shop/pricing.py" and set(kept) <= set(retrieved)
+    listed = re.findall(r"^  (\S+\.py)  \d+ tokens, \d+ lines$", out, re.M)
+    # The context is what the engine picks from a RepoIndex of the folder, in the budget the hole leaves.
+    text = (SAMPLE_REPO / "shop" / "orders.py").read_text()
+    hole = rag.make_hole(text, '"""What the customer pays', None)
+    request = FIMRequest(
+        hole.prefix,
+        hole.suffix,
+        repo=RepoIndex(SAMPLE_REPO),
+        repo_name="sample_repo",
+        file_path="shop/orders.py",
+    )
+    prompt = tiny_engine.fim_prompt(request, 8)
+    assert listed == [f.path for f in prompt.files_kept]
+    assert f"Prompt: {len(prompt.token_ids)} tokens" in out
+    # The edited file imports pricing, models and inventory: they are there, the edited file is not.
+    assert {"shop/pricing.py", "shop/models.py", "shop/inventory.py"} <= set(listed)
+    assert "shop/orders.py" not in listed
     assert "return round_money(discounted + tax_for(" in section(out, "original")
     stats = re.search(
         r"finish_reason=(\w+) prompt_tokens=(\d+) cached_tokens=\d+ completion_tokens=(\d+)", out
     )
     assert stats and int(stats.group(3)) >= 1
-    assert int(stats.group(2)) <= tiny_engine.context_window - 8
+    assert int(stats.group(2)) == len(prompt.token_ids) <= tiny_engine.context_window - 8
 
-    # The streamed middle is what the engine infills for that prompt.
-    text = (SAMPLE_REPO / "shop" / "orders.py").read_text()
-    hole = rag.make_hole(text, '"""What the customer pays', None)
-    files = [ContextFile(p, (SAMPLE_REPO / p).read_text()) for p in retrieved]
-    expected = tiny_engine.infill(
-        hole.prefix, hole.suffix, context_files=files, repo_name="sample_repo", file_path="shop/orders.py",
-        max_prompt_tokens=tiny_engine.context_window - 8, max_tokens=8,
-    )  # fmt: skip
+    # The streamed middle is what the engine infills for that request.
+    expected = tiny_engine.infill(request, max_tokens=8)
     assert expected.text.strip(), "precondition: the tiny model writes something here"
     assert section(out, "middle") == expected.text + "\n"
     assert stats.group(1) == expected.finish_reason
@@ -87,12 +93,13 @@ def test_rag_script_retrieves_and_streams_a_middle(
 
 def test_rag_hole_at_a_position(tiny_path: Path, rag, capsys, monkeypatch) -> None:
     argv = ["rag_code_assistant.py", "--model", str(tiny_path), "--file", "shop/reports.py",
-            "--position", "31:4", "--max-tokens", "4", "--top-k", "2"]  # fmt: skip
+            "--position", "31:4", "--max-tokens", "4", "--max-prompt-tokens", "1600"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     rag.main()
     out = capsys.readouterr().out
-    retrieved = re.findall(r"^  (\S+\.py)  score=", out, re.M)
-    assert len(retrieved) == 2 and "shop/reports.py" not in retrieved
+    listed = re.findall(r"^  (\S+\.py)  \d+ tokens", out, re.M)
+    assert listed and "shop/reports.py" not in listed
+    assert int(re.search(r"^Prompt: (\d+) tokens", out, re.M).group(1)) <= 1600
     assert "--- original ---" not in out and "--- middle ---" in out
 
 
@@ -108,13 +115,6 @@ def test_make_hole(rag) -> None:
         "x = 2\n    return x\n\nb = 3\n",
         "",
     )
-
-
-def test_code_tokens_split_identifiers(rag) -> None:
-    tokens = rag.code_tokens("def place_order(order: Order, inventory: Inventory) -> OutOfStockError:")
-    for word in ("place_order", "place", "order", "inventory", "outofstockerror", "stock", "error"):
-        assert word in tokens
-    assert "def" not in tokens
 
 
 def test_repo_context_script(tiny_path: Path, tiny_engine: StarCoderEngine) -> None:

@@ -1,0 +1,63 @@
+"""A file as the ranker sees it: its lines, identifiers and definitions, cut into code-aware units
+(signature lines for outlines, whole definitions for excerpts)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .symbols import WORD, Definition, Symbols, parse
+
+#: A definition longer than this is offered by its signature only, never whole.
+MAX_EXCERPT_LINES = 40
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Lines of one file that go into the prompt together."""
+
+    path: str
+    start: int
+    end: int
+    """Its last line (inclusive)."""
+    definition: Definition | None
+    excerpt: bool
+    """True for a run of code (a gap next to it gets a marker), False for signature lines."""
+
+
+@dataclass
+class FileEntry:
+    path: str
+    text: str
+    lines: list[str]
+    words: frozenset[str]
+    counts: dict[str, int]
+    """How many times the file uses each name."""
+    once: frozenset[str]
+    """The names the file uses exactly once."""
+    symbols: Symbols
+    signatures: list[Unit] = field(default_factory=list)
+    bodies: dict[str, list[Unit]] = field(default_factory=dict)
+    """Whole definitions short enough to excerpt, by name."""
+    classes: dict[str, Unit] = field(default_factory=dict)
+    """The signature unit of each class, by name (a method's outline line needs its class's)."""
+    windows: list[tuple[int, frozenset[str]]] | None = None
+    """Its 20-line windows' first lines and words, made at the first search that reaches the file."""
+
+    @classmethod
+    def build(cls, path: str, text: str) -> FileEntry:
+        symbols = parse(path, text)
+        counts = Counter(WORD.findall(text))
+        once = frozenset(w for w, n in counts.items() if n == 1)
+        entry = cls(path, text, text.splitlines(), frozenset(counts), dict(counts), once, symbols)
+        for d in symbols.definitions:
+            # A definition's first line only: more names per token than whole multi-line signatures
+            # (recall at 1,024 tokens 0.60 -> 0.66 on rich, 0.52 -> 0.55 on huggingface_hub).
+            unit = Unit(path, d.start, d.start, d, excerpt=False)
+            entry.signatures.append(unit)
+            if d.kind == "class":
+                entry.classes.setdefault(d.name, unit)
+            short = d.header_end < d.end < d.start + MAX_EXCERPT_LINES
+            if d.kind in ("function", "class") and short:
+                entry.bodies.setdefault(d.name, []).append(Unit(path, d.start, d.end, d, excerpt=True))
+        return entry

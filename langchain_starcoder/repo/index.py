@@ -1,0 +1,334 @@
+"""RepoIndex: a repository folder's files, definitions and imports, kept fresh, asked for the context
+of a hole."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..errors import InvalidParameterError
+from ..types import ContextFile
+from .chunks import FileEntry, Unit
+from .files import FileTree, read_text
+from .lexical import WordIndex
+from .rank import (
+    Hole,
+    Related,
+    Tables,
+    file_cost,
+    head_lines,
+    order_files,
+    outline_candidates,
+    render,
+    select,
+    tail_lines,
+)
+from .symbols import WORD, parse
+
+#: How many recently requested files count as "recently seen".
+RECENT_FILES = 10
+#: How many times a lookup packs to fit the exact budget.
+FIT_TRIES = 3
+#: The lexical query: the prefix's last lines and half as many of the suffix's first.
+WINDOW_QUERY_LINES = 20
+_JS_ENDINGS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", "/index.ts", "/index.js")
+
+
+class RepoIndex:
+    """The code of a repository folder, indexed to pick the related code for a fill-in-the-middle hole.
+
+    Scans ``root`` once (``.gitignore`` files and ``.git/info/exclude`` respected; vendored and build
+    folders, symlinked folders, lock files, generated, binary, non-UTF-8 and huge files skipped), and
+    before every lookup stats what it knows, so an edited, added or deleted file is seen by the next
+    lookup; only changed files are parsed again.
+
+    Example::
+
+        index = RepoIndex("path/to/repo")
+        files = index.context_files("pkg/mod.py", prefix, suffix, max_tokens=1024,
+                                    count_tokens=engine.count_tokens)
+        engine.infill(prefix, suffix, file_path="pkg/mod.py", context_files=files)
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_file_bytes: int = 1_000_000,
+        max_files: int = 100_000,
+        max_total_bytes: int = 256_000_000,
+    ) -> None:
+        """Index ``root``: files over ``max_file_bytes`` are skipped, and once ``max_files`` files or
+        ``max_total_bytes`` bytes are held, later files (in walk order) are left out."""
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            msg = f"RepoIndex needs a repository folder; {str(root)!r} is not a folder."
+            raise InvalidParameterError(msg)
+        self.root = path.resolve()
+        self._tree = FileTree(
+            self.root, max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes
+        )
+        self._entries: dict[str, FileEntry] = {}
+        self._versions: dict[str, object] = {}
+        self._tables = Tables()
+        self._words = WordIndex()
+        self._imports: dict[str, frozenset[str]] = {}
+        self._modules: dict[str, str] = {}
+        self._recent: list[str] = []
+        self._ratios: dict[object, float] = {}
+        self._tree.scan()
+        self._sync()
+
+    @property
+    def files(self) -> list[str]:
+        """The indexed files, relative to ``root`` (``/``-separated), sorted."""
+        self.refresh()
+        return sorted(self._entries)
+
+    def refresh(self) -> None:
+        """See changed, added and deleted files now (every lookup does this itself)."""
+        if self._tree.refresh():
+            self._sync()
+
+    def touch(self, file_path: str) -> None:
+        """Record ``file_path`` as seen in a request (a ranking signal; every lookup records its file)."""
+        rel = self._relative(file_path)
+        if rel in self._recent:
+            self._recent.remove(rel)
+        self._recent.append(rel)
+        del self._recent[:-RECENT_FILES]
+
+    def context_files(
+        self,
+        file_path: str,
+        prefix: str,
+        suffix: str = "",
+        *,
+        max_tokens: int,
+        count_tokens: Callable[[str], int],
+    ) -> list[ContextFile]:
+        """Other files' code related to the hole in ``file_path``, in prompt order, within ``max_tokens``.
+
+        Each result names an indexed file by its path relative to ``root``; its text is that file's own
+        lines in their order (signature lines, whole short definitions), with a line ``⋮`` where lines
+        were left out next to an excerpt. The hole's own file is never included. Each file costs
+        ``count_tokens(path) + count_tokens(text) + 2`` (the ``<file_sep>`` and the newline after the
+        path), and the results' costs sum to at most ``max_tokens``.
+        """
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            msg = f"max_tokens must be an integer >= 0, not {max_tokens!r}."
+            raise InvalidParameterError(msg)
+        if not callable(count_tokens):
+            msg = "count_tokens must be a function text -> number of tokens (e.g. engine.count_tokens)."
+            raise InvalidParameterError(msg)
+        rel = self._relative(file_path)
+        self.refresh()
+        on_disk = self._on_disk(rel, prefix, suffix)
+        hole = Hole.of(rel, prefix, suffix, self._hole_words(on_disk, prefix, suffix))
+        related = self._related(rel, prefix, suffix, on_disk)
+        self.touch(rel)
+        query = tail_lines(prefix, WINDOW_QUERY_LINES) + "\n" + head_lines(suffix, WINDOW_QUERY_LINES // 2)
+        windows = self._words.windows(query, self._entries, rel)
+        return self._fit(hole, related, windows, max_tokens, count_tokens)
+
+    # --- packing to the exact budget ------------------------------------------------------------
+
+    def _fit(
+        self,
+        hole: Hole,
+        related: Related,
+        windows: list[tuple[float, Unit]],
+        max_tokens: int,
+        count_tokens: Callable[[str], int],
+    ) -> list[ContextFile]:
+        ratio = self._ratio(count_tokens)
+        memo: dict[str, int] = {}
+
+        def counted(text: str) -> int:  # the tries share most of their files
+            n = memo.get(text)
+            if n is None:
+                n = memo[text] = count_tokens(text)
+            return n
+
+        candidates = outline_candidates(hole, self._entries, self._tables, related)
+
+        def cost(text: str) -> float:
+            return len(text.encode("utf-8")) * ratio
+
+        # Estimated by bytes, checked exactly: a budget missed or underused by the estimate is scaled
+        # and tried again; the fullest try that fits wins (deterministic for the same request).
+        budget = float(max_tokens)
+        best: list[ContextFile] = []
+        best_spent = -1
+        for _ in range(FIT_TRIES):
+            chosen, windowed = select(candidates, windows, self._entries, budget, cost)
+            files = [
+                ContextFile(path, render(self._entries[path], chosen[path]))
+                for path in order_files(chosen, windowed, related, hole.path)
+            ]
+            spent = sum(file_cost(f, counted) for f in files)
+            if best_spent < spent <= max_tokens:
+                best, best_spent = files, spent
+            if not chosen and not candidates and not windows:
+                break
+            if 0.95 * max_tokens <= spent <= max_tokens:
+                break
+            budget *= 1.5 if not spent else max_tokens / spent * (0.98 if spent > max_tokens else 1.0)
+        if best_spent <= 0:  # every try missed: the last one without its least related files
+            while files and sum(file_cost(f, counted) for f in files) > max_tokens:
+                files.pop(0)
+            best = files
+        return best
+
+    def _ratio(self, count_tokens: Callable[[str], int]) -> float:
+        """Tokens per byte of this repository's code for ``count_tokens``, measured once on a sample
+        (a fixed estimate keeps the same request picking the same context)."""
+        key = _key(count_tokens)
+        ratio = self._ratios.get(key)
+        if ratio is None:
+            lines = (
+                entry.lines[u.start]
+                for path in sorted(self._entries)[:200]
+                for entry in [self._entries[path]]
+                for u in entry.signatures[:20]
+            )
+            sample = "\n".join(lines)[:20_000]
+            size = len(sample.encode("utf-8"))
+            ratio = max(count_tokens(sample), 1) / size if size else 0.3
+            if key is not None:
+                self._ratios[key] = ratio
+        return ratio
+
+    # --- keeping the tables in step with the files ----------------------------------------------
+
+    def _sync(self) -> None:
+        current = self._tree.files
+        added = False
+        for rel in [r for r in self._entries if r not in current]:
+            self._forget(rel)
+            added = True
+        for rel, version in current.items():
+            if self._versions.get(rel) == version:
+                continue
+            self._forget(rel)
+            text = read_text(self.root / rel, self._tree.max_file_bytes)
+            if text is None:
+                continue
+            entry = FileEntry.build(rel, text)
+            self._entries[rel] = entry
+            self._versions[rel] = version
+            self._tables.add(entry)
+            self._words.add(entry)
+            added = True
+        if added:
+            self._modules = _python_modules(self._entries)
+            self._imports = {
+                rel: self._resolve(rel, (spec for spec, _, _ in e.symbols.imports))
+                for rel, e in self._entries.items()
+            }
+
+    def _forget(self, rel: str) -> None:
+        entry = self._entries.pop(rel, None)
+        self._versions.pop(rel, None)
+        if entry is not None:
+            self._tables.remove(entry)
+            self._words.remove(entry)
+
+    def _related(self, rel: str, prefix: str, suffix: str, on_disk: FileEntry | None = None) -> Related:
+        on_disk = on_disk or self._on_disk(rel, prefix, suffix)
+        imported = self._resolve(rel, self._hole_imports(rel, prefix, suffix, on_disk)) - {rel}
+        importers = frozenset(p for p, deps in self._imports.items() if rel in deps and p != rel)
+        second = frozenset(q for p in imported for q in self._imports.get(p, ())) - imported - {rel}
+        recent = [p for p in self._recent if p != rel]
+        return Related(imported, importers, second, recent)
+
+    def _on_disk(self, rel: str, prefix: str, suffix: str) -> FileEntry | None:
+        """The indexed hole's file if it starts with the prefix and ends with the suffix (an editor's
+        saved file around the line being typed): its tables then stand for the editor's text."""
+        entry = self._entries.get(rel)
+        if entry is None or len(prefix) + len(suffix) > len(entry.text):
+            return None
+        return entry if entry.text.startswith(prefix) and entry.text.endswith(suffix) else None
+
+    @staticmethod
+    def _hole_words(on_disk: FileEntry | None, prefix: str, suffix: str) -> frozenset[str] | None:
+        """The names of prefix and suffix from the file's counts less the hole's (no big regex scan)."""
+        if on_disk is None:
+            return None
+        hidden = Counter(WORD.findall(on_disk.text[len(prefix) : len(on_disk.text) - len(suffix)]))
+        if not hidden:
+            return on_disk.words
+        return frozenset(w for w, n in on_disk.counts.items() if n > hidden.get(w, 0))
+
+    def _hole_imports(self, rel: str, prefix: str, suffix: str, on_disk: FileEntry | None) -> list[str]:
+        """The imports of the editor's text: those of the file on disk outside the hole when the disk
+        file has the same prefix and suffix (no parse), else the editor's text parsed."""
+        if on_disk is None:
+            return [spec for spec, _, _ in parse(rel, prefix + suffix, imports_only=True).imports]
+        text = on_disk.text
+        first = prefix.count("\n")
+        last = first + text.count("\n", len(prefix), len(text) - len(suffix))
+        return [spec for spec, start, end in on_disk.symbols.imports if end < first or start > last]
+
+    def _resolve(self, rel: str, specs: Iterable[str]) -> frozenset[str]:
+        found = set()
+        for spec in specs:
+            path = _resolve_python(rel, spec, self._modules) if rel.endswith((".py", ".pyi")) else None
+            if path is None and spec.startswith("."):
+                path = self._resolve_relative(rel, spec)
+            if path is not None:
+                found.add(path)
+        return frozenset(found)
+
+    def _resolve_relative(self, rel: str, spec: str) -> str | None:
+        base = os.path.normpath(os.path.join(os.path.dirname(rel), spec)).replace(os.sep, "/")
+        for ending in _JS_ENDINGS:
+            if base + ending in self._entries:
+                return base + ending
+        return None
+
+    def _relative(self, file_path: str | os.PathLike[str]) -> str:
+        path = Path(file_path)
+        if path.is_absolute():
+            try:
+                path = path.resolve().relative_to(self.root)
+            except ValueError:
+                msg = f"file_path {str(file_path)!r} is not inside the repository {str(self.root)!r}."
+                raise InvalidParameterError(msg) from None
+        return path.as_posix().removeprefix("./")
+
+
+def _key(count_tokens: Callable[[str], int]) -> object:
+    try:
+        hash(count_tokens)
+    except TypeError:
+        return None
+    return count_tokens
+
+
+def _python_modules(entries: dict[str, FileEntry]) -> dict[str, str]:
+    modules = {}
+    for rel in sorted(entries, key=len, reverse=True):  # the shortest path wins a tie
+        if rel.endswith((".py", ".pyi")):
+            dotted = rel.rsplit(".", 1)[0].replace("/", ".").removesuffix(".__init__")
+            modules[dotted] = rel
+    return modules
+
+
+def _resolve_python(rel: str, spec: str, modules: dict[str, str]) -> str | None:
+    if spec.startswith("."):
+        dots = len(spec) - len(spec.lstrip("."))
+        package = rel.split("/")[:-1]
+        if dots > 1:
+            package = package[: len(package) - (dots - 1)]
+        rest = spec[dots:]
+        name = ".".join([*package, rest] if rest else package)
+        return modules.get(name)
+    parts = spec.split(".")
+    for k in range(len(parts)):  # the repository may be the package's folder or one above it
+        found = modules.get(".".join(parts[k:]))
+        if found is not None:
+            return found
+    return None

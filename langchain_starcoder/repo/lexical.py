@@ -1,0 +1,76 @@
+"""Lexical retrieval: the 20-line windows (stride 10) of other files that share the most rare words with
+the code around the hole (RepoCoder's sparse retrieval, over an inverted index kept in step with the
+files, so an edit is searchable at the next lookup without rebuilding anything)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .chunks import FileEntry, Unit
+from .symbols import WORD
+
+WINDOW_LINES = 20
+WINDOW_STRIDE = 10
+#: Files searched window by window, of those sharing the most rare words with the query.
+TOP_FILES = 6
+#: A word in more than this share of the files says nothing about relatedness.
+COMMON_SHARE = 0.3
+
+
+@dataclass
+class WordIndex:
+    """Which files use each word."""
+
+    files_with: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    files: int = 0
+
+    def add(self, entry: FileEntry) -> None:
+        self.files += 1
+        for word in entry.words:
+            self.files_with[word].add(entry.path)
+
+    def remove(self, entry: FileEntry) -> None:
+        self.files -= 1
+        for word in entry.words:
+            paths = self.files_with.get(word)
+            if paths is not None:
+                paths.discard(entry.path)
+                if not paths:
+                    del self.files_with[word]
+
+    def windows(self, query: str, entries: dict[str, FileEntry], exclude: str) -> list[tuple[float, Unit]]:
+        """The windows of other files best matching ``query``, best first, with their scores."""
+        n = max(self.files, 1)
+        weights = {}
+        for word in set(WORD.findall(query)):
+            df = len(self.files_with.get(word, ()))
+            if 0 < df <= max(1, COMMON_SHARE * n):
+                weights[word] = math.log(1 + n / df)
+        scores: defaultdict[str, float] = defaultdict(float)
+        for word, weight in weights.items():
+            for path in self.files_with[word]:
+                scores[path] += weight
+        scores.pop(exclude, None)
+        found = []
+        for path in heapq.nlargest(TOP_FILES, scores, key=lambda p: (scores[p], p)):
+            entry = entries[path]
+            for start, words in _windows(entry):
+                score = sum(weights[w] for w in weights.keys() & words)
+                if score > 0:
+                    end = min(start + WINDOW_LINES, len(entry.lines)) - 1
+                    found.append((score, Unit(path, start, end, None, excerpt=True)))
+        found.sort(key=lambda su: (-su[0], su[1].path, su[1].start))
+        return found
+
+
+def _windows(entry: FileEntry) -> list[tuple[int, frozenset[str]]]:
+    if entry.windows is None:
+        lines = entry.lines
+        entry.windows = [
+            (start, frozenset(WORD.findall("\n".join(lines[start : start + WINDOW_LINES]))))
+            for start in range(0, max(len(lines) - WINDOW_LINES + WINDOW_STRIDE, 1), WINDOW_STRIDE)
+        ]
+    return entry.windows

@@ -1,0 +1,307 @@
+"""Choosing, ordering and packing a hole's repository context into a token budget.
+
+What a hole needs from other files are the names its file does not already show: the methods, functions
+and constants of other modules it is about to use. So the context is an outline (signature lines) chosen
+to cover such names, best first: a name's worth is how many files of the repository use it exactly once
+(a name files use in passing, the way a hole would), raised when its file is imported by the hole's file,
+imports it or was seen recently, when its class is mentioned in the hole's file, and when it is used
+near the cursor. Each name is covered once (a line covers every name on it), and never the same line twice.
+Each file's chosen lines are written in their order; files are ordered by how related they are to the
+hole's file (which the cursor's position does not change), least first, so the most related code sits
+nearest the hole and a cursor moving inside a function keeps the prompt's start.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ..types import ContextFile
+from .chunks import FileEntry, Unit
+from .symbols import WORD
+
+#: The line standing for left-out lines between an excerpt and the rest of the file's lines.
+GAP_MARKER = "⋮"
+#: Tokens a context file costs besides ``count_tokens(path) + count_tokens(text)``: StarCoder2's
+#: ``<file_sep>`` and the newline after the path.
+FRAME_TOKENS = 2
+#: Lines of the prefix's end and the suffix's start that count as "near the cursor".
+NEAR_PREFIX_LINES = 30
+NEAR_SUFFIX_LINES = 10
+#: The share of the budget lexical windows may take before the outline (measured: benchmarks/repo_context).
+WINDOW_SHARE = 0.4
+#: Units that do not fit before packing gives up on what is left.
+MAX_MISSES = 200
+#: How many of the repository's most used names are candidates at each lookup.
+GLOBAL_CANDIDATES = 1000
+
+
+@dataclass(frozen=True)
+class Hole:
+    path: str
+    file_words: frozenset[str]
+    near_words: frozenset[str]
+
+    @classmethod
+    def of(cls, path: str, prefix: str, suffix: str, file_words: frozenset[str] | None = None) -> Hole:
+        """The hole's names; ``file_words``, when the caller knows them, saves reading a big file again."""
+        if file_words is None:
+            file_words = frozenset(WORD.findall(prefix)) | frozenset(WORD.findall(suffix))
+        near = tail_lines(prefix, NEAR_PREFIX_LINES) + "\n" + head_lines(suffix, NEAR_SUFFIX_LINES)
+        return cls(path, file_words, frozenset(WORD.findall(near)))
+
+
+def tail_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text`` (without splitting all of it)."""
+    at = len(text)
+    for _ in range(n):
+        at = text.rfind("\n", 0, at)
+        if at < 0:
+            return text
+    return text[at + 1 :]
+
+
+def head_lines(text: str, n: int) -> str:
+    """The first ``n`` lines of ``text``."""
+    at = -1
+    for _ in range(n):
+        at = text.find("\n", at + 1)
+        if at < 0:
+            return text
+    return text[:at]
+
+
+@dataclass(frozen=True)
+class Related:
+    """How other files relate to the hole's, independent of where the cursor is."""
+
+    imported: frozenset[str]
+    importers: frozenset[str]
+    second_hop: frozenset[str]
+    recent: Sequence[str]
+    """Files recently seen in requests, most recent last."""
+
+    def weight(self, path: str, hole_path: str) -> float:
+        w = 0.0
+        if path in self.imported:
+            w += 2.0
+        elif path in self.importers:
+            w += 0.6
+        elif path in self.second_hop:
+            w += 0.4
+        if path in self.recent:
+            w += 1.0 * (1 + list(self.recent).index(path)) / len(self.recent)
+        if path.rpartition("/")[0] == hole_path.rpartition("/")[0]:
+            w += 0.2
+        return w
+
+
+@dataclass
+class Tables:
+    """Repository-wide statistics the ranking reads, kept in step with the index's files."""
+
+    used_once: Counter[str] = field(default_factory=Counter)
+    """Per name, how many files use it exactly once."""
+    defined: dict[str, dict[str, list[Unit]]] = field(default_factory=dict)
+    """Per name, the signature units defining it, by file."""
+    members: dict[str, dict[str, list[Unit]]] = field(default_factory=dict)
+    """Per class name, the signature units of its methods and fields, by file."""
+    _popular: list[str] | None = None
+    _shortest: dict[str, Unit] = field(default_factory=dict)
+
+    def add(self, entry: FileEntry) -> None:
+        self.used_once.update(entry.once)
+        for unit in entry.signatures:
+            d = unit.definition
+            assert d is not None
+            self.defined.setdefault(d.name, {}).setdefault(entry.path, []).append(unit)
+            if d.parent is not None:
+                self.members.setdefault(d.parent, {}).setdefault(entry.path, []).append(unit)
+        self._popular = None
+        self._shortest.clear()
+
+    def remove(self, entry: FileEntry) -> None:
+        self.used_once.subtract(entry.once)
+        for unit in entry.signatures:
+            d = unit.definition
+            assert d is not None
+            for table, key in ((self.defined, d.name), (self.members, d.parent)):
+                if key is not None and key in table:
+                    table[key].pop(entry.path, None)
+                    if not table[key]:
+                        del table[key]
+        self._popular = None
+        self._shortest.clear()
+
+    def shortest(self, name: str) -> Unit:
+        """The definition of ``name`` that takes the fewest lines and characters to show."""
+        unit = self._shortest.get(name)
+        if unit is None:
+            units = _units(self.defined[name])
+            unit = self._shortest[name] = min(units, key=lambda u: (u.end - u.start, len(u.path), u.path))
+        return unit
+
+    def popular(self) -> list[str]:
+        """The defined names most files use once, most first."""
+        if self._popular is None:
+            names = [n for n in self.defined if self.used_once[n] > 0]
+            self._popular = heapq.nlargest(GLOBAL_CANDIDATES, names, key=lambda n: (self.used_once[n], n))
+        return self._popular
+
+
+def outline_candidates(
+    hole: Hole, entries: dict[str, FileEntry], tables: Tables, related: Related
+) -> list[tuple[float, str, Unit]]:
+    """Signature units worth showing for the hole, best first: (value, the name it covers, unit)."""
+    own = entries.get(hole.path)
+    own_once = own.once if own is not None else frozenset()
+    file_weight: dict[str, float] = {}
+
+    def relation(path: str) -> float:
+        if path not in file_weight:
+            file_weight[path] = related.weight(path, hole.path)
+        return file_weight[path]
+
+    candidates: list[tuple[float, str, Unit]] = []
+
+    def offer(name: str, units: Iterable[Unit], boost: float) -> None:
+        base = tables.used_once[name] - (name in own_once)  # the hole's own file says nothing of itself
+        known = name in hole.file_words
+        near = name in hole.near_words
+        for unit in units:
+            if unit.path == hole.path:
+                continue
+            value = (0.5 + base) * (1.0 + relation(unit.path) + boost)
+            if known:  # the hole's file shows it already: worth its signature only when used nearby
+                value = (0.5 + base) * 0.3 if near else 0.0
+            if name.startswith("_") and not name.startswith("__"):
+                value *= 0.5
+            if value > 0:
+                candidates.append((value, name, unit))
+
+    for name in tables.popular():  # the repository's most used names, each by its shortest definition
+        if tables.used_once[name] > (name in own_once):  # used once by a file besides the hole's
+            offer(name, [tables.shortest(name)], 0.0)
+    for name in hole.file_words:
+        for units in tables.members.get(name, {}).values():  # members of the classes the file mentions
+            for unit in units:
+                assert unit.definition is not None
+                offer(unit.definition.name, [unit], 2.0)
+        if name in hole.near_words and name in tables.defined:
+            offer(name, [tables.shortest(name)], 0.0)
+    for path in {*related.imported, *related.importers, *related.second_hop, *related.recent}:
+        entry = entries.get(path)
+        if entry is not None:
+            for unit in entry.signatures:
+                assert unit.definition is not None
+                offer(unit.definition.name, [unit], 0.0)
+    candidates.sort(key=lambda c: (-c[0], c[2].path, c[2].start))
+    return candidates
+
+
+def select(
+    candidates: Sequence[tuple[float, str, Unit]],
+    windows: Sequence[tuple[float, Unit]],
+    entries: dict[str, FileEntry],
+    budget: float,
+    cost: Callable[[str], float],
+) -> tuple[dict[str, list[Unit]], set[str]]:
+    """The units to show, by file, whose estimated cost fits ``budget``, and the files given windows:
+    the outline within ``1 - WINDOW_SHARE`` of it, then the best ``windows`` (lexical matches of the
+    code around the cursor), then more outline in what is left. The first part does not depend on the
+    windows, so it stays put while the cursor moves."""
+    chosen: dict[str, list[Unit]] = {}
+    lines_of: dict[str, set[int]] = {}
+    covered: set[str] = set()
+    windowed: set[str] = set()
+    spent = 0.0
+    done: set[int] = set()
+
+    def take(unit: Unit, extra: Sequence[Unit], limit: float) -> bool | None:
+        """Add the unit's new lines if they fit: True, False if not, None if it has none."""
+        nonlocal spent
+        entry = entries[unit.path]
+        taken = lines_of.setdefault(unit.path, set())
+        new = [unit, *extra]
+        lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
+        if not lines:
+            return None
+        need = sum(cost(entry.lines[i]) + 1 for i in lines) + (2 if unit.excerpt else 0)
+        if unit.path not in chosen:
+            need += cost(unit.path) + FRAME_TOKENS
+        if spent + need > limit:
+            return False
+        spent += need
+        taken.update(lines)
+        chosen.setdefault(unit.path, []).extend(new)
+        for i in lines:
+            covered.update(WORD.findall(entry.lines[i]))
+        return True
+
+    def outline(limit: float) -> None:
+        misses = 0
+        for k, (_, name, unit) in enumerate(candidates):
+            if k in done or name in covered:
+                continue
+            owner = _owner(entries[unit.path], unit)
+            if take(unit, [owner] if owner is not None else [], limit) is not False:
+                done.add(k)
+            else:
+                misses += 1
+                if misses > MAX_MISSES:
+                    return
+
+    outline(budget * (1 - WINDOW_SHARE))
+    misses = 0
+    for _, unit in windows:
+        taken = take(unit, (), budget)
+        if taken:
+            windowed.add(unit.path)
+        elif taken is False:
+            misses += 1
+            if misses > MAX_MISSES // 10:
+                break
+    outline(budget)
+    return chosen, windowed
+
+
+def _units(by_file: dict[str, list[Unit]]) -> list[Unit]:
+    return [u for units in by_file.values() for u in units]
+
+
+def _owner(entry: FileEntry, unit: Unit) -> Unit | None:
+    """The signature of the class a method or field sits in (its outline line needs it)."""
+    d = unit.definition
+    if d is None or d.parent is None:
+        return None
+    owner = entry.classes.get(d.parent)
+    return owner if owner is not None and owner.start < unit.start else None
+
+
+def render(entry: FileEntry, units: Sequence[Unit]) -> str:
+    """The chosen lines of one file in their order, a marker at each gap an excerpt borders."""
+    kinds: dict[int, bool] = {}
+    for unit in units:
+        for i in range(unit.start, min(unit.end, len(entry.lines) - 1) + 1):
+            kinds[i] = kinds.get(i, False) or unit.excerpt
+    out: list[str] = []
+    previous = None
+    for i in sorted(kinds):
+        if previous is not None and i > previous + 1 and (kinds[i] or kinds[previous]):
+            out.append(GAP_MARKER)
+        out.append(entry.lines[i])
+        previous = i
+    return "\n".join(out)
+
+
+def order_files(paths: Iterable[str], windowed: set[str], related: Related, hole_path: str) -> list[str]:
+    """Outline-only files first, then those with windows (which change as the cursor moves), each
+    group least related first, so the most related code sits right before the hole; ties by path."""
+    return sorted(paths, key=lambda p: (p in windowed, related.weight(p, hole_path), p))
+
+
+def file_cost(file: ContextFile, count_tokens: Callable[[str], int]) -> int:
+    """What a context file spends of the budget: its path, its text and its frame."""
+    return count_tokens(file.path) + count_tokens(file.text) + FRAME_TOKENS
