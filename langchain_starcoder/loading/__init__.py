@@ -22,7 +22,7 @@ from .config import CONFIG_RULES, GPT_BIGCODE_RULES, MAX_SIZE, read_config, vali
 from .families import FAMILIES, ModelArgs, model_args
 from .hub import ALLOW_PATTERNS, is_hub_id, resolve_model_path
 from .tokenizer import CodeDetokenizer, check_tokenizer_files, load_tokenizer
-from .weights import check_weights_match_config, safetensors_header, weight_headers
+from .weights import check_weights_match_config, expected_tensors, safetensors_header, weight_headers
 
 __all__ = [
     "ALLOW_PATTERNS",
@@ -41,6 +41,7 @@ __all__ = [
     "check_tokenizer_files",
     "check_weights_match_config",
     "default_compute_dtype",
+    "expected_tensors",
     "finish_loading",
     "is_hub_id",
     "load_model",

@@ -112,7 +112,7 @@ def check_weights_match_config(
     if "quantization_config" in config and "quantization" not in config:
         return  # AWQ/GPTQ layouts, renamed and repacked by mlx-lm while loading: names differ
 
-    expected = _expected_tensors(args)
+    expected = expected_tensors(args)
     sizes = ", ".join(f"{key} {getattr(args, key)}" for key in _SIZE_KEYS)
     for name, shape in expected.items():
         if name not in tensors:
@@ -132,7 +132,7 @@ def check_weights_match_config(
 _LAYERS_KEY = {starcoder2.ModelArgs: "num_hidden_layers", gpt_bigcode.ModelArgs: "n_layer"}
 
 
-def _expected_tensors(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+def expected_tensors(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """Every tensor name the family's Hugging Face layout has, with its (output, input) shape."""
     h, kv = args.hidden_size, args.num_key_value_heads * args.head_dim
     if isinstance(args, gpt_bigcode.ModelArgs):
