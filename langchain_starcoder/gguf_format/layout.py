@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..loading import model_args
+from ..loading import expected_tensors, model_args
 
 
 @dataclass(frozen=True)
@@ -70,26 +70,17 @@ def our_name(name: str, arch: str = "starcoder2") -> str | None:
 
 
 def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """llama.cpp's name and (numpy) shape of every tensor the config implies."""
-    args = model_args(config)
-    h, inter, vocab = args.hidden_size, args.intermediate_size, args.vocab_size
-    kv = args.num_key_value_heads * args.head_dim
-    shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output_norm.bias": (h,)}
-    if config["model_type"] == "gpt_bigcode":
-        linears = {"attn_qkv": (h + 2 * kv, h), "attn_output": (h, h)}
-        shapes["position_embd.weight"] = (args.n_positions, h)
-        biases = True
-    else:
-        linears = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h)}
-        biases = args.use_bias
-    linears |= {"ffn_up": (inter, h), "ffn_down": (h, inter)}
-    if not args.tie_word_embeddings:
-        shapes["output.weight"] = (vocab, h)
-    for i in range(args.num_hidden_layers):
-        for name, shape in linears.items():
-            shapes[f"blk.{i}.{name}.weight"] = shape
-            if biases:
-                shapes[f"blk.{i}.{name}.bias"] = shape[:1]
-        for norm in ("attn_norm", "ffn_norm"):
-            shapes |= {f"blk.{i}.{norm}.weight": (h,), f"blk.{i}.{norm}.bias": (h,)}
+    """llama.cpp's name and (numpy) shape of every tensor the config implies: the safetensors
+    layout's table (``loading.expected_tensors``), under llama.cpp's names."""
+    layout = next(layout for layout in LAYOUTS.values() if layout.model_type == config["model_type"])
+    top = {ours: theirs for theirs, ours in layout.top.items()}
+    block = {ours: theirs for theirs, ours in layout.block.items()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in expected_tensors(model_args(config)).items():
+        module, part = name.rsplit(".", 1)
+        if module.startswith(f"{layout.blocks}."):
+            layer, module = module.removeprefix(f"{layout.blocks}.").split(".", 1)
+            shapes[f"blk.{layer}.{block[module]}.{part}"] = shape
+        else:
+            shapes[f"{top[module]}.{part}"] = shape
     return shapes

@@ -27,8 +27,11 @@ from langchain_starcoder.errors import (
     UnsupportedModelError,
 )
 from langchain_starcoder.gguf_format import GGUFNotice
+from langchain_starcoder.gguf_format.layout import expected_shapes, our_name
 from langchain_starcoder.gguf_testing import write_gguf
+from langchain_starcoder.loading import expected_tensors, model_args, read_config
 from langchain_starcoder.testing import (
+    GPT_BIGCODE_PRESETS,
     SPECIAL_TOKENS,
     STARCODER_SPECIAL_TOKENS,
     build_gpt_bigcode,
@@ -692,3 +695,29 @@ def test_v1_multi_head_file_is_refused(tmp_path: Path) -> None:
         CheckpointError, match=r"blk.0.attn_qkv.weight has shape \[192, 64\].*implies \[96, 64\]"
     ):
         StarCoderEngine.load(write_gguf(source, tmp_path / "mha.gguf"))
+
+
+# --- layout: one table of expected tensors ---------------------------------------------------------
+
+
+def test_gguf_and_safetensors_expect_one_layout(tiny_path: Path) -> None:
+    """What a GGUF file's metadata implies is, under our names (``our_name``, which loads its weights),
+    exactly what the same config implies for safetensors, for every family, bias and tying."""
+    starcoder2 = read_config(tiny_path)
+    gpt_bigcode = {"model_type": "gpt_bigcode", **GPT_BIGCODE_PRESETS["tiny"]}
+    configs = [
+        starcoder2,
+        {**starcoder2, "use_bias": False, "tie_word_embeddings": True},
+        gpt_bigcode,
+        {**gpt_bigcode, "tie_word_embeddings": False},
+    ]
+    for config in configs:
+        arch = "starcoder" if config["model_type"] == "gpt_bigcode" else "starcoder2"
+        theirs = expected_shapes(config)
+        ours = {our_name(name, arch): shape for name, shape in theirs.items()}
+        assert len(ours) == len(theirs) and None not in ours
+        assert ours == expected_tensors(model_args(config))
+    # multi-query: the fused QKV holds 64 query and 2 x 16 key/value rows; learned positions
+    assert expected_shapes(gpt_bigcode)["blk.1.attn_qkv.bias"] == (96,)
+    assert expected_shapes(gpt_bigcode)["position_embd.weight"] == (1024, 64)
+    assert "blk.0.attn_q.bias" not in expected_shapes(configs[1])
