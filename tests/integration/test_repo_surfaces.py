@@ -524,7 +524,7 @@ def test_cli_infill_uses_the_git_root_of_the_file(
     hostile: bool,
 ) -> None:
     app, prefix, suffix = marked_repo(tmp_path / "repo", hostile)
-    monkeypatch.setattr(cli, "_load_engine", lambda args: tiny_engine)
+    monkeypatch.setattr(cli.model, "_load_engine", lambda args: tiny_engine)
     monkeypatch.setattr(tiny_engine, "close", lambda: None)  # the session's engine outlives the command
     fed = backend_spy(tiny_engine).prompts
     monkeypatch.chdir(tmp_path)
@@ -564,7 +564,7 @@ def test_cli_infill_outside_a_git_repository_has_no_repository_context(
 ) -> None:
     app, prefix, suffix = marked_repo(tmp_path / "repo")
     (tmp_path / "repo" / ".git").rmdir()
-    monkeypatch.setattr(cli, "_load_engine", lambda args: tiny_engine)
+    monkeypatch.setattr(cli.model, "_load_engine", lambda args: tiny_engine)
     monkeypatch.setattr(tiny_engine, "close", lambda: None)  # the session's engine outlives the command
     fed = backend_spy(tiny_engine).prompts
     code, _, err = run_cli(capsys, "infill", "--model", "m", "--file", app, "--max-tokens", 5)

@@ -59,7 +59,7 @@ def test_generate_prints_exactly_the_completion(capsys, tiny_path, tiny_engine):
 
 def test_generate_streams_chunk_by_chunk(capsys, tiny_path, tiny_engine, monkeypatch):
     writes: list[str] = []
-    monkeypatch.setattr(cli, "_out", writes.append)
+    monkeypatch.setattr(cli.output, "_out", writes.append)
     code = cli.main(["generate", "--model", str(tiny_path), "--prompt", PROMPT, "--max-tokens", "10"])
     assert code == 0
     chunks = [c.text for c in tiny_engine.stream(PROMPT, max_tokens=10) if c.text]

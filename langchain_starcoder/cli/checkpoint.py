@@ -1,0 +1,65 @@
+"""The commands that write a checkpoint folder: quantize, convert (from GGUF) and build-test-model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..checkpoints import folder_bytes, human_bytes, staged_folder
+from ..errors import InvalidParameterError
+from .output import CommandError, _err, _notes
+
+# --- quantize --------------------------------------------------------------------------------------
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from ..checkpoints import quantize_checkpoint
+
+    quantize_checkpoint(
+        args.src, args.dst, bits=args.bits, group_size=args.group_size, revision=args.revision,
+        force=args.force, verify=not args.no_verify,
+    )  # fmt: skip
+    return 0
+
+
+# --- convert ----------------------------------------------------------------------------------------
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from ..gguf_format import convert_gguf, is_gguf, resolve_gguf_file
+    from ..loading import check_weights_match_config, read_config, weight_headers
+
+    if not is_gguf(args.src, args.gguf_file):
+        msg = "convert reads GGUF files: give a .gguf file, or --gguf-file NAME with a folder or hub id."
+        raise CommandError(msg)
+    src = resolve_gguf_file(args.src, args.gguf_file, args.revision)
+    dst = Path(args.dst).expanduser()
+    with staged_folder(dst, args.force, source=src, command="convert") as tmp, _notes():
+        convert_gguf(src, tmp, sliding_window=args.sliding_window)
+        check_weights_match_config(tmp, read_config(tmp), weight_headers(tmp))  # loads as a checkpoint
+        written = folder_bytes(tmp)
+    _err(f"Converted {src.name} into an MLX checkpoint ({human_bytes(written)}):")
+    print(dst)
+    return 0
+
+
+# --- build-test-model --------------------------------------------------------------------------------
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from ..testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
+
+    dst = Path(args.dst).expanduser()
+    if args.layers is not None and args.layers < 1:
+        msg = f"--layers must be at least 1, not {args.layers}."
+        raise InvalidParameterError(msg)
+    with staged_folder(dst, args.force, command="build-test-model") as tmp:
+        build_starcoder2(
+            tmp, preset=args.preset, num_layers=args.layers, sliding_window=args.sliding_window,
+            seed=args.seed, dtype=args.dtype, quantize=args.quantize,
+            chat_template=INSTRUCT_CHAT_TEMPLATE if args.instruct else None,
+        )  # fmt: skip
+        written = folder_bytes(tmp)
+    _err(f"Built a {args.preset} StarCoder2 checkpoint with random weights ({human_bytes(written)}):")
+    print(dst)
+    return 0

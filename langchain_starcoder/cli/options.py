@@ -1,0 +1,111 @@
+"""The options several commands share (the model, the generation settings) and their defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+#: The same as ``registry.DEFAULT_MODEL``, repeated because importing the registry imports MLX.
+DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
+#: ``testing.PRESETS``'s names, repeated because importing it imports numpy (checked by a test).
+PRESET_NAMES = ("tiny", "small", "3b", "7b", "15b")
+#: ``testing.MODEL_ENV`` (the model when none is given), repeated: importing testing imports numpy.
+MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
+FILL_MARKER = "<FILL>"
+#: Read by ``serve`` when --api-key is not given (keeps the key out of the process list).
+API_KEY_ENV = "LANGCHAIN_STARCODER_API_KEY"
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def _unescape(text: str) -> str:
+    r"""Turn the escapes ``\n``, ``\t``, ``\r`` and ``\\`` typed on a command line into characters."""
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
+def _model_option(group: argparse.ArgumentParser | argparse._ArgumentGroup, gguf: bool = False) -> None:
+    kinds = "hub id, local checkpoint folder or .gguf file" if gguf else "hub id or local checkpoint folder"
+    group.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV, DEFAULT_MODEL),
+        help=f"{kinds} (default: ${MODEL_ENV}, else {DEFAULT_MODEL})",
+    )
+    group.add_argument("--revision", help="hub branch, tag or commit")
+
+
+def _gguf_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--gguf-file", metavar="NAME", help="the GGUF file to load from the folder or hub repo"
+    )
+    group.add_argument(
+        "--sliding-window",
+        type=int,
+        metavar="N",
+        help="GGUF only: the attention window (0: full attention; default StarCoder2's 4096)",
+    )
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    _model_option(group, gguf=True)
+    _gguf_options(group)
+    group.add_argument(
+        "--quantize", type=int, choices=(4, 8), help="quantize a full-precision checkpoint on load"
+    )
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        help="compute dtype (auto: float32 on the CPU, the checkpoint's on a GPU)",
+    )
+    group.add_argument("--kv-bits", type=int, choices=(4, 8), help="quantize the KV cache")
+
+
+def _generation_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    group = parser.add_argument_group("generation")
+    group.add_argument("--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float)
+    group.add_argument("--seed", type=int, help="makes sampling reproducible")
+    group.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help=r"stop string, repeatable; \n and \t are understood (e.g. --stop '\ndef ')",
+    )
+
+
+def _generation(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation settings, validated before any model is loaded."""
+    from ..types import GenerationParams
+
+    names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+    settings = {name: getattr(args, name) for name in names}
+    settings["stop"] = [_unescape(s) for s in args.stop]
+    GenerationParams.create(**settings)
+    return settings
+
+
+def _serve_positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type for a serve bound: a number above 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):
+            msg = f"expected a {kind.__name__} above 0, got {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error
+    return parse

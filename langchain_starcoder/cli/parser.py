@@ -1,0 +1,242 @@
+"""The argument parser: every command, its options and the function that runs it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn
+
+from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
+from .model import _cmd_generate, _cmd_infill, _cmd_info
+from .options import (
+    API_KEY_ENV,
+    FILL_MARKER,
+    PRESET_NAMES,
+    _generation_args,
+    _gguf_options,
+    _model_args,
+    _model_option,
+    _serve_positive,
+)
+from .output import PROG
+from .serve import _cmd_serve
+
+
+class _ArgumentError(Exception):
+    """argparse's complaint, raised instead of printing usage and exiting, so ``main`` says it in one line."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(self.prog, message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's default must not overwrite a --verbose given before it.
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
+    parser = _Parser(
+        prog=PROG,
+        description="StarCoder2 code models on MLX: generate, fill in the middle, quantize, inspect.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser(
+        "generate",
+        parents=[common],
+        help="complete a prompt, streaming the text",
+        description="Complete a prompt, streaming the text to stdout; speeds go to stderr.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text (special tokens such as <fim_prefix> are parsed)")
+    source.add_argument("--file", type=Path, help="read the prompt from a file ('-' for stdin)")
+    _model_args(p)
+    _generation_args(p, max_tokens=256)
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser(
+        "infill",
+        parents=[common],
+        help="fill in the middle of a file",
+        description=(
+            f"Fill the hole marked {FILL_MARKER} in a file (or between --prefix and --suffix). Prints "
+            "the middle only, or with --write fills the file in place, keeping F.bak."
+        ),
+    )
+    p.add_argument("--file", type=Path, help=f"a file with exactly one {FILL_MARKER} marker")
+    p.add_argument("--prefix", help=r"the code before the hole, instead of --file (\n understood)")
+    p.add_argument("--suffix", help="the code after the hole")
+    p.add_argument("--marker", default=FILL_MARKER, help=f"the hole marker (default {FILL_MARKER})")
+    p.add_argument(
+        "--context", type=Path, nargs="+", default=[], metavar="FILE", help="other files of the repository"
+    )
+    p.add_argument("--repo-name", help="the repository's name (StarCoder2 repository-level FIM)")
+    p.add_argument(
+        "--file-path", help="the hole's path in the repository (default: --file, when there is context)"
+    )
+    p.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "pick context from this repository's code (docs/repository-context.md); default: the git "
+            "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
+            "no repository context. --context files win over it"
+        ),
+    )
+    p.add_argument(
+        "--no-repo", action="store_true", help="no repository context, even inside a git repository"
+    )
+    p.add_argument("--mode", choices=("psm", "spm"), default="psm")
+    p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
+    p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
+    _model_args(p)
+    _generation_args(p, max_tokens=128)
+    p.set_defaults(func=_cmd_infill)
+
+    p = sub.add_parser(
+        "quantize",
+        parents=[common],
+        help="write an MLX-quantized checkpoint",
+        description="Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.",
+    )
+    p.add_argument("src", metavar="SRC", help="full-precision checkpoint: folder or hub id")
+    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=64)
+    p.add_argument("--revision", help="hub branch, tag or commit of SRC")
+    p.add_argument(
+        "--force", action="store_true", help="replace DST if it is a checkpoint this command wrote"
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip loading the result to check it")
+    p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser(
+        "convert",
+        parents=[common],
+        help="write an MLX checkpoint from a GGUF file",
+        description=(
+            "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
+            "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load. Q4_0, Q4_1 "
+            "and Q8_0 tensors stay quantized."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="a .gguf file, or a folder or hub id with --gguf-file")
+    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    _gguf_options(p)
+    p.add_argument("--revision", help="hub branch, tag or commit of SRC")
+    p.add_argument(
+        "--force", action="store_true", help="replace DST if it is a checkpoint this command wrote"
+    )
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "build-test-model",
+        parents=[common],
+        help="build a checkpoint with random weights, offline",
+        description="Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
+    )
+    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    p.add_argument("--layers", type=int, help="number of layers (keeps a big preset small)")
+    p.add_argument("--sliding-window", type=int, help="attention window (0: full attention)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    p.add_argument("--quantize", type=int, choices=(4, 8), help="write it quantized (float16 scales)")
+    p.add_argument("--instruct", action="store_true", help="give it an instruct chat template")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace DST if it is a checkpoint built here")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser(
+        "info",
+        parents=[common],
+        help="describe a checkpoint",
+        description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
+        "(a folder, hub id or .gguf file; the weights are not loaded).",
+    )
+    _model_option(p, gguf=True)
+    _gguf_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
+        description=(
+            "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
+            "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
+            "/v1/models, /tokenize and /detokenize."
+        ),
+    )
+    _model_args(p)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    p.add_argument("--port", type=int, default=8080, help="default 8080")
+    p.add_argument(
+        "--api-key", help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)"
+    )
+    p.add_argument(
+        "--parse-special-tokens",
+        action="store_true",
+        help="parse control-token strings (<fim_prefix>...) in /v1/completions text prompts (default: data)",
+    )
+    p.add_argument("--model-name", help="the model id the API reports (default: --model)")
+    p.add_argument(
+        "--repo",
+        type=Path,
+        metavar="DIR",
+        help="add this repository's context to /infill and /v1/completions (with suffix) requests that "
+        "send file_path (relative to DIR), after the client's input_extra (default: none)",
+    )
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=0,
+        metavar="MS",
+        help="batch non-streamed requests with the same settings that arrive within MS of each other "
+        "(default 0: off, each request reuses the prompt cache)",
+    )
+    p.add_argument(
+        "--max-body-mb",
+        type=_serve_positive(float),
+        default=4.0,
+        metavar="MB",
+        help="refuse (413) a request body over MB MiB before reading it whole (default 4)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_serve_positive(int),
+        metavar="N",
+        help="open connections at most; when full, the one waiting longest for its request is closed "
+        "(default 512, or half the open-file limit if lower)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_serve_positive(float),
+        default=20.0,
+        metavar="S",
+        help="close a connection whose request (headers and body) has not come in S seconds (default 20)",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=_serve_positive(float),
+        default=5.0,
+        metavar="S",
+        help="close an idle keep-alive connection after S seconds (default 5)",
+    )
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=_cmd_serve)
+
+    # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
+    sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
+    return parser
