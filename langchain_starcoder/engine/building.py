@@ -1,8 +1,6 @@
-"""Building an engine's backend and tokenizer: MLX from a checkpoint, or a remote server's.
-
-:meth:`StarCoderEngine.load <langchain_starcoder.StarCoderEngine.load>` and
-:meth:`~langchain_starcoder.StarCoderEngine.connect` document the options.
-"""
+"""Building a remote engine: the tokenizer of a served checkpoint and the byte table the remote
+backend rebuilds withheld ids with (:meth:`~langchain_starcoder.StarCoderEngine.connect` documents
+the options; ``load`` builds its MLX backend in the class itself)."""
 
 from __future__ import annotations
 
@@ -12,52 +10,6 @@ from typing import Any
 
 from ..backends import Backend
 from ..tokens import codec_for
-
-
-def load_backend(
-    model: str | os.PathLike[str],
-    *,
-    quantize: int | None,
-    group_size: int,
-    dtype: str,
-    kv_bits: int | None,
-    revision: str | None,
-    max_prompt_caches: int,
-    max_prompt_cache_bytes: int | None,
-    prefill_step_size: int | None,
-    gguf_file: str | None,
-    sliding_window: int | None,
-) -> tuple[Backend, Any]:
-    """The MLX backend and the tokenizer of a checkpoint folder, GGUF file or hub id."""
-    from ..backends.mlx import MLXBackend, kv_group_size
-    from ..gguf_format import open_gguf
-    from ..loading import (
-        load_model,
-        load_tokenizer,
-        model_args,
-        read_config,
-        resolve_model_path,
-        validate_load_options,
-    )
-
-    validate_load_options(quantize, group_size, dtype, kv_bits)
-    settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
-    # A GGUF file brings its own config, tokenizer and weights loader.
-    gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
-    if gguf is not None:
-        name, path, config, make_tokenizer, loader = gguf
-    else:
-        name, path = str(model), resolve_model_path(model, revision)
-        config = read_config(path)
-        make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
-        loader = lambda: load_model(path, config=config, **settings)  # noqa: E731
-    kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
-    tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
-    backend = MLXBackend(
-        loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
-        max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
-    )  # fmt: skip
-    return backend, tokenizer
 
 
 def connect_backend(

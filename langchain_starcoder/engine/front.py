@@ -22,7 +22,7 @@ from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
-from .building import connect_backend, load_backend
+from .building import connect_backend
 from .jobs import Prompt
 
 
@@ -137,11 +137,33 @@ class StarCoderEngine:
             sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
                 0 for full attention. By default StarCoder2's published 4096, with a notice.
         """
-        backend, tokenizer = load_backend(
-            model, quantize=quantize, group_size=group_size, dtype=dtype, kv_bits=kv_bits,
-            revision=revision, max_prompt_caches=max_prompt_caches,
+        from ..backends.mlx import MLXBackend, kv_group_size
+        from ..gguf_format import open_gguf
+        from ..loading import (
+            load_model,
+            load_tokenizer,
+            model_args,
+            read_config,
+            resolve_model_path,
+            validate_load_options,
+        )
+
+        validate_load_options(quantize, group_size, dtype, kv_bits)
+        settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
+        # A GGUF file brings its own config, tokenizer and weights loader.
+        gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
+        if gguf is not None:
+            name, path, config, make_tokenizer, loader = gguf
+        else:
+            name, path = str(model), resolve_model_path(model, revision)
+            config = read_config(path)
+            make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
+            loader = lambda: load_model(path, config=config, **settings)  # noqa: E731
+        kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
+        tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
+        backend = MLXBackend(
+            loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
-            gguf_file=gguf_file, sliding_window=sliding_window,
         )  # fmt: skip
         return cls(backend, tokenizer)
 
