@@ -1,50 +1,29 @@
 """StarCoderEngine, the front: text and prompts in, token ids to a backend, text chunks out.
 
-One file: it is one class whose public methods (sync, async, stream, batch, infill) are the API.
+Its public methods (sync, async, stream, batch, infill) are the API; building its backend
+(:mod:`.building`), preparing and running jobs (:mod:`.jobs`) and FIM prompts with repository
+context (:mod:`.fim_prompts`) live beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
-import queue
-import threading
-import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from . import fim
-from .backends import Backend, Generation
-from .errors import ContextLengthError, InvalidParameterError
-from .streaming import AsyncChunkStream, ChunkSink, ChunkStream, Emit
-from .tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
-from .types import (
-    FIM_KEYS,
-    Completion,
-    CompletionChunk,
-    FIMRequest,
-    GenerationParams,
-    check_text,
-    is_int,
-    join_chunks,
-)
-
-Prompt = str | Sequence[int] | FIMRequest
-
-
-@dataclass(frozen=True)
-class _Job:
-    """A request made ready for a backend: prompt ids, settings with every stop id, FIM trim."""
-
-    ids: list[int]
-    params: GenerationParams
-    trim: str | None = None  # the suffix a FIM middle must not repeat
+from .. import fim
+from ..backends import Backend
+from ..errors import ContextLengthError
+from ..streaming import AsyncChunkStream
+from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
+from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
+from . import fim_prompts, jobs
+from .building import connect_backend
+from .jobs import Prompt
 
 
 class StarCoderEngine:
@@ -158,9 +137,9 @@ class StarCoderEngine:
             sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
                 0 for full attention. By default StarCoder2's published 4096, with a notice.
         """
-        from .backends.mlx import MLXBackend, kv_group_size
-        from .gguf_format import open_gguf
-        from .loading import (
+        from ..backends.mlx import MLXBackend, kv_group_size
+        from ..gguf_format import open_gguf
+        from ..loading import (
             load_model,
             load_tokenizer,
             model_args,
@@ -226,24 +205,9 @@ class StarCoderEngine:
         A server whose model has another vocabulary size or training context than the tokenizer's
         checkpoint is refused here.
         """
-        from .backends.remote import RemoteBackend
-        from .loading import load_tokenizer, model_args, read_config
-
-        source = model if tokenizer is None else tokenizer
-        from .gguf_format import gguf_tokenizer, is_gguf, read_gguf
-
-        if is_gguf(source, None) and os.path.isfile(source):
-            gguf = read_gguf(source)  # its header: the tokenizer and config, not the weights
-            config, tokenizer_ = gguf.config, gguf_tokenizer(gguf)
-        else:
-            path = _tokenizer_folder(source)
-            config = read_config(path)
-            tokenizer_ = load_tokenizer(path, config)
-        args = model_args(config)
-        backend = RemoteBackend(
-            base_url, model=model, api_key=api_key, timeout=timeout, deadline=deadline,
-            max_retries=max_retries, max_concurrency=max_concurrency, vocab_size=args.vocab_size,
-            context_length=args.max_position_embeddings, token_bytes=_token_bytes(tokenizer_),
+        backend, tokenizer_ = connect_backend(
+            base_url, model=model, tokenizer=tokenizer, api_key=api_key, timeout=timeout,
+            deadline=deadline, max_retries=max_retries, max_concurrency=max_concurrency,
         )  # fmt: skip
         return cls(backend, tokenizer_, name=model)
 
@@ -277,7 +241,7 @@ class StarCoderEngine:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits of shape ``[len(token_ids), vocab]`` from one full forward pass, no cache."""
-        return self.backend.logits(self._check_ids(token_ids))
+        return self.backend.logits(jobs.check_ids(self, token_ids))
 
     def clear_cache(self) -> None:
         """Drop every kept prompt cache and free what it held."""
@@ -361,7 +325,7 @@ class StarCoderEngine:
         No chunk holds any part of a stop string. Leaving the loop early, closing the stream or
         dropping it cancels the generation.
         """
-        return self._stream(self._prepare(prompt, settings))
+        return jobs.stream(self, jobs.prepare(self, prompt, settings))
 
     async def agenerate(self, prompt: Prompt, **settings: Any) -> Completion:
         return join_chunks([c async for c in self.astream(prompt, **settings)])
@@ -369,18 +333,18 @@ class StarCoderEngine:
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncIterator[CompletionChunk]:
         """Async :meth:`stream`: the event loop is never blocked (the prompt is tokenized in a
         thread); cancelling the task or closing the stream cancels the request."""
-        self._split_settings(dict(settings))  # bad settings fail here, at the call
-        return AsyncChunkStream(lambda: self._prepare(prompt, settings), self._submit_one)
+        jobs.split_settings(self, dict(settings))  # bad settings fail here, at the call
+        return AsyncChunkStream(lambda: jobs.prepare(self, prompt, settings), partial(jobs.submit_one, self))
 
     def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Generate for several prompts at once (truly batched), each as it would alone (greedy).
         Prompts of every kind (text, ids, :class:`FIMRequest`) may share one batch."""
-        return self._collect(self._prepare_batch(prompts, settings))
+        return jobs.collect(self, jobs.prepare_batch(self, prompts, settings))
 
     async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Async :meth:`generate_batch`; cancelling the task cancels every prompt of the batch."""
-        jobs = await asyncio.to_thread(self._prepare_batch, prompts, settings)
-        return await self._acollect(jobs)
+        batch = await asyncio.to_thread(jobs.prepare_batch, self, prompts, settings)
+        return await jobs.acollect(self, batch)
 
     # --- fill in the middle ------------------------------------------------------------------
 
@@ -413,7 +377,7 @@ class StarCoderEngine:
     ) -> Iterator[CompletionChunk]:
         """:meth:`infill`, streamed. Text that may turn out to repeat the suffix is held back until
         the next chunk settles it (or the end trims it)."""
-        request, rest = _fim_request(prefix, suffix, settings)
+        request, rest = fim_prompts.fim_request(prefix, suffix, settings)
         return self.stream(request, **rest)
 
     async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
@@ -424,18 +388,18 @@ class StarCoderEngine:
         self, prefix: str | FIMRequest, suffix: str = "", **settings: Any
     ) -> AsyncIterator[CompletionChunk]:
         """Async :meth:`stream_infill`: the prompt is built in a thread, off the event loop."""
-        request, rest = _fim_request(prefix, suffix, settings)
+        request, rest = fim_prompts.fim_request(prefix, suffix, settings)
         return self.astream(request, **rest)
 
     def infill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
         """Several :class:`FIMRequest`\\ s as one batch (:meth:`generate_batch` takes them too).
         ``repo=index`` gives the index to every request that has no ``repo`` of its own."""
-        return self.generate_batch(_with_repo(requests, settings), **settings)
+        return self.generate_batch(fim_prompts.with_repo(requests, settings), **settings)
 
     async def ainfill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
         """Async :meth:`infill_batch` (prompts and repository lookups in a thread); cancelling the
         task cancels the batch."""
-        return await self.agenerate_batch(_with_repo(requests, settings), **settings)
+        return await self.agenerate_batch(fim_prompts.with_repo(requests, settings), **settings)
 
     def fim_prompt(self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens) -> fim.FIMPrompt:
         """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``.
@@ -444,10 +408,7 @@ class StarCoderEngine:
         context"): the hole's part (as much of the prefix and suffix as the budget keeps, its file
         path and control tokens) is measured first, and the index gets the rest of the budget.
         """
-        self._check_room(max_tokens)
-        if request.repo is not None:
-            request = self._with_repo_context(request, max_tokens)
-        return self._build_fim(request, max_tokens)
+        return fim_prompts.fim_prompt(self, request, max_tokens)
 
     def add_repo_context(
         self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens
@@ -455,299 +416,4 @@ class StarCoderEngine:
         """``request`` with its ``repo``'s context files after its own ``context_files`` (which stay
         first), in the budget its hole and its own files leave when generating ``max_tokens``, and
         ``file_path`` relative to the repository. (:meth:`infill` instead lets given files win.)"""
-        self._check_room(max_tokens)
-        return (
-            request if request.repo is None else self._with_repo_context(request, max_tokens, keep_given=True)
-        )
-
-    def _with_repo_context(
-        self, request: FIMRequest, max_tokens: int, *, keep_given: bool = False
-    ) -> FIMRequest:
-        """``request`` with a repository-relative ``file_path`` and, unless it has context files
-        (which win, or with ``keep_given`` come first), the files its index picks in the budget the
-        hole's part leaves."""
-        index = request.repo
-        file_path = repo_relative_path(index, request.file_path)
-        request = dataclasses.replace(request, file_path=file_path, repo=None)
-        if request.context_files and not keep_given:
-            return request
-        hole = self._build_fim(request, max_tokens)
-        assert hole.max_prompt_tokens is not None  # an engine's prompt always has a budget
-        left = hole.max_prompt_tokens - len(hole.token_ids)
-        if left <= 0:
-            return request
-        with index_lock(index):
-            files = index.context_files(
-                request.file_path,
-                request.prefix,
-                request.suffix,
-                max_tokens=left,
-                count_tokens=self._count_data,
-            )
-        return dataclasses.replace(request, context_files=request.context_files + tuple(files))
-
-    def _count_data(self, text: str) -> int:
-        """Tokens of ``text`` as the FIM builder encodes it (as data, never control tokens)."""
-        return len(self._codec.encode_data(text))
-
-    def _build_fim(self, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
-        """The prompt of ``request`` (its context files as given) within the engine's budget."""
-        if request.max_prompt_tokens is None:
-            room = self.context_window - max_tokens
-            try:
-                prompt = fim.build_fim_prompt(
-                    self.tokenizer, dataclasses.replace(request, max_prompt_tokens=room)
-                )
-            except ContextLengthError:
-                prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
-            if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
-                msg = (
-                    f"max_tokens={max_tokens} leaves {room} tokens of the model's {self.context_window}-"
-                    "token context for the prompt: not even the end of the prefix fits after the "
-                    "FIM layout's control tokens and names. Lower max_tokens."
-                )
-                raise ContextLengthError(msg)
-            return prompt
-        if request.max_prompt_tokens + max_tokens > self.context_window:
-            msg = (
-                f"max_prompt_tokens={request.max_prompt_tokens} plus max_tokens={max_tokens} exceeds "
-                f"the model's context window of {self.context_window}. Lower one of them."
-            )
-            raise ContextLengthError(msg)
-        return fim.build_fim_prompt(self.tokenizer, request)
-
-    # --- internals: preparing (in the caller's thread, or a worker thread for async) ------------
-
-    def _split_settings(self, settings: dict[str, Any]) -> tuple[GenerationParams, bool]:
-        parse = settings.pop("parse_special_tokens", True)
-        if not isinstance(parse, bool):
-            msg = f"parse_special_tokens must be True or False, not {parse!r}."
-            raise InvalidParameterError(msg)
-        params = GenerationParams.create(**settings)
-        if params.top_k >= self.vocab_size:
-            msg = (
-                f"top_k={params.top_k} is not below the vocabulary size ({self.vocab_size}); "
-                "use 0 to turn it off."
-            )
-            raise InvalidParameterError(msg)
-        self._check_room(params.max_tokens)
-        self._check_in_vocab(params.stop_token_ids, "stop_token_ids")
-        stops = params.stop_token_ids | self.eos_token_ids
-        return dataclasses.replace(params, stop_token_ids=stops), parse
-
-    def _check_room(self, max_tokens: int) -> None:
-        if max_tokens >= self.context_window:
-            msg = (
-                f"max_tokens={max_tokens} leaves no room for a prompt in the model's "
-                f"{self.context_window}-token context window. Lower max_tokens."
-            )
-            raise ContextLengthError(msg)
-
-    def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> _Job:
-        if isinstance(prompt, FIMRequest):
-            return self._prepare_fim(prompt, settings)
-        params, parse = self._split_settings(dict(settings))
-        if isinstance(prompt, str):
-            if not prompt or prompt.isspace():  # no copy of a long prompt
-                msg = "The prompt is empty or only whitespace; give the model some text to continue."
-                raise InvalidParameterError(msg)
-            self.check_prompt_size(len(prompt), params.max_tokens)  # before tokenizing it whole
-            ids = self.encode(prompt, special_tokens=parse)
-        elif isinstance(prompt, bytes | bytearray | memoryview):
-            msg = (
-                f"The prompt is {type(prompt).__name__}, not text: decode it first "
-                "(e.g. data.decode('utf-8')), or pass token ids as a list of integers."
-            )
-            raise InvalidParameterError(msg)
-        elif isinstance(prompt, Sequence):
-            ids = self._check_ids(prompt)
-        else:
-            msg = f"A prompt is text or a list of token ids, not {type(prompt).__name__}."
-            raise InvalidParameterError(msg)
-        if len(ids) + params.max_tokens > self.context_window:
-            msg = (
-                f"The prompt has {len(ids)} tokens and max_tokens is {params.max_tokens}: together "
-                f"{len(ids) + params.max_tokens}, more than the model's context window of "
-                f"{self.context_window}. Shorten the prompt or lower max_tokens."
-            )
-            raise ContextLengthError(msg)
-        return _Job(ids, params)
-
-    def _prepare_fim(self, request: FIMRequest, settings: dict[str, Any]) -> _Job:
-        # FIM parts are always data: parse_special_tokens does not apply.
-        params, _ = self._split_settings(dict(settings))
-        prompt = self.fim_prompt(request, params.max_tokens)
-        params = dataclasses.replace(
-            params, stop_token_ids=params.stop_token_ids | set(prompt.stop_token_ids)
-        )
-        return _Job(prompt.token_ids, params, request.suffix if request.trim_suffix_overlap else None)
-
-    def _prepare_batch(self, prompts: Sequence[Prompt], settings: dict[str, Any]) -> list[_Job]:
-        if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence) or not prompts:
-            msg = "A batch is a non-empty list of prompts."
-            raise InvalidParameterError(msg)
-        return [self._prepare(p, settings) for p in prompts]
-
-    def _check_ids(self, token_ids: Sequence[int]) -> list[int]:
-        if isinstance(token_ids, str) or not all(is_int(t) for t in token_ids):
-            msg = "Token ids must be a sequence of integers."
-            raise InvalidParameterError(msg)
-        ids = [int(t) for t in token_ids]
-        if not ids:
-            msg = "The prompt is empty: give at least one token."
-            raise InvalidParameterError(msg)
-        self._check_in_vocab(ids, "Token ids")
-        return ids
-
-    def _check_in_vocab(self, ids: Iterable[int], what: str) -> None:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            msg = f"{what} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})."
-            raise InvalidParameterError(msg)
-
-    # --- internals: running ----------------------------------------------------------------------
-
-    def _generation(self, job: _Job, emit: Emit) -> Generation:
-        sink = ChunkSink(self.tokenizer, job.params, len(job.ids), emit, job.trim)
-        return Generation(job.ids, job.params, sink)
-
-    def _submit_one(self, job: _Job, emit: Emit) -> Generation:
-        generation = self._generation(job, emit)
-        future = self.backend.submit([generation])
-        # Errors raised by the backend reach the caller through the same channel as chunks.
-        future.add_done_callback(lambda f: f.exception() is not None and emit(f.exception()))
-        return generation
-
-    def _stream(self, job: _Job) -> ChunkStream:
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        return ChunkStream(self._submit_one(job, events.put), events)
-
-    def _submit_batch(self, jobs: list[_Job]) -> tuple[Future[None], list[Generation], list[list]]:
-        chunks: list[list[CompletionChunk]] = [[] for _ in jobs]
-        generations = [self._generation(job, out.append) for job, out in zip(jobs, chunks, strict=True)]
-        return self.backend.submit(generations), generations, chunks
-
-    def _collect(self, jobs: list[_Job]) -> list[Completion]:
-        future, generations, chunks = self._submit_batch(jobs)
-        try:
-            future.result()
-        except BaseException:  # e.g. Ctrl-C while waiting: stop the batch
-            for g in generations:
-                g.cancelled.set()
-            raise
-        return [join_chunks(c) for c in chunks]
-
-    async def _acollect(self, jobs: list[_Job]) -> list[Completion]:
-        future, generations, chunks = self._submit_batch(jobs)
-        try:
-            await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            for g in generations:
-                g.cancelled.set()
-            raise
-        return [join_chunks(c) for c in chunks]
-
-
-_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
-_locks_guard = threading.Lock()
-
-
-def index_lock(index: Any) -> threading.Lock:
-    """The lock every lookup of ``index`` holds (a RepoIndex is not safe to use from two threads)."""
-    with _locks_guard:
-        lock = _locks.get(index)
-        if lock is None:
-            lock = _locks[index] = threading.Lock()
-        return lock
-
-
-def repo_relative_path(index: Any, file_path: str | None) -> str:
-    """The hole's path relative to the index's root (``/``-separated); an absolute path must lie
-    inside the root, and a relative one may not climb out of it."""
-    root = Path(index.root)
-    path = Path(file_path or "")
-    if path.is_absolute():
-        try:
-            path = path.resolve().relative_to(root.resolve())
-        except ValueError:
-            msg = (
-                f"file_path {file_path!r} is outside the repository {str(root)!r}: give the hole's "
-                "path relative to the repository root, or an absolute path inside it."
-            )
-            raise InvalidParameterError(msg) from None
-    rel = os.path.normpath(path.as_posix()).replace(os.sep, "/")
-    if rel in (".", "") or rel == ".." or rel.startswith("../"):
-        msg = (
-            f"file_path {file_path!r} does not name a file inside the repository {str(root)!r}: give "
-            "the hole's path relative to the repository root (e.g. 'pkg/module.py')."
-        )
-        raise InvalidParameterError(msg)
-    return rel
-
-
-def _with_repo(requests: Sequence[FIMRequest], settings: dict[str, Any]) -> Sequence[FIMRequest]:
-    """The batch with ``settings``' ``repo`` (taken out of them) in each request that has none."""
-    index = settings.pop("repo", None)
-    if index is None:
-        return requests
-    if isinstance(requests, str | bytes) or not isinstance(requests, Sequence):
-        return requests  # generate_batch says what a batch is
-    return [
-        dataclasses.replace(r, repo=index) if isinstance(r, FIMRequest) and r.repo is None else r
-        for r in requests
-    ]
-
-
-def _fim_request(prefix: str | FIMRequest, suffix: str, settings: dict[str, Any]) -> tuple[FIMRequest, dict]:
-    """The request (given whole, or as keywords) and the remaining (generation) settings."""
-    fim_settings = {k: settings[k] for k in FIM_KEYS if k in settings}
-    rest = {k: v for k, v in settings.items() if k not in fim_settings}
-    if isinstance(prefix, FIMRequest):
-        if fim_settings or suffix:
-            msg = "Pass either a FIMRequest or its fields as arguments, not both."
-            raise InvalidParameterError(msg)
-        return prefix, rest
-    return FIMRequest(prefix, suffix, **fim_settings), rest
-
-
-#: The files a remote engine needs from the hub: the tokenizer and configs, never weights.
-_TOKENIZER_PATTERNS = ["*.json", "*.txt", "*.jinja", "tokenizer.model"]
-
-
-def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
-    """A local folder as it is; a hub id's tokenizer and config files, downloaded (and cached)."""
-    from .errors import ModelNotFoundError
-    from .loading import is_hub_id
-
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    name = os.fspath(source)
-    if path.exists() or not is_hub_id(name):
-        msg = (
-            f"The tokenizer comes from a checkpoint folder or a hub id (owner/name); {name!r} is "
-            "neither. Pass tokenizer= with the served model's checkpoint folder or hub id."
-        )
-        raise ModelNotFoundError(msg)
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(name, allow_patterns=_TOKENIZER_PATTERNS))
-    except Exception as e:  # the hub client raises many types; ours says which model and why
-        msg = f"Could not fetch the tokenizer of {name!r} from the hub: {e}"
-        raise ModelNotFoundError(msg) from None
-
-
-def _token_bytes(tokenizer: Any) -> dict[bytes, int] | None:
-    """Each non-control token's bytes -> its id, for a byte-level BPE vocabulary (else None)."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
-
-    if not isinstance(tokenizer.detokenizer, BPEStreamingDetokenizer):
-        return None
-    codec = codec_for(tokenizer)
-    decoder, special = _byte_decoder(), {codec.token_id(t) for t in codec.control_tokens}
-    table: dict[bytes, int] = {}
-    for token, i in tokenizer.get_vocab().items():
-        if i not in special and all(c in decoder for c in token):
-            table.setdefault(bytes(decoder[c] for c in token), i)
-    return table
+        return fim_prompts.add_repo_context(self, request, max_tokens)

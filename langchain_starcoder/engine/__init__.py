@@ -1,0 +1,21 @@
+"""StarCoderEngine, the front: text and prompts in, token ids to a backend, text chunks out.
+
+:mod:`.front` holds the class (its public methods are the API); :mod:`.building` builds its
+backend and tokenizer, :mod:`.jobs` prepares requests and hands them to the backend, and
+:mod:`.fim_prompts` builds FIM prompts within the budget, with repository context.
+"""
+
+from ..types import GenerationParams
+from .building import _token_bytes
+from .fim_prompts import index_lock, repo_relative_path
+from .front import StarCoderEngine
+from .jobs import Prompt
+
+__all__ = [
+    "GenerationParams",
+    "Prompt",
+    "StarCoderEngine",
+    "_token_bytes",
+    "index_lock",
+    "repo_relative_path",
+]

@@ -1,0 +1,155 @@
+"""Fill-in-the-middle requests to an engine: their prompts within its budget, with repository context.
+
+With a :class:`~langchain_starcoder.RepoIndex`, the hole's part of the prompt is measured first and
+the index picks context files in the budget it leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import fim
+from ..errors import ContextLengthError, InvalidParameterError
+from ..types import FIM_KEYS, FIMRequest
+from .jobs import check_room
+
+if TYPE_CHECKING:
+    from .front import StarCoderEngine
+
+
+def fim_prompt(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
+    """:meth:`StarCoderEngine.fim_prompt <langchain_starcoder.StarCoderEngine.fim_prompt>`."""
+    check_room(engine, max_tokens)
+    if request.repo is not None:
+        request = with_repo_context(engine, request, max_tokens)
+    return build_fim(engine, request, max_tokens)
+
+
+def add_repo_context(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> FIMRequest:
+    """:meth:`StarCoderEngine.add_repo_context <langchain_starcoder.StarCoderEngine.add_repo_context>`."""
+    check_room(engine, max_tokens)
+    return (
+        request if request.repo is None else with_repo_context(engine, request, max_tokens, keep_given=True)
+    )
+
+
+def with_repo_context(
+    engine: StarCoderEngine, request: FIMRequest, max_tokens: int, *, keep_given: bool = False
+) -> FIMRequest:
+    """``request`` with a repository-relative ``file_path`` and, unless it has context files
+    (which win, or with ``keep_given`` come first), the files its index picks in the budget the
+    hole's part leaves."""
+    index, codec = request.repo, engine._codec
+    file_path = repo_relative_path(index, request.file_path)
+    request = dataclasses.replace(request, file_path=file_path, repo=None)
+    if request.context_files and not keep_given:
+        return request
+    hole = build_fim(engine, request, max_tokens)
+    assert hole.max_prompt_tokens is not None  # an engine's prompt always has a budget
+    left = hole.max_prompt_tokens - len(hole.token_ids)
+    if left <= 0:
+        return request
+    with index_lock(index):
+        files = index.context_files(
+            request.file_path,
+            request.prefix,
+            request.suffix,
+            max_tokens=left,
+            count_tokens=lambda text: len(codec.encode_data(text)),  # as FIM parts: data
+        )
+    return dataclasses.replace(request, context_files=request.context_files + tuple(files))
+
+
+def build_fim(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
+    """The prompt of ``request`` (its context files as given) within the engine's budget."""
+    if request.max_prompt_tokens is None:
+        room = engine.context_window - max_tokens
+        try:
+            prompt = fim.build_fim_prompt(
+                engine.tokenizer, dataclasses.replace(request, max_prompt_tokens=room)
+            )
+        except ContextLengthError:
+            prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
+        if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
+            msg = (
+                f"max_tokens={max_tokens} leaves {room} tokens of the model's {engine.context_window}-"
+                "token context for the prompt: not even the end of the prefix fits after the "
+                "FIM layout's control tokens and names. Lower max_tokens."
+            )
+            raise ContextLengthError(msg)
+        return prompt
+    if request.max_prompt_tokens + max_tokens > engine.context_window:
+        msg = (
+            f"max_prompt_tokens={request.max_prompt_tokens} plus max_tokens={max_tokens} exceeds "
+            f"the model's context window of {engine.context_window}. Lower one of them."
+        )
+        raise ContextLengthError(msg)
+    return fim.build_fim_prompt(engine.tokenizer, request)
+
+
+_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+
+
+def index_lock(index: Any) -> threading.Lock:
+    """The lock every lookup of ``index`` holds (a RepoIndex is not safe to use from two threads)."""
+    with _locks_guard:
+        lock = _locks.get(index)
+        if lock is None:
+            lock = _locks[index] = threading.Lock()
+        return lock
+
+
+def repo_relative_path(index: Any, file_path: str | None) -> str:
+    """The hole's path relative to the index's root (``/``-separated); an absolute path must lie
+    inside the root, and a relative one may not climb out of it."""
+    root = Path(index.root)
+    path = Path(file_path or "")
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(root.resolve())
+        except ValueError:
+            msg = (
+                f"file_path {file_path!r} is outside the repository {str(root)!r}: give the hole's "
+                "path relative to the repository root, or an absolute path inside it."
+            )
+            raise InvalidParameterError(msg) from None
+    rel = os.path.normpath(path.as_posix()).replace(os.sep, "/")
+    if rel in (".", "") or rel == ".." or rel.startswith("../"):
+        msg = (
+            f"file_path {file_path!r} does not name a file inside the repository {str(root)!r}: give "
+            "the hole's path relative to the repository root (e.g. 'pkg/module.py')."
+        )
+        raise InvalidParameterError(msg)
+    return rel
+
+
+def with_repo(requests: Sequence[FIMRequest], settings: dict[str, Any]) -> Sequence[FIMRequest]:
+    """The batch with ``settings``' ``repo`` (taken out of them) in each request that has none."""
+    index = settings.pop("repo", None)
+    if index is None:
+        return requests
+    if isinstance(requests, str | bytes) or not isinstance(requests, Sequence):
+        return requests  # generate_batch says what a batch is
+    return [
+        dataclasses.replace(r, repo=index) if isinstance(r, FIMRequest) and r.repo is None else r
+        for r in requests
+    ]
+
+
+def fim_request(prefix: str | FIMRequest, suffix: str, settings: dict[str, Any]) -> tuple[FIMRequest, dict]:
+    """The request (given whole, or as keywords) and the remaining (generation) settings."""
+    fim_settings = {k: settings[k] for k in FIM_KEYS if k in settings}
+    rest = {k: v for k, v in settings.items() if k not in fim_settings}
+    if isinstance(prefix, FIMRequest):
+        if fim_settings or suffix:
+            msg = "Pass either a FIMRequest or its fields as arguments, not both."
+            raise InvalidParameterError(msg)
+        return prefix, rest
+    return FIMRequest(prefix, suffix, **fim_settings), rest
