@@ -21,6 +21,7 @@ import uvicorn
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.server import BoundedConfig, create_app
+from langchain_starcoder.testing.servers import wait_healthy
 from langchain_starcoder.tokens import max_text_chars
 
 PROMPT = "def count_items(items):\n    "
@@ -260,13 +261,7 @@ def test_serve_flags_set_the_bounds(tiny_path):
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not become healthy"
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.2)
+        wait_healthy(proc, url)
         reply = _post(f"{url}/tokenize", json.dumps({"content": "x" * 20_000}).encode())  # over 0.01 MiB
         assert reply.status_code == 413 and "10485 bytes" in reply.json()["error"]["message"]
         slow = _slow_clients(url, 8)  # twice the limit
