@@ -180,46 +180,48 @@ def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables
     own_once = own.once if own is not None else frozenset()
     file_weight: dict[str, float] = {}
 
-    def relation(path: str) -> float:
-        if path not in file_weight:
-            file_weight[path] = related.weight(path, hole.path)
-        return file_weight[path]
-
     candidates: list[tuple[float, str, int, int, tuple[float, str, Unit]]] = []
 
-    def offer(name: str, units: Iterable[Unit], boost: float) -> None:
-        base = 0.5 + tables.used_once[name] - (name in own_once)  # the hole's own file says nothing of itself
-        fixed = None
-        if (
-            name in hole.file_words
-        ):  # the hole's file shows it already: worth its signature only when used nearby
-            if name not in hole.near_words:
-                return
-            fixed = base * 0.3
-        scale = 0.5 if name.startswith("_") and not name.startswith("__") else 1.0
-        for unit in units:
-            if unit.path == hole.path:
+    def offer(offered: Iterable[tuple[str, Unit]], boost: float) -> None:
+        """Value each (name, unit) offered, in one loop (a lookup offers thousands)."""
+        used_once, file_words, near_words, hole_path = (
+            tables.used_once,
+            hole.file_words,
+            hole.near_words,
+            hole.path,
+        )
+        for name, unit in offered:
+            path = unit.path
+            if path == hole_path:
                 continue
-            value = scale * (fixed if fixed is not None else base * (1.0 + relation(unit.path) + boost))
+            # The hole's own file says nothing of itself; a name it shows already is worth its
+            # signature only when used nearby.
+            base = 0.5 + used_once[name] - (name in own_once)
+            if name in file_words:
+                if name not in near_words:
+                    continue
+                value = base * 0.3
+            else:
+                weight = file_weight.get(path)
+                if weight is None:
+                    weight = file_weight[path] = related.weight(path, hole_path)
+                value = base * (1.0 + weight + boost)
+            if name.startswith("_") and not name.startswith("__"):
+                value *= 0.5
             if value > 0:  # keyed best first, then by place; ties keep the order offered
-                candidates.append((-value, unit.path, unit.start, len(candidates), (value, name, unit)))
+                candidates.append((-value, path, unit.start, len(candidates), (value, name, unit)))
 
-    for name in tables.popular():  # the repository's most used names, each by its shortest definition
-        if tables.used_once[name] > (name in own_once):  # used once by a file besides the hole's
-            offer(name, [tables.shortest(name)], 0.0)
+    popular = tables.popular()  # the repository's most used names, each by its shortest definition
+    offer(((n, tables.shortest(n)) for n in popular if tables.used_once[n] > (n in own_once)), 0.0)
     for name in hole.file_words:
         for units in tables.members.get(name, {}).values():  # members of the classes the file mentions
-            for unit in units:
-                assert unit.definition is not None
-                offer(unit.definition.name, [unit], 2.0)
+            offer(((_name(u), u) for u in units), 2.0)
         if name in hole.near_words and name in tables.defined:
-            offer(name, [tables.shortest(name)], 0.0)
+            offer([(name, tables.shortest(name))], 0.0)
     for path in {*related.imported, *related.importers, *related.second_hop, *related.recent}:
         entry = entries.get(path)
         if entry is not None:
-            for unit in entry.signatures:
-                assert unit.definition is not None
-                offer(unit.definition.name, [unit], 0.0)
+            offer(((_name(u), u) for u in entry.signatures), 0.0)
     return Ranked(candidates)
 
 
@@ -289,6 +291,11 @@ def select(
                 break
     outline(budget)
     return chosen, windowed
+
+
+def _name(unit: Unit) -> str:
+    assert unit.definition is not None
+    return unit.definition.name
 
 
 def _units(by_file: dict[str, list[Unit]]) -> list[Unit]:
