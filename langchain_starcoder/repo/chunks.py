@@ -41,8 +41,19 @@ class FileEntry:
     """Whole definitions short enough to excerpt, by name."""
     classes: dict[str, Unit] = field(default_factory=dict)
     """The signature unit of each class, by name (a method's outline line needs its class's)."""
-    windows: list[tuple[int, frozenset[str]]] | None = None
-    """Its 20-line windows' first lines and words, made at the first search that reaches the file."""
+    windows: dict[str, list[int]] | None = None
+    """Per word, the first lines of its 20-line windows holding it, made at the first search that
+    reaches the file."""
+
+    _line_sizes: dict[int, tuple[int, tuple[str, ...]]] = field(default_factory=dict, repr=False)
+
+    def line_size(self, i: int) -> tuple[int, tuple[str, ...]]:
+        """Line ``i``'s UTF-8 size and names, worked out once per file version (lookups reuse them)."""
+        found = self._line_sizes.get(i)
+        if found is None:
+            line = self.lines[i]
+            found = self._line_sizes[i] = (len(line.encode("utf-8")), tuple(WORD.findall(line)))
+        return found
 
     @classmethod
     def build(cls, path: str, text: str) -> FileEntry:

@@ -154,16 +154,13 @@ class RepoIndex:
 
         candidates = outline_candidates(hole, self._entries, self._tables, related)
 
-        def cost(text: str) -> float:
-            return len(text.encode("utf-8")) * ratio
-
         # Estimated by bytes, checked exactly: a budget missed or underused by the estimate is scaled
         # and tried again; the fullest try that fits wins (deterministic for the same request).
         budget = float(max_tokens)
         best: list[ContextFile] = []
         best_spent = -1
         for _ in range(FIT_TRIES):
-            chosen, windowed = select(candidates, windows, self._entries, budget, cost)
+            chosen, windowed = select(candidates, windows, self._entries, budget, ratio)
             files = [
                 ContextFile(path, render(self._entries[path], chosen[path]))
                 for path in order_files(chosen, windowed, related, hole.path)

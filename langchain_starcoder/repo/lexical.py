@@ -57,20 +57,37 @@ class WordIndex:
         found = []
         for path in heapq.nlargest(TOP_FILES, scores, key=lambda p: (scores[p], p)):
             entry = entries[path]
-            for start, words in _windows(entry):
-                score = sum(weights[w] for w in weights.keys() & words)
-                if score > 0:
-                    end = min(start + WINDOW_LINES, len(entry.lines)) - 1
-                    found.append((score, Unit(path, start, end, None, excerpt=True)))
+            postings = _postings(entry)
+            by_start: defaultdict[int, float] = defaultdict(float)
+            for word, weight in weights.items():  # only the windows holding a query word are touched
+                for start in postings.get(word, ()):
+                    by_start[start] += weight
+            last = len(entry.lines) - 1
+            for start, score in by_start.items():
+                end = min(start + WINDOW_LINES - 1, last)
+                found.append((score, Unit(path, start, end, None, excerpt=True)))
         found.sort(key=lambda su: (-su[0], su[1].path, su[1].start))
         return found
 
 
-def _windows(entry: FileEntry) -> list[tuple[int, frozenset[str]]]:
+def _postings(entry: FileEntry) -> dict[str, list[int]]:
+    """Per word, the first lines of the file's windows that hold it (made once per file version, at the
+    first search that reaches the file; a window is lines ``start .. start + WINDOW_LINES - 1``)."""
     if entry.windows is None:
         lines = entry.lines
-        entry.windows = [
-            (start, frozenset(WORD.findall("\n".join(lines[start : start + WINDOW_LINES]))))
-            for start in range(0, max(len(lines) - WINDOW_LINES + WINDOW_STRIDE, 1), WINDOW_STRIDE)
-        ]
+        starts = range(0, max(len(lines) - WINDOW_LINES + WINDOW_STRIDE, 1), WINDOW_STRIDE)
+        last = starts[-1]
+        postings: defaultdict[str, list[int]] = defaultdict(list)
+        for i, line in enumerate(lines):
+            # Line i lies in the windows starting at its stride block and the block before (the last
+            # window runs to the file's end).
+            block = min(i // WINDOW_STRIDE * WINDOW_STRIDE, last)
+            first = block - WINDOW_LINES + WINDOW_STRIDE
+            mine = [s for s in range(first, block + 1, WINDOW_STRIDE) if s >= 0 and s + WINDOW_LINES > i]
+            for word in set(WORD.findall(line)):
+                held = postings[word]
+                for s in mine:
+                    if not held or held[-1] < s:
+                        held.append(s)
+        entry.windows = dict(postings)
     return entry.windows

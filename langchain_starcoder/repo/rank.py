@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..types import ContextFile
@@ -151,64 +151,89 @@ class Tables:
         return self._popular
 
 
-def outline_candidates(
-    hole: Hole, entries: dict[str, FileEntry], tables: Tables, related: Related
-) -> list[tuple[float, str, Unit]]:
+class Ranked:
+    """Candidates best first, sorted only as far as they are read: packing stops long before the tail
+    of the thousands a big file's neighbours offer."""
+
+    def __init__(self, keyed: list[tuple[float, str, int, int, tuple[float, str, Unit]]]) -> None:
+        heapq.heapify(keyed)
+        self._heap = keyed
+        self._sorted: list[tuple[float, str, Unit]] = []
+
+    def __iter__(self) -> Iterator[tuple[float, str, Unit]]:
+        k = 0
+        while True:
+            if k == len(self._sorted):
+                if not self._heap:
+                    return
+                self._sorted.append(heapq.heappop(self._heap)[-1])
+            yield self._sorted[k]
+            k += 1
+
+    def __bool__(self) -> bool:
+        return bool(self._sorted or self._heap)
+
+
+def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables, related: Related) -> Ranked:
     """Signature units worth showing for the hole, best first: (value, the name it covers, unit)."""
     own = entries.get(hole.path)
     own_once = own.once if own is not None else frozenset()
     file_weight: dict[str, float] = {}
 
-    def relation(path: str) -> float:
-        if path not in file_weight:
-            file_weight[path] = related.weight(path, hole.path)
-        return file_weight[path]
+    candidates: list[tuple[float, str, int, int, tuple[float, str, Unit]]] = []
 
-    candidates: list[tuple[float, str, Unit]] = []
-
-    def offer(name: str, units: Iterable[Unit], boost: float) -> None:
-        base = tables.used_once[name] - (name in own_once)  # the hole's own file says nothing of itself
-        known = name in hole.file_words
-        near = name in hole.near_words
-        for unit in units:
-            if unit.path == hole.path:
+    def offer(offered: Iterable[tuple[str, Unit]], boost: float) -> None:
+        """Value each (name, unit) offered, in one loop (a lookup offers thousands)."""
+        used_once, file_words, near_words, hole_path = (
+            tables.used_once,
+            hole.file_words,
+            hole.near_words,
+            hole.path,
+        )
+        for name, unit in offered:
+            path = unit.path
+            if path == hole_path:
                 continue
-            value = (0.5 + base) * (1.0 + relation(unit.path) + boost)
-            if known:  # the hole's file shows it already: worth its signature only when used nearby
-                value = (0.5 + base) * 0.3 if near else 0.0
+            # The hole's own file says nothing of itself; a name it shows already is worth its
+            # signature only when used nearby.
+            base = 0.5 + used_once[name] - (name in own_once)
+            if name in file_words:
+                if name not in near_words:
+                    continue
+                value = base * 0.3
+            else:
+                weight = file_weight.get(path)
+                if weight is None:
+                    weight = file_weight[path] = related.weight(path, hole_path)
+                value = base * (1.0 + weight + boost)
             if name.startswith("_") and not name.startswith("__"):
                 value *= 0.5
-            if value > 0:
-                candidates.append((value, name, unit))
+            if value > 0:  # keyed best first, then by place; ties keep the order offered
+                candidates.append((-value, path, unit.start, len(candidates), (value, name, unit)))
 
-    for name in tables.popular():  # the repository's most used names, each by its shortest definition
-        if tables.used_once[name] > (name in own_once):  # used once by a file besides the hole's
-            offer(name, [tables.shortest(name)], 0.0)
+    popular = tables.popular()  # the repository's most used names, each by its shortest definition
+    offer(((n, tables.shortest(n)) for n in popular if tables.used_once[n] > (n in own_once)), 0.0)
     for name in hole.file_words:
         for units in tables.members.get(name, {}).values():  # members of the classes the file mentions
-            for unit in units:
-                assert unit.definition is not None
-                offer(unit.definition.name, [unit], 2.0)
+            offer(((_name(u), u) for u in units), 2.0)
         if name in hole.near_words and name in tables.defined:
-            offer(name, [tables.shortest(name)], 0.0)
+            offer([(name, tables.shortest(name))], 0.0)
     for path in {*related.imported, *related.importers, *related.second_hop, *related.recent}:
         entry = entries.get(path)
         if entry is not None:
-            for unit in entry.signatures:
-                assert unit.definition is not None
-                offer(unit.definition.name, [unit], 0.0)
-    candidates.sort(key=lambda c: (-c[0], c[2].path, c[2].start))
-    return candidates
+            offer(((_name(u), u) for u in entry.signatures), 0.0)
+    return Ranked(candidates)
 
 
 def select(
-    candidates: Sequence[tuple[float, str, Unit]],
+    candidates: Iterable[tuple[float, str, Unit]],
     windows: Sequence[tuple[float, Unit]],
     entries: dict[str, FileEntry],
     budget: float,
-    cost: Callable[[str], float],
+    ratio: float,
 ) -> tuple[dict[str, list[Unit]], set[str]]:
-    """The units to show, by file, whose estimated cost fits ``budget``, and the files given windows:
+    """The units to show, by file, whose cost estimated at ``ratio`` tokens per UTF-8 byte fits
+    ``budget``, and the files given windows:
     the outline within ``1 - WINDOW_SHARE`` of it, then the best ``windows`` (lexical matches of the
     code around the cursor), then more outline in what is left. The first part does not depend on the
     windows, so it stays put while the cursor moves."""
@@ -228,16 +253,17 @@ def select(
         lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
         if not lines:
             return None
-        need = sum(cost(entry.lines[i]) + 1 for i in lines) + (2 if unit.excerpt else 0)
+        sizes = [entry.line_size(i) for i in lines]
+        need = sum(size for size, _ in sizes) * ratio + len(lines) + (2 if unit.excerpt else 0)
         if unit.path not in chosen:
-            need += cost(unit.path) + FRAME_TOKENS
+            need += len(unit.path.encode("utf-8")) * ratio + FRAME_TOKENS
         if spent + need > limit:
             return False
         spent += need
         taken.update(lines)
         chosen.setdefault(unit.path, []).extend(new)
-        for i in lines:
-            covered.update(WORD.findall(entry.lines[i]))
+        for _, names in sizes:
+            covered.update(names)
         return True
 
     def outline(limit: float) -> None:
@@ -265,6 +291,11 @@ def select(
                 break
     outline(budget)
     return chosen, windowed
+
+
+def _name(unit: Unit) -> str:
+    assert unit.definition is not None
+    return unit.definition.name
 
 
 def _units(by_file: dict[str, list[Unit]]) -> list[Unit]:
