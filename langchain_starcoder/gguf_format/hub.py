@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import ModelNotFoundError
 from ..loading import is_hub_id
+from ..loading.hub import download_errors
 
 
 def is_gguf(model: str | os.PathLike[str], gguf_file: str | None) -> bool:
@@ -38,35 +39,7 @@ def resolve_gguf_file(model: str | os.PathLike[str], gguf_file: str | None, revi
 
 def _download(repo_id: str, filename: str, revision: str | None) -> Path:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
-    # Raised "from None", as loading's: the hub's chained errors (50 lines of httpx) would bury the message.
-    try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision))
-    except RevisionNotFoundError:
-        msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
-        raise ModelNotFoundError(msg) from None
-    except GatedRepoError:
-        msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
-        raise ModelNotFoundError(msg) from None
-    except RepositoryNotFoundError:
-        msg = f"Hub model {repo_id!r} does not exist (or is private: log in with `hf auth login`)."
-        raise ModelNotFoundError(msg) from None
-    except LocalEntryNotFoundError:
-        msg = (
-            f"Could not download {filename} of {repo_id!r}: the hub cannot be reached (or "
-            "HF_HUB_OFFLINE is set) and it is not in the local cache."
-        )
-        raise ModelNotFoundError(msg) from None
-    except EntryNotFoundError:
-        msg = f"Hub model {repo_id!r} has no file {filename!r}; check the name (case matters)."
-        raise ModelNotFoundError(msg) from None
-    except (OSError, ValueError) as e:
-        msg = f"Download of {filename} from {repo_id!r} failed: {e}"
-        raise ModelNotFoundError(msg) from None
+    with download_errors(repo_id, revision, filename):
+        file = hf_hub_download(repo_id, filename, revision=revision)
+    return Path(file)

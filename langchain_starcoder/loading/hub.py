@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
@@ -41,7 +43,20 @@ def is_hub_id(name: str) -> bool:
 
 def _download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
+
+    with download_errors(repo_id, revision):
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS)
+    return Path(folder)
+
+
+@contextlib.contextmanager
+def download_errors(repo_id: str, revision: str | None, filename: str | None = None) -> Iterator[None]:
+    """Turn the hub client's errors into one ModelNotFoundError that says what to do.
+
+    Raised "from None": the hub's chained errors (50 lines of httpx) would bury the message.
+    """
     from huggingface_hub.errors import (
+        EntryNotFoundError,
         GatedRepoError,
         HFValidationError,
         LocalEntryNotFoundError,
@@ -49,9 +64,9 @@ def _download(repo_id: str, revision: str | None) -> Path:
         RevisionNotFoundError,
     )
 
-    # Raised "from None": the hub's chained errors (50 lines of httpx) would bury the message.
+    what = repr(repo_id) if filename is None else f"{filename} of {repo_id!r}"
     try:
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS))
+        yield
     except RevisionNotFoundError:
         msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
         raise ModelNotFoundError(msg) from None
@@ -64,13 +79,16 @@ def _download(repo_id: str, revision: str | None) -> Path:
     except HFValidationError as e:
         msg = f"{repo_id!r} is neither a local folder nor a valid hub id: {e}"
         raise ModelNotFoundError(msg) from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError:  # (before EntryNotFoundError: it is one)
         msg = (
-            f"Could not download {repo_id!r}: the hub cannot be reached (or HF_HUB_OFFLINE is set) "
-            "and the model is not in the local cache. Connect once to download it, or pass a local "
+            f"Could not download {what}: the hub cannot be reached (or HF_HUB_OFFLINE is set) "
+            "and it is not in the local cache. Connect once to download it, or pass a local "
             "folder (`langchain-starcoder build-test-model DST` builds one offline)."
         )
         raise ModelNotFoundError(msg) from None
-    except OSError as e:
-        msg = f"Download of {repo_id!r} failed: {e}. Nothing was loaded; run again to resume it."
+    except EntryNotFoundError:
+        msg = f"Hub model {repo_id!r} has no file {filename!r}; check the name (case matters)."
+        raise ModelNotFoundError(msg) from None
+    except (OSError, ValueError) as e:
+        msg = f"Download of {what} failed: {e}. Nothing was loaded; run again to resume it."
         raise ModelNotFoundError(msg) from None

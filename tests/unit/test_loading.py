@@ -281,6 +281,63 @@ def test_hub_failures_are_clear(error: str) -> None:
     assert isinstance(err.value, StarCoderError)
 
 
+def _hub_error(name: str) -> Exception:
+    from huggingface_hub import errors
+
+    response = mock.Mock(status_code=404, headers={})
+    return {
+        "revision": errors.RevisionNotFoundError("no such revision", response=response),
+        "gated": errors.GatedRepoError("gated", response=response),
+        "missing": errors.RepositoryNotFoundError("404", response=response),
+        "invalid": errors.HFValidationError("bad id"),
+        "offline": errors.LocalEntryNotFoundError("no connection"),
+        "no file": errors.EntryNotFoundError("no such file"),
+        "halfway": OSError("Connection reset by peer"),
+    }[name]
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        ("revision", "no revision 'v9'"),
+        ("gated", "is gated"),
+        ("missing", "does not exist"),
+        ("invalid", "nor a valid hub id"),
+        ("offline", "cannot be reached"),
+        ("halfway", "run again to resume"),
+    ],
+)
+@pytest.mark.parametrize("kind", ["snapshot", "gguf file"])
+def test_every_hub_failure_says_what_to_do_on_both_download_paths(error: str, says: str, kind: str) -> None:
+    """One mapping serves the folder download and the GGUF file download; the hub's chained
+    traceback is dropped (raised from None)."""
+    target, call = {
+        "snapshot": (
+            "huggingface_hub.snapshot_download",
+            lambda: StarCoderEngine.load("someone/model", revision="v9"),
+        ),
+        "gguf file": (
+            "huggingface_hub.hf_hub_download",
+            lambda: StarCoderEngine.load("someone/model", gguf_file="m.gguf", revision="v9"),
+        ),
+    }[kind]
+    with (
+        mock.patch(target, side_effect=_hub_error(error)),
+        pytest.raises(ModelNotFoundError, match=says) as err,
+    ):
+        call()
+    assert "someone/model" in str(err.value)
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_a_missing_file_of_a_hub_repo_is_named() -> None:
+    with (
+        mock.patch("huggingface_hub.hf_hub_download", side_effect=_hub_error("no file")),
+        pytest.raises(ModelNotFoundError, match=r"has no file 'm\.gguf'"),
+    ):
+        StarCoderEngine.load("someone/model", gguf_file="m.gguf")
+
+
 def test_not_a_hub_id() -> None:
     with pytest.raises(ModelNotFoundError, match="not a hub id"):
         StarCoderEngine.load("./models/missing")
