@@ -297,10 +297,10 @@ class MLXBackend:
             if clean:  # a cache left by an error mid-step is not trusted again
                 held = (ids + generated)[: cache[0].offset]
                 self._prompt_caches.put(held, cache)
+                if self._disk is not None:  # before finish: a script that exits right after still writes it
+                    self._disk.offer(held, cache)
         if not gen.cancelled.is_set():
             gen.sink.finish()
-        if self._disk is not None:  # after the answer: copying the cache out is its only cost here
-            self._disk.offer(held, cache)
 
     def _take_cache(self, ids: list[int]) -> tuple[list[Any], int]:
         """The in-memory cache sharing the longest prefix with ``ids``, or a file's when that saves more."""

@@ -24,6 +24,7 @@ def _load_engine(args: argparse.Namespace) -> Any:
         engine = StarCoderEngine.load(
             args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits,
             revision=args.revision, gguf_file=args.gguf_file, sliding_window=args.sliding_window,
+            prompt_cache_dir=args.prompt_cache_dir,
         )  # fmt: skip
     _err(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s.")
     return engine
