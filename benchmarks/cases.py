@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import disk_cache
 from .harness import (
     FULL,
     NARROW,
@@ -1155,7 +1156,8 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "server": bench_server,
     "remote": bench_remote,
     "repo": bench_repo,
+    "disk_cache": disk_cache.bench_disk_cache,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote", "repo")
+OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "disk_cache")

@@ -304,10 +304,11 @@ class MLXBackend:
 
     def _take_cache(self, ids: list[int]) -> tuple[list[Any], int]:
         """The in-memory cache sharing the longest prefix with ``ids``, or a file's when that saves more."""
-        if self._disk is not None:
+        in_memory = self._prompt_caches.longest(ids)
+        if self._disk is not None and len(ids) - 1 >= in_memory + MIN_GAIN_TOKENS:  # else no file can win
             name, n = self._disk.longest(ids)
             n = min(n, len(ids) - 1)
-            if name is not None and n >= self._prompt_caches.longest(ids) + MIN_GAIN_TOKENS:
+            if name is not None and n >= in_memory + MIN_GAIN_TOKENS:
                 cache = self._disk.load(name, n)
                 if cache is not None:
                     return cache, n
