@@ -113,6 +113,8 @@ class MLXBackend:
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
+        # The weights' digest (for the disk cache's key) is hashed while the worker loads them.
+        hashing = _hash_weights(path, prompt_cache_dir) if prompt_cache_dir is not None else None
         try:
             loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
         except BaseException:
@@ -128,18 +130,15 @@ class MLXBackend:
         self._prefill_chunk = prefill_step_size or _prefill_chunk(self.model)
         self._disk: DiskPromptCache | None = None
         if prompt_cache_dir is not None:
-            front_key = prompt_cache_key or {}
+            weights = hashing.result() if hashing is not None else name
+            front_key = {**(prompt_cache_key or {}), "weights": weights}
             self._disk = self._open_disk_cache(prompt_cache_dir, max_prompt_cache_dir_bytes, front_key)
 
     def _open_disk_cache(self, folder: Path, max_bytes: int, front_key: Mapping[str, Any]) -> DiskPromptCache:
         """The folder's caches valid for exactly these weights (by content), settings and tokenizer."""
         dtypes = sorted({str(a.dtype) for _, a in tree_flatten(self.model.parameters())})
-        with contextlib.suppress(OSError):  # a folder that cannot be made gets its notice below
-            folder.mkdir(parents=True, exist_ok=True)
-        memo = folder if folder.is_dir() else None  # digests of big weight files are remembered there
         parts = {
             **front_key,
-            "weights": weights_fingerprint(self.path, memo) if self.path else self.name,
             "parameter_dtypes": dtypes,
             "quantization": self.raw_config.get("quantization"),
             "kv_bits": self.kv_bits,
@@ -409,3 +408,23 @@ def _check_cache_bounds(entries: Any, nbytes: Any) -> None:
     if nbytes is not None and (not is_int(nbytes) or nbytes < 0):
         msg = f"max_prompt_cache_bytes must be an integer >= 0 or None (no bound), not {nbytes!r}."
         raise InvalidParameterError(msg)
+
+
+def _hash_weights(path: Path | None, folder: Path) -> Future[str] | None:
+    """The digest of the checkpoint's weight files, hashed on a thread of its own (no MLX there);
+    ``folder`` remembers digests across processes (made here, if it can be)."""
+    if path is None:
+        return None
+    with contextlib.suppress(OSError):  # a folder that cannot be made gets its notice later
+        folder.mkdir(parents=True, exist_ok=True)
+    memo = folder if folder.is_dir() else None
+    future: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(weights_fingerprint(path, memo))
+        except BaseException as e:  # an unreadable weight file: the load reports it first
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="starcoder-weights-digest", daemon=True).start()
+    return future
