@@ -18,7 +18,11 @@ MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
 #: Read by ``serve`` when --api-key is not given (keeps the key out of the process list).
 API_KEY_ENV = "LANGCHAIN_STARCODER_API_KEY"
-DEFAULT_PROMPT_CACHE_HELP = "$XDG_CACHE_HOME/langchain-starcoder/prompt-cache, else ~/.cache/..."
+#: ``serve``'s prompt-cache folder when --prompt-cache-dir is not given (else the user's cache folder).
+PROMPT_CACHE_ENV = "LANGCHAIN_STARCODER_PROMPT_CACHE_DIR"
+DEFAULT_PROMPT_CACHE_HELP = (
+    f"${PROMPT_CACHE_ENV}, else $XDG_CACHE_HOME/langchain-starcoder/prompt-cache, else ~/.cache/..."
+)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -75,7 +79,10 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def default_prompt_cache_dir() -> Path:
-    """Where ``serve`` keeps prompt caches unless told otherwise: the user's cache folder."""
+    """Where ``serve`` keeps prompt caches unless told otherwise: $LANGCHAIN_STARCODER_PROMPT_CACHE_DIR,
+    else the user's cache folder."""
+    if os.environ.get(PROMPT_CACHE_ENV):
+        return Path(os.environ[PROMPT_CACHE_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "langchain-starcoder" / "prompt-cache"
 

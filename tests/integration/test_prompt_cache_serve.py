@@ -23,6 +23,7 @@ def serve(model: Path, repo: Path, cache_home: Path, *flags: str) -> tuple[subpr
         "--repo", str(repo), *flags,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(cache_home)}
+    env.pop("LANGCHAIN_STARCODER_PROMPT_CACHE_DIR", None)  # conftest's: the default under XDG_CACHE_HOME here
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(proc, url)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from langchain_starcoder import ChatStarCoder, StarCoderLLM, cli
-from langchain_starcoder.cli.options import default_prompt_cache_dir
+from langchain_starcoder.cli.options import PROMPT_CACHE_ENV, default_prompt_cache_dir
 from langchain_starcoder.llama_index import StarCoder
 from langchain_starcoder.registry import release_engines
 
@@ -67,6 +67,9 @@ def test_generate_and_infill_take_a_folder(
 
 
 def test_serve_defaults_to_the_user_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(PROMPT_CACHE_ENV, str(tmp_path / "given"))
+    assert default_prompt_cache_dir() == tmp_path / "given"
+    monkeypatch.delenv(PROMPT_CACHE_ENV)  # the tests' own setting (conftest): off the real home
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_prompt_cache_dir() == tmp_path / "langchain-starcoder" / "prompt-cache"
     monkeypatch.delenv("XDG_CACHE_HOME")
