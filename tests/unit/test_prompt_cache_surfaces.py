@@ -66,6 +66,30 @@ def test_generate_and_infill_take_a_folder(
         assert (cached(capsys.readouterr().err) > 0) is expect_hit
 
 
+def test_a_damaged_file_is_one_note_line(
+    capsys: pytest.CaptureFixture[str], tiny_path: Path, tmp_path: Path
+) -> None:
+    argv = [
+        "generate",
+        "--model",
+        tiny_path,
+        "--prompt-cache-dir",
+        tmp_path,
+        "--max-tokens",
+        "3",
+        "--prompt",
+        SHARED,
+    ]
+    assert cli.main([str(a) for a in argv]) == 0
+    (path,) = tmp_path.glob("*.safetensors")
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    assert cli.main([str(a) for a in argv]) == 0
+    err = capsys.readouterr().err
+    assert f"note: Skipped and removed the prompt-cache file {path}" in err
+    assert "Warning" not in err and cached(err) == 0
+
+
 def test_serve_defaults_to_the_user_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(PROMPT_CACHE_ENV, str(tmp_path / "given"))
     assert default_prompt_cache_dir() == tmp_path / "given"
