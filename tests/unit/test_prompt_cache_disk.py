@@ -291,3 +291,35 @@ def test_nothing_is_written_outside_the_folder(tiny_path: Path, tmp_path: Path) 
     run_process(tiny_path, [SHARED + ENDINGS[0]], prompt_cache_dir=folder)
     assert listing() == before
     assert [p for p in tmp_path.rglob("*") if folder not in (p, *p.parents)] == []
+
+
+def test_a_gguf_file_is_keyed_by_its_contents_and_window(tiny_path: Path, tmp_path: Path) -> None:
+    from langchain_starcoder.gguf_testing import write_gguf
+
+    gguf, folder, prompt = tmp_path / "tiny.gguf", tmp_path / "cache", SHARED + ENDINGS[0]
+
+    def answer(**load: object) -> tuple[list[int], int]:
+        engine = StarCoderEngine.load(gguf, prompt_cache_dir=folder, **load)
+        try:
+            done = engine.generate(prompt, max_tokens=12)
+            return done.token_ids, done.cached_tokens
+        finally:
+            engine.close()
+
+    write_gguf(tiny_path, gguf, ftype="Q8_0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the GGUF notices (its window filled in)
+        first, _ = answer(sliding_window=512)
+        again, cached = answer(sliding_window=512)
+        assert cached > 0 and again == first
+        _, cached = answer(sliding_window=0)  # full attention: other KV values
+        assert cached == 0
+        other = build_starcoder2(tmp_path / "other", seed=5)
+        write_gguf(other, gguf, ftype="Q8_0")  # rebuilt in place: other weights, same shapes and types
+        rebuilt, cached = answer(sliding_window=512)
+    assert cached == 0
+    engine = StarCoderEngine.load(gguf, sliding_window=512)
+    try:
+        assert rebuilt == engine.generate(prompt, max_tokens=12).token_ids
+    finally:
+        engine.close()
