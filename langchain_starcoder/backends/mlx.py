@@ -130,9 +130,13 @@ class MLXBackend:
         self._prefill_chunk = prefill_step_size or _prefill_chunk(self.model)
         self._disk: DiskPromptCache | None = None
         if prompt_cache_dir is not None:
-            weights = hashing.result() if hashing is not None else name
-            front_key = {**(prompt_cache_key or {}), "weights": weights}
-            self._disk = self._open_disk_cache(prompt_cache_dir, max_prompt_cache_dir_bytes, front_key)
+            try:
+                weights = hashing.result() if hashing is not None else name
+                front_key = {**(prompt_cache_key or {}), "weights": weights}
+                self._disk = self._open_disk_cache(prompt_cache_dir, max_prompt_cache_dir_bytes, front_key)
+            except BaseException:
+                self.close()
+                raise
 
     def _open_disk_cache(self, folder: Path, max_bytes: int, front_key: Mapping[str, Any]) -> DiskPromptCache:
         """The folder's caches valid for exactly these weights (by content), settings and tokenizer."""
@@ -308,7 +312,7 @@ class MLXBackend:
             name, n = self._disk.longest(ids)
             n = min(n, len(ids) - 1)
             if name is not None and n >= in_memory + MIN_GAIN_TOKENS:
-                cache = self._disk.load(name, n)
+                cache = self._disk.load(name, ids, n)
                 if cache is not None:
                     return cache, n
         return self._prompt_caches.take(ids, self._new_cache)

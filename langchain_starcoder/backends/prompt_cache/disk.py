@@ -115,17 +115,20 @@ class DiskPromptCache:
                 best, best_len = name, n
         return best, best_len
 
-    def load(self, name: str, n: int) -> list[Any] | None:
-        """The cache in file ``name``, cut to its first ``n`` tokens; None (with one notice, the
-        file removed) if it is damaged or does not match, or None if it vanished meanwhile."""
+    def load(self, name: str, tokens: Sequence[int], n: int) -> list[Any] | None:
+        """The cache in file ``name`` for the first ``n`` of ``tokens``; None (with one notice, the
+        file removed) if it is damaged or does not match, or None if it vanished or changed meanwhile."""
         path = self.folder / name
         try:
             tensors, metadata = read_cache_file(path)
+            if json.loads(metadata["0.tokens"])[:n] != list(tokens[:n]):  # replaced since it was indexed
+                self._forget(name)
+                return None
             cache, held = self._caches(tensors, metadata)
         except FileNotFoundError:  # evicted by another process since the lookup
             self._forget(name)
             return None
-        except (CacheFileError, OSError, ValueError, KeyError) as e:
+        except (CacheFileError, OSError, ValueError, KeyError, TypeError) as e:
             self._discard(name, str(e))
             return None
         with contextlib.suppress(OSError):
@@ -178,10 +181,10 @@ class DiskPromptCache:
         try:
             tensors = _snapshot(cache, len(tokens))
             self._writer.submit(self._write, list(tokens), tensors)
-        except BaseException:
+        except Exception as e:  # the interpreter exiting, say: the request still ends as it would
             with self._lock:
                 self._pending -= 1
-            raise
+            self._notice("write", f"Could not keep a prompt cache in {self.folder} ({e}).")
 
     def _write(self, tokens: list[int], tensors: list[Tensor]) -> None:
         digest = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=10).hexdigest()
