@@ -19,6 +19,6 @@ def test_the_new_process_is_served_from_the_file(tmp_path: Path) -> None:
     assert 0 < data["cached_tokens"] < data["prompt_tokens"]
     assert data["prompt_tokens"] - data["cached_tokens"] <= 40  # only the hole's end is prefilled
     assert data["bytes_per_token"] > 0 and data["max_latency_writing"] > 0
-    assert [r.b for r in section.rows] == ["cold prefill", "in-memory hit", "no disk cache"]
+    assert [r.b for r in section.rows] == ["cold prefill", "in-memory hit", "no disk cache", "just before it"]
     assert all(math.isfinite(r.ratio) and r.ratio > 0 for r in section.rows)
     assert [p for p in tmp_path.rglob("*") if "prompt-cache" in p.name] == []  # its folders are removed
