@@ -71,6 +71,10 @@ class StarCoderSettings(BaseModel):
     kv_bits: Literal[4, 8] | None = None
     """4 or 8 to keep the KV cache quantized (smaller, slightly less exact)."""
 
+    prompt_cache_dir: str | None = None
+    """A folder that keeps long prompt caches across processes, so a restarted notebook or editor
+    reuses a repository context prefilled before (``StarCoderEngine.load``'s ``prompt_cache_dir``)."""
+
     max_tokens: int = _DEFAULTS.max_tokens
     """The most tokens to generate per call."""
 
@@ -164,7 +168,7 @@ class StarCoderSettings(BaseModel):
             params["ls_stop"] = stops
         return params
 
-    @field_validator("model", mode="before")
+    @field_validator("model", "prompt_cache_dir", mode="before")
     @classmethod
     def _model_path_to_str(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -181,7 +185,8 @@ class StarCoderSettings(BaseModel):
         # Set away from its default (LangChain's serialization sets every truthy field, defaults too).
         changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
         remote_only = changed & {"tokenizer", *_CONNECTION} if self.base_url is None else set()
-        local_only = changed & {"quantize", "dtype", "kv_bits", "gguf_file"} if self.base_url else set()
+        local = {"quantize", "dtype", "kv_bits", "gguf_file", "prompt_cache_dir"}
+        local_only = changed & local if self.base_url else set()
         if remote_only or local_only:
             which = "needs base_url" if remote_only else "applies to a local model, not to base_url"
             msg = f"{sorted(remote_only or local_only)} {which}."
@@ -241,6 +246,7 @@ class StarCoderSettings(BaseModel):
             "dtype": self.dtype,
             "kv_bits": self.kv_bits,
             "gguf_file": self.gguf_file,
+            "prompt_cache_dir": self.prompt_cache_dir,
         }
 
     # --- settings ------------------------------------------------------------------------------
@@ -273,7 +279,12 @@ class StarCoderSettings(BaseModel):
         the field ``stop`` is "default_stop": LangChain puts a call's stop under "stop")."""
         settings = {
             "model": self.model,
-            **{k: v for k, v in self._load_settings().items() if k not in {"api_key", *_CONNECTION}},
+            # a prompt-cache folder changes how fast, never what, the model answers
+            **{
+                k: v
+                for k, v in self._load_settings().items()
+                if k not in {"api_key", "prompt_cache_dir", *_CONNECTION}
+            },
             **self._default_generation(),
             "parse_special_tokens": self.parse_special_tokens,
         }

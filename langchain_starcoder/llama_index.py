@@ -54,6 +54,8 @@ class StarCoder(StarCoderSettings, LLM):
             "bfloat16".
         kv_bits: int | None
             4 or 8 to keep the KV cache quantized.
+        prompt_cache_dir: str | None
+            A folder that keeps long prompt caches across restarts (docs/prompt-cache.md).
         engine: StarCoderEngine | None
             An engine you loaded yourself; by default the shared engine for these settings is
             loaded on first use (never on construction).

@@ -74,6 +74,8 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
             "auto", "float32", "float16" or "bfloat16".
         kv_bits: 4 | 8 | None
             Quantize the KV cache.
+        prompt_cache_dir: str | None
+            A folder that keeps long prompt caches across restarts (docs/prompt-cache.md).
         engine: StarCoderEngine | None
             An already loaded engine to use.
 

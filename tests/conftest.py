@@ -14,6 +14,13 @@ from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _prompt_caches_off_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``serve`` keeps prompt caches in the user's cache folder by default: in tests (and their
+    subprocesses) they go to a temporary folder instead."""
+    os.environ["LANGCHAIN_STARCODER_PROMPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("prompt-cache-home"))
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("checkpoints")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import disk_cache
 from ..harness import Section
 from .blas import bench_blas
 from .common import Context, prefill_rate
@@ -35,9 +36,10 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "server": bench_server,
     "remote": bench_remote,
     "repo": bench_repo,
+    "disk_cache": disk_cache.bench_disk_cache,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote", "repo")
+OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "disk_cache")
 
 __all__ = ["BENCHMARKS", "OPTIONAL", "Context", "batch_variants", "prefill_rate"]

@@ -6,10 +6,11 @@ callers reach it through a job queue (see :mod:`langchain_starcoder.backends` fo
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +26,8 @@ from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
 from ..types import PENALTY_CONTEXT, GenerationParams, is_int
 from . import Generation
-from .prompt_cache import PromptCacheStore
+from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, weights_fingerprint
+from .prompt_cache.disk import MIN_GAIN_TOKENS
 
 T = TypeVar("T")
 
@@ -75,6 +77,10 @@ class MLXBackend:
             cache gives exactly what a fresh one would.
         max_prompt_caches, max_prompt_cache_bytes: Bounds of the prompt-cache store.
         prefill_step_size: Prompt tokens per prefill step (None: see :func:`_prefill_chunk`).
+        prompt_cache_dir, max_prompt_cache_dir_bytes: A folder that keeps long prompt caches across
+            processes, and its byte limit (see :mod:`.prompt_cache.disk`).
+        prompt_cache_key: What the front knows that a kept cache must match (the tokenizer, the
+            load settings); the backend adds the weights' contents and its own settings.
     """
 
     def __init__(
@@ -87,6 +93,9 @@ class MLXBackend:
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
         prefill_step_size: int | None = None,
+        prompt_cache_dir: Path | None = None,
+        max_prompt_cache_dir_bytes: int = 4 << 30,
+        prompt_cache_key: Mapping[str, Any] | None = None,
     ):
         _check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
@@ -104,6 +113,8 @@ class MLXBackend:
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
+        # The weights' digest (for the disk cache's key) is hashed while the worker loads them.
+        hashing = _hash_weights(path, prompt_cache_dir) if prompt_cache_dir is not None else None
         try:
             loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
         except BaseException:
@@ -117,6 +128,37 @@ class MLXBackend:
         self.vocab_size = self.config.vocab_size
         self.sliding_window = self.config.sliding_window
         self._prefill_chunk = prefill_step_size or _prefill_chunk(self.model)
+        self._disk: DiskPromptCache | None = None
+        if prompt_cache_dir is not None:
+            try:
+                weights = hashing.result() if hashing is not None else name
+                front_key = {**(prompt_cache_key or {}), "weights": weights}
+                self._disk = self._open_disk_cache(prompt_cache_dir, max_prompt_cache_dir_bytes, front_key)
+            except BaseException:
+                self.close()
+                raise
+
+    def _open_disk_cache(self, folder: Path, max_bytes: int, front_key: Mapping[str, Any]) -> DiskPromptCache:
+        """The folder's caches valid for exactly these weights (by content), settings and tokenizer."""
+        dtypes = sorted({str(a.dtype) for _, a in tree_flatten(self.model.parameters())})
+        parts = {
+            **front_key,
+            "parameter_dtypes": dtypes,
+            "quantization": self.raw_config.get("quantization"),
+            "kv_bits": self.kv_bits,
+            "kv_group_size": self.kv_group_size,
+            "sliding_window": self.sliding_window,
+            "mlx": mx.__version__,
+            "device": str(mx.default_device()),
+        }
+        layout = CacheLayout(
+            layers=len(self.model.layers),
+            kv_heads=self.config.num_key_value_heads,
+            head_dim=self.config.head_dim,
+            kv_bits=self.kv_bits,
+            kv_group_size=self.kv_group_size,
+        )
+        return DiskPromptCache(folder, cache_key(parts), max_bytes, layout)
 
     # --- the worker thread ---------------------------------------------------------------------
 
@@ -157,6 +199,8 @@ class MLXBackend:
             cleared.result()  # the worker is idle when we return
         finally:
             self._retire_worker()
+            if self._disk is not None:
+                self._disk.close()  # the queued writes land before we return
 
     # --- the backend contract ------------------------------------------------------------------
 
@@ -190,6 +234,7 @@ class MLXBackend:
         return self.call(run)
 
     def clear_cache(self) -> None:
+        """Forget the in-memory prompt caches (files in ``prompt_cache_dir`` stay)."""
         self.call(lambda: (self._prompt_caches.clear(), mx.clear_cache()))
 
     @property
@@ -208,7 +253,7 @@ class MLXBackend:
         if gen.cancelled.is_set():  # its caller left while it waited in the queue
             return
         params, ids = gen.params, gen.prompt
-        cache, cached = self._prompt_caches.take(ids, self._new_cache)
+        cache, cached = self._take_cache(ids)
         gen.sink.start(cached)
         if params.seed is not None:
             mx.random.seed(params.seed)
@@ -253,9 +298,24 @@ class MLXBackend:
         finally:
             steps.close()
             if clean:  # a cache left by an error mid-step is not trusted again
-                self._prompt_caches.put((ids + generated)[: cache[0].offset], cache)
+                held = (ids + generated)[: cache[0].offset]
+                self._prompt_caches.put(held, cache)
+                if self._disk is not None:  # before finish: a script that exits right after still writes it
+                    self._disk.offer(held, cache)
         if not gen.cancelled.is_set():
             gen.sink.finish()
+
+    def _take_cache(self, ids: list[int]) -> tuple[list[Any], int]:
+        """The in-memory cache sharing the longest prefix with ``ids``, or a file's when that saves more."""
+        in_memory = self._prompt_caches.longest(ids)
+        if self._disk is not None and len(ids) - 1 >= in_memory + MIN_GAIN_TOKENS:  # else no file can win
+            name, n = self._disk.longest(ids)
+            n = min(n, len(ids) - 1)
+            if name is not None and n >= in_memory + MIN_GAIN_TOKENS:
+                cache = self._disk.load(name, ids, n)
+                if cache is not None:
+                    return cache, n
+        return self._prompt_caches.take(ids, self._new_cache)
 
     def _run_batch(self, gens: list[Generation]) -> None:
         """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""
@@ -352,3 +412,23 @@ def _check_cache_bounds(entries: Any, nbytes: Any) -> None:
     if nbytes is not None and (not is_int(nbytes) or nbytes < 0):
         msg = f"max_prompt_cache_bytes must be an integer >= 0 or None (no bound), not {nbytes!r}."
         raise InvalidParameterError(msg)
+
+
+def _hash_weights(path: Path | None, folder: Path) -> Future[str] | None:
+    """The digest of the checkpoint's weight files, hashed on a thread of its own (no MLX there);
+    ``folder`` remembers digests across processes (made here, if it can be)."""
+    if path is None:
+        return None
+    with contextlib.suppress(OSError):  # a folder that cannot be made gets its notice later
+        folder.mkdir(parents=True, exist_ok=True)
+    memo = folder if folder.is_dir() else None
+    future: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(weights_fingerprint(path, memo))
+        except BaseException as e:  # an unreadable weight file: the load reports it first
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="starcoder-weights-digest", daemon=True).start()
+    return future

@@ -24,6 +24,7 @@ def _load_engine(args: argparse.Namespace) -> Any:
         engine = StarCoderEngine.load(
             args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits,
             revision=args.revision, gguf_file=args.gguf_file, sliding_window=args.sliding_window,
+            prompt_cache_dir=args.prompt_cache_dir,
         )  # fmt: skip
     _err(f"Loaded {args.model} in {time.perf_counter() - started:.1f} s.")
     return engine
@@ -39,7 +40,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     settings = _generation(args)
     engine = _load_engine(args)
-    _stream(engine, engine.stream(prompt, **settings), echo=True)
+    with _notes():  # a skipped prompt-cache file is noted, not warned
+        _stream(engine, engine.stream(prompt, **settings), echo=True)
     return 0
 
 
@@ -94,7 +96,8 @@ def _cmd_infill(args: argparse.Namespace) -> int:
         prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
         mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, repo=repo, **settings,
     )  # fmt: skip
-    middle = _stream(engine, chunks, echo=not args.write)
+    with _notes():
+        middle = _stream(engine, chunks, echo=not args.write)
     if args.write:
         try:
             write_in_place(target, backup, prefix + middle + suffix)

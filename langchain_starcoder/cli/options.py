@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 #: The same as ``registry.DEFAULT_MODEL``, repeated because importing the registry imports MLX.
@@ -17,6 +18,11 @@ MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
 FILL_MARKER = "<FILL>"
 #: Read by ``serve`` when --api-key is not given (keeps the key out of the process list).
 API_KEY_ENV = "LANGCHAIN_STARCODER_API_KEY"
+#: ``serve``'s prompt-cache folder when --prompt-cache-dir is not given (else the user's cache folder).
+PROMPT_CACHE_ENV = "LANGCHAIN_STARCODER_PROMPT_CACHE_DIR"
+DEFAULT_PROMPT_CACHE_HELP = (
+    f"${PROMPT_CACHE_ENV}, else $XDG_CACHE_HOME/langchain-starcoder/prompt-cache, else ~/.cache/..."
+)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -63,6 +69,22 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="compute dtype (auto: float32 on the CPU, the checkpoint's on a GPU)",
     )
     group.add_argument("--kv-bits", type=int, choices=(4, 8), help="quantize the KV cache")
+    group.add_argument(
+        "--prompt-cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep long prompt caches in DIR, so a later run reuses a prefilled repository context "
+        "(serve: default " + DEFAULT_PROMPT_CACHE_HELP + ")",
+    )
+
+
+def default_prompt_cache_dir() -> Path:
+    """Where ``serve`` keeps prompt caches unless told otherwise: $LANGCHAIN_STARCODER_PROMPT_CACHE_DIR,
+    else the user's cache folder."""
+    if os.environ.get(PROMPT_CACHE_ENV):
+        return Path(os.environ[PROMPT_CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "langchain-starcoder" / "prompt-cache"
 
 
 def _generation_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -45,16 +45,20 @@ def _stats(chunk: Any) -> str:
 
 @contextlib.contextmanager
 def _notes() -> Iterator[None]:
-    """Notices of the library (GGUF defaults, memory costs) as one ``note:`` line each on stderr."""
+    """Notices of the library (GGUF defaults, memory costs, skipped prompt-cache files) as one
+    ``note:`` line each on stderr."""
+    from ..backends.prompt_cache import PromptCacheNotice
     from ..gguf_format import GGUFNotice
 
+    notices = (GGUFNotice, PromptCacheNotice)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", GGUFNotice)
+        for notice in notices:
+            warnings.simplefilter("always", notice)
         try:
             yield
         finally:
             for w in caught:
-                if issubclass(w.category, GGUFNotice):
+                if issubclass(w.category, notices):
                     _err(f"{PROG}: note: {w.message}")
                 else:
                     warnings.showwarning(w.message, w.category, w.filename, w.lineno)

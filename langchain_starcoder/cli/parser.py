@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model-name", help="the model id the API reports (default: --model)")
     p.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="keep no prompt caches on disk (default: keep them, see --prompt-cache-dir)",
+    )
+    p.add_argument(
         "--repo",
         type=Path,
         metavar="DIR",

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from .model import _load_engine, _repo_index
-from .options import API_KEY_ENV
+from .options import API_KEY_ENV, default_prompt_cache_dir
 from .output import CommandError, _err
 
 
@@ -25,6 +25,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.repo is not None and not args.repo.is_dir():
         msg = f"--repo {args.repo} is not a folder: give the repository's root folder."
         raise CommandError(msg)
+    if args.no_prompt_cache and args.prompt_cache_dir is not None:
+        msg = "give --prompt-cache-dir DIR or --no-prompt-cache, not both."
+        raise CommandError(msg)
+    if not args.no_prompt_cache and args.prompt_cache_dir is None:
+        args.prompt_cache_dir = default_prompt_cache_dir()  # on by default: a restart starts warm
     repo = _repo_index(args.repo) if args.repo is not None else None  # scanned before serving
     failed: list[BaseException] = []
 
@@ -48,6 +53,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     server = uvicorn.Server(config)
     _err(f"Serving {args.model} on http://{args.host}:{args.port} (/v1/completions, /infill, /health).")
+    if args.prompt_cache_dir is not None:
+        _err(f"Prompt caches are kept in {args.prompt_cache_dir} (--no-prompt-cache: none).")
     server.run()
     if failed:
         raise failed[0]

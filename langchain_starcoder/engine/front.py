@@ -11,16 +11,17 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import fim
 from ..backends import Backend
-from ..errors import ContextLengthError
+from ..errors import ContextLengthError, InvalidParameterError
 from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
-from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
+from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, is_int, join_chunks
 from . import fim_prompts, jobs
 from .building import connect_backend
 from .jobs import Prompt
@@ -55,6 +56,9 @@ class StarCoderEngine:
             A bound on their total size (default 4 GiB). A cache costs
             ``2 * layers * kv_heads * head_dim * bytes`` per token: 60 KiB per token for
             starcoder2-3b in float32 (30 x 2 x 128 x 4 x 2), so a full 16k context is about 1 GiB.
+        prompt_cache_dir: str | None
+            A folder that keeps long prompt caches across processes (docs/prompt-cache.md): a new
+            process reuses a repository context prefilled by an earlier one.
 
     Instantiate:
         .. code-block:: python
@@ -111,6 +115,8 @@ class StarCoderEngine:
         prefill_step_size: int | None = None,
         gguf_file: str | None = None,
         sliding_window: int | None = None,
+        prompt_cache_dir: str | os.PathLike[str] | None = None,
+        max_prompt_cache_dir_bytes: int = 4 << 30,
     ) -> StarCoderEngine:
         """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX.
 
@@ -136,6 +142,13 @@ class StarCoderEngine:
                 dequantized (a notice says what memory that costs); other types are refused.
             sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
                 0 for full attention. By default StarCoder2's published 4096, with a notice.
+            prompt_cache_dir: A folder (made if missing) where prompt caches of at least 256 new
+                tokens are kept, so a request in this or a later process whose prompt shares a
+                prefix with one loads it instead of prefilling (``cached_tokens`` counts it). A
+                file is used only by the same weights (by content), dtype, quantization,
+                ``kv_bits``, window and tokenizer; a damaged one is removed with a
+                ``PromptCacheNotice``. A folder that cannot be written gives one notice.
+            max_prompt_cache_dir_bytes: The folder's byte limit; least recently used files go first.
         """
         from ..backends.mlx import MLXBackend, kv_group_size
         from ..gguf_format import open_gguf
@@ -149,6 +162,7 @@ class StarCoderEngine:
         )
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
+        cache_dir = _prompt_cache_dir(prompt_cache_dir, max_prompt_cache_dir_bytes)
         settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
         # A GGUF file brings its own config, tokenizer and weights loader.
         gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
@@ -161,9 +175,12 @@ class StarCoderEngine:
             loader = lambda: load_model(path, config=config, **settings)  # noqa: E731
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
         tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
+        front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
         backend = MLXBackend(
             loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
+            prompt_cache_dir=cache_dir, max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
+            prompt_cache_key=front_key,
         )  # fmt: skip
         return cls(backend, tokenizer)
 
@@ -417,3 +434,24 @@ class StarCoderEngine:
         first), in the budget its hole and its own files leave when generating ``max_tokens``, and
         ``file_path`` relative to the repository. (:meth:`infill` instead lets given files win.)"""
         return fim_prompts.add_repo_context(self, request, max_tokens)
+
+
+def _prompt_cache_dir(folder: str | os.PathLike[str] | None, max_bytes: Any) -> Path | None:
+    """The prompt-cache folder as an absolute path; a path that is a file, or a bad limit, is refused."""
+    if not is_int(max_bytes) or max_bytes < 0:
+        msg = f"max_prompt_cache_dir_bytes must be an integer >= 0, not {max_bytes!r}."
+        raise InvalidParameterError(msg)
+    if folder is None:
+        return None
+    path = Path(folder).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        msg = f"prompt_cache_dir={os.fspath(folder)!r} is a file; give a folder (it is made if missing)."
+        raise InvalidParameterError(msg)
+    return path
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    """What shapes the token ids a kept cache is keyed by: the vocabulary and the end ids."""
+    from ..backends.prompt_cache import vocab_fingerprint
+
+    return vocab_fingerprint(tokenizer.get_vocab(), sorted(tokenizer.eos_token_ids))

@@ -13,7 +13,7 @@ from mlx_lm.utils import common_prefix_len
 _COPYABLE = (KVCache, QuantizedKVCache)
 
 
-def _prefix(cache: Any, n: int) -> Any:
+def prefix_copy(cache: Any, n: int) -> Any:
     """A new layer cache holding the first ``n`` positions of ``cache``, which stays as it is.
 
     Slicing makes new array objects: the caches' in-place updates then never reach each other.
@@ -51,6 +51,11 @@ class PromptCacheStore:
         self.max_bytes = max_bytes
         self._entries: list[_Entry] = []  # least recently used first
 
+    def longest(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of ``tokens`` :meth:`take` would hand out already computed."""
+        lengths = [common_prefix_len(e.tokens, tokens) for e in self._entries]
+        return min(max(lengths, default=0), len(tokens) - 1)
+
     def take(self, tokens: Sequence[int], new_cache: Callable[[], list[Any]]) -> tuple[list[Any], int]:
         """A cache for ``tokens`` and how many of its leading tokens it already holds
         (``new_cache()`` when none shares a prefix).
@@ -70,7 +75,7 @@ class PromptCacheStore:
         if reuse == len(best.tokens):
             return best.cache, reuse
         self._entries.append(best)  # still useful to others: keep it, most recently used
-        return [_prefix(c, reuse) for c in best.cache], reuse
+        return [prefix_copy(c, reuse) for c in best.cache], reuse
 
     def put(self, tokens: Sequence[int], cache: list[Any]) -> None:
         if self.max_entries <= 0 or not tokens:

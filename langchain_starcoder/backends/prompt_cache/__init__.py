@@ -1,0 +1,20 @@
+"""Prompt caches: KV caches of earlier prompts, reused by the longest shared token prefix.
+
+:mod:`.memory` keeps recent ones in the process; :mod:`.disk` keeps long ones in a folder across
+processes (:mod:`.files` is their file format, :mod:`.fingerprint` what they are valid for).
+"""
+
+from .disk import CacheLayout, DiskPromptCache, PromptCacheNotice
+from .fingerprint import cache_key, vocab_fingerprint, weights_fingerprint
+from .memory import PromptCacheStore, prefix_copy
+
+__all__ = [
+    "CacheLayout",
+    "DiskPromptCache",
+    "PromptCacheNotice",
+    "PromptCacheStore",
+    "cache_key",
+    "prefix_copy",
+    "vocab_fingerprint",
+    "weights_fingerprint",
+]

@@ -1,0 +1,365 @@
+"""Prompt caches kept in a folder across processes: found by the longest shared token prefix,
+written off the worker thread, atomically, within a byte limit (least recently used go first).
+
+Files are named ``<key>-<tokens>.safetensors``: ``key`` (:mod:`.fingerprint`) says which weights and
+settings made them, so a process ignores files of other models in a shared folder without reading
+them; they age out through the byte limit. A file that claims this key but is damaged, truncated or
+does not match is removed with one notice. The folder's last-modified times are the LRU order: a
+file is touched when it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+from .files import CacheFileError, Tensor, dtype_name, read_cache_file, read_header, write_cache_file
+from .memory import prefix_copy
+
+try:
+    import fcntl
+except ImportError:  # Windows: renames stay atomic; two processes may then evict the same file twice
+    fcntl = None  # type: ignore[assignment]
+
+#: A cache is written when it holds at least this many tokens more than the longest prefix on disk:
+#: shorter prompts prefill in well under a second on the CPU, and each file costs a write.
+MIN_NEW_TOKENS = 256
+#: A file is read instead of the in-memory cache only when it saves at least this many tokens.
+MIN_GAIN_TOKENS = 32
+_MAX_PENDING = 2  # writes queued at most; a later offer is dropped instead of holding more copies
+_STALE_TEMP_SECONDS = 600  # a temporary file this old was left by a process that died mid-write
+_SUFFIX = ".safetensors"
+
+
+class PromptCacheNotice(UserWarning):
+    """A prompt-cache file was skipped, or the folder could not be written; the engine still answers."""
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The shape of one model's KV cache, to check a file against before using it."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_bits: int | None
+    kv_group_size: int
+
+    def tensors(self, n: int, dtype: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Each state tensor's (dtype, shape) for ``n`` cached tokens, named as mlx-lm names them."""
+        expected: dict[str, tuple[str, tuple[int, ...]]] = {}
+        head = (1, self.kv_heads, n)
+        for i in range(self.layers):
+            if self.kv_bits is None:
+                expected[f"{i}.0"] = expected[f"{i}.1"] = (dtype, (*head, self.head_dim))
+                scalars = 1
+            else:
+                for part in ("0", "1"):
+                    expected[f"{i}.{part}.0"] = ("U32", (*head, self.head_dim * self.kv_bits // 32))
+                    expected[f"{i}.{part}.1"] = expected[f"{i}.{part}.2"] = (
+                        dtype,
+                        (*head, self.head_dim // self.kv_group_size),
+                    )
+                scalars = 3
+            for j in range(scalars):
+                expected[f"{i}.{2 + j}"] = ("I32", ())
+        return expected
+
+
+class DiskPromptCache:
+    """The prompt-cache files of one engine in ``folder`` (see the module docs).
+
+    ``longest`` and ``load`` run on the backend's worker (``load`` makes MLX arrays); ``offer``
+    copies a cache out of MLX there and leaves the write to a thread of its own.
+    """
+
+    def __init__(self, folder: Path, key: str, max_bytes: int, layout: CacheLayout):
+        self.folder = folder
+        self.key = key
+        self.max_bytes = max_bytes
+        self.layout = layout
+        self._prefix = key[:16]
+        self._lock = threading.Lock()  # the index and pending count: worker and writer both touch them
+        self._index: dict[str, np.ndarray] = {}  # file name -> the token ids it holds
+        self._pending = 0
+        self._warned: set[str] = set()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="starcoder-prompt-cache-writer")
+        self.writable = self._make_folder()
+
+    # --- finding and reading (worker thread) ---------------------------------------------------
+
+    def longest(self, tokens: Sequence[int]) -> tuple[str | None, int]:
+        """The file sharing the longest token prefix with ``tokens``, and that length."""
+        self._refresh()
+        query = np.asarray(tokens, dtype=np.int64)
+        best, best_len = None, 0
+        with self._lock:
+            entries = list(self._index.items())
+        for name, held in entries:
+            n = _common_prefix(held, query)
+            if n > best_len:
+                best, best_len = name, n
+        return best, best_len
+
+    def load(self, name: str, tokens: Sequence[int], n: int) -> list[Any] | None:
+        """The cache in file ``name`` for the first ``n`` of ``tokens``; None (with one notice, the
+        file removed) if it is damaged or does not match, or None if it vanished or changed meanwhile."""
+        path = self.folder / name
+        try:
+            tensors, metadata = read_cache_file(path)
+            if json.loads(metadata["0.tokens"])[:n] != list(tokens[:n]):  # replaced since it was indexed
+                self._forget(name)
+                return None
+            cache, held = self._caches(tensors, metadata)
+        except FileNotFoundError:  # evicted by another process since the lookup
+            self._forget(name)
+            return None
+        except (CacheFileError, OSError, ValueError, KeyError, TypeError) as e:
+            self._discard(name, str(e))
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # most recently used
+        if n < held:
+            cache = [prefix_copy(c, n) for c in cache]
+        return cache
+
+    def _caches(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[list[Any], int]:
+        if metadata.get("0.key") != self.key:
+            msg = "it was made by other weights or settings"
+            raise CacheFileError(msg)
+        held = len(json.loads(metadata["0.tokens"]))
+        dtype = tensors["0.1" if self.layout.kv_bits is None else "0.0.1"].dtype
+        expected = self.layout.tensors(held, dtype)
+        found = {name: (t.dtype, t.shape) for name, t in tensors.items()}
+        if found != expected:
+            msg = f"its arrays do not have the shapes of this model's cache for {held} tokens"
+            raise CacheFileError(msg)
+        layout = self.layout
+        scalars = [held] if layout.kv_bits is None else [held, layout.kv_group_size, layout.kv_bits]
+        cache = []
+        for i in range(self.layout.layers):
+            if [int(tensors[f"{i}.{2 + j}"].data) for j in range(len(scalars))] != scalars:
+                msg = f"layer {i} records another offset or quantization"
+                raise CacheFileError(msg)
+            if self.layout.kv_bits is None:
+                state = (_mlx(tensors[f"{i}.0"]), _mlx(tensors[f"{i}.1"]), held)
+                cache.append(KVCache.from_state(state))
+            else:
+                keys, values = (tuple(_mlx(tensors[f"{i}.{p}.{j}"]) for j in range(3)) for p in "01")
+                cache.append(QuantizedKVCache.from_state((keys, values, *scalars)))
+        return cache, held
+
+    # --- writing (a copy on the worker, the file on the writer thread) -------------------------
+
+    def offer(self, tokens: Sequence[int], cache: list[Any]) -> None:
+        """Keep ``cache`` (which holds ``tokens``) on disk if it holds enough the folder lacks."""
+        if not self.writable or len(tokens) < MIN_NEW_TOKENS:
+            return
+        if not all(type(c) in (KVCache, QuantizedKVCache) for c in cache):
+            return  # a cache of another kind (rotating, say) is not one this format holds
+        _, on_disk = self.longest(tokens)
+        if len(tokens) - on_disk < MIN_NEW_TOKENS:
+            return
+        with self._lock:
+            if self._pending >= _MAX_PENDING:
+                return
+            self._pending += 1
+        try:
+            tensors = _snapshot(cache, len(tokens))
+            self._writer.submit(self._write, list(tokens), tensors)
+        except Exception as e:  # the interpreter exiting, say: the request still ends as it would
+            with self._lock:
+                self._pending -= 1
+            self._notice("write", f"Could not keep a prompt cache in {self.folder} ({e}).")
+
+    def _write(self, tokens: list[int], tensors: list[Tensor]) -> None:
+        digest = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=10).hexdigest()
+        name = f"{self._prefix}-{digest}{_SUFFIX}"
+        temp = self.folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        metadata = _mlx_lm_metadata(
+            {"key": self.key, "tokens": json.dumps(tokens, separators=(",", ":"))},
+            ["KVCache" if self.layout.kv_bits is None else "QuantizedKVCache"] * self.layout.layers,
+            [t.name for t in tensors if t.shape == ()],
+        )
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)  # removed under a running engine: made again
+            write_cache_file(temp, tensors, metadata)
+            os.replace(temp, self.folder / name)  # atomic: readers see the whole file or none
+            with self._lock:
+                self._index[name] = np.asarray(tokens, dtype=np.int64)
+            self._evict()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                temp.unlink(missing_ok=True)
+            self._notice(
+                "write",
+                f"Could not write a prompt cache to {self.folder} ({e.strerror or e}); the engine "
+                "answers as before, prefilling what a kept cache would have saved.",
+            )
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def _evict(self) -> None:
+        """Remove the least recently used files of any model until the folder is within its limit."""
+        with self._folder_lock():
+            files, total, now = [], 0, time.time()
+            for entry in _scan(self.folder):
+                with contextlib.suppress(FileNotFoundError):
+                    stat = entry.stat()
+                    if entry.name.endswith(".tmp") and now - stat.st_mtime > _STALE_TEMP_SECONDS:
+                        os.unlink(entry.path)
+                    elif entry.name.endswith(_SUFFIX):
+                        files.append((stat.st_mtime_ns, stat.st_size, entry.name))
+                        total += stat.st_size
+            for _, size, name in sorted(files):
+                if total <= self.max_bytes:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.folder / name)
+                self._forget(name)
+                total -= size
+
+    @contextlib.contextmanager
+    def _folder_lock(self) -> Iterator[None]:
+        """One process at a time evicts, so two never count the folder while the other removes."""
+        with open(self.folder / ".lock", "a+b") as f:
+            if fcntl is not None:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            yield
+
+    def flush(self) -> None:
+        """Wait for the writes queued so far."""
+        self._writer.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+    # --- the index -----------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Index this key's files (written by any process): new ones by their header, gone ones dropped."""
+        names = {
+            e.name for e in _scan(self.folder) if e.name.startswith(self._prefix) and e.name.endswith(_SUFFIX)
+        }
+        with self._lock:
+            for gone in set(self._index) - names:
+                del self._index[gone]
+            new = names - set(self._index)
+        for name in new:
+            try:
+                _, metadata, _ = read_header(self.folder / name)
+                if metadata.get("0.key") != self.key:
+                    msg = "it was made by other weights or settings"
+                    raise CacheFileError(msg)
+                tokens = np.asarray(json.loads(metadata["0.tokens"]), dtype=np.int64)
+            except FileNotFoundError:
+                continue
+            except (CacheFileError, OSError, ValueError, KeyError, TypeError) as e:
+                self._discard(name, str(e))
+                continue
+            with self._lock:
+                self._index[name] = tokens
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._index.pop(name, None)
+
+    def _discard(self, name: str, why: str) -> None:
+        self._forget(name)
+        with contextlib.suppress(OSError):
+            os.unlink(self.folder / name)
+        self._notice(name, f"Skipped and removed the prompt-cache file {self.folder / name}: {why}.")
+
+    def _notice(self, topic: str, msg: str) -> None:
+        """One notice per file or kind of failure for the life of the engine."""
+        with self._lock:
+            if topic in self._warned:
+                return
+            self._warned.add(topic)
+        warnings.warn(msg, PromptCacheNotice, stacklevel=3)
+
+    def _make_folder(self) -> bool:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            probe = self.folder / f".probe.{os.getpid()}.{threading.get_ident()}.tmp"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            self._notice(
+                "write",
+                f"The prompt-cache folder {self.folder} cannot be written ({e.strerror or e}); caches "
+                "already in it are used, none are added.",
+            )
+            return False
+        return True
+
+
+def _scan(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError:  # not there (yet), or unreadable: no files
+        return []
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def _snapshot(cache: list[Any], n: int) -> list[Tensor]:
+    """Numpy copies of the first ``n`` positions of every layer, in mlx-lm's state order (worker thread)."""
+    named: list[tuple[str, mx.array]] = []
+    scalars: list[tuple[str, int]] = []
+    for i, layer in enumerate(cache):
+        if isinstance(layer, QuantizedKVCache):
+            for p, part in enumerate((layer.keys, layer.values)):
+                named += [(f"{i}.{p}.{j}", a[..., :n, :]) for j, a in enumerate(part)]
+            scalars += [(f"{i}.2", n), (f"{i}.3", layer.group_size), (f"{i}.4", layer.bits)]
+        else:
+            named += [(f"{i}.0", layer.keys[..., :n, :]), (f"{i}.1", layer.values[..., :n, :])]
+            scalars.append((f"{i}.2", n))
+    mx.eval([a for _, a in named])
+    tensors = []
+    for name, a in named:
+        kind = dtype_name(str(a.dtype).removeprefix("mlx.core."))
+        data = np.array(a.view(mx.uint16) if kind == "BF16" else a)
+        tensors.append(Tensor(name, kind, tuple(a.shape), data))
+    tensors += [Tensor(name, "I32", (), np.array(v, dtype=np.int32)) for name, v in scalars]
+    return sorted(tensors, key=lambda t: _state_order(t.name))
+
+
+def _state_order(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.split("."))
+
+
+def _mlx(tensor: Tensor) -> mx.array:
+    a = mx.array(tensor.data)
+    return a.view(mx.bfloat16) if tensor.dtype == "BF16" else a
+
+
+def _mlx_lm_metadata(ours: dict[str, str], classes: list[str], scalar_names: list[str]) -> dict[str, str]:
+    """mlx-lm's ``save_prompt_cache`` metadata: ours under ``0.``, the cache classes under ``1.``,
+    the scalar tensors under ``2.`` (so ``load_prompt_cache`` turns them back into ints)."""
+    metadata = {f"0.{k}": v for k, v in ours.items()}
+    metadata.update({f"1.{i}": c for i, c in enumerate(classes)})
+    metadata["2.0"] = ""
+    for i, name in enumerate(scalar_names, start=1):
+        metadata[f"2.{i}.0"], metadata[f"2.{i}.1"] = name, "scalar"
+    return metadata
