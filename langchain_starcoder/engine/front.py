@@ -17,12 +17,12 @@ import numpy as np
 
 from .. import fim
 from ..backends import Backend
-from ..errors import ContextLengthError
+from ..errors import ContextLengthError, InvalidParameterError
 from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
-from .building import connect_backend
+from .building import connect_backend, llama_cpp_backend
 from .jobs import Prompt
 
 
@@ -111,8 +111,11 @@ class StarCoderEngine:
         prefill_step_size: int | None = None,
         gguf_file: str | None = None,
         sliding_window: int | None = None,
+        backend: str = "mlx",
+        llama_cpp: Any = None,
     ) -> StarCoderEngine:
-        """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX.
+        """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX
+        (or, with ``backend="llama.cpp"``, into a llama.cpp server this engine starts and owns).
 
         Args:
             model: A local folder, a hub id (downloaded and cached by huggingface_hub; set
@@ -136,7 +139,27 @@ class StarCoderEngine:
                 dequantized (a notice says what memory that costs); other types are refused.
             sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
                 0 for full attention. By default StarCoder2's published 4096, with a notice.
+            backend: "mlx" (in-process), or "llama.cpp": a ``llama-server`` child process (the
+                ``llama-cpp`` extra) on a free 127.0.0.1 port with a random API key, driven by token
+                ids like :meth:`connect`, stopped when the engine closes or the process exits, and
+                started again on the next call if it died. A folder is converted to GGUF once and
+                kept in the cache; a ``.gguf`` file is served as it is (docs/scaling-out.md).
+                ``quantize``, ``dtype``, ``kv_bits`` and the prompt-cache settings are MLX's.
+            llama_cpp: With ``backend="llama.cpp"``: a
+                :class:`~langchain_starcoder.backends.managed_llama.LlamaCppOptions` or a dict of
+                its fields (threads, slots, context, outtype, inexact_past_window, server_args...).
+                By default a StarCoder2 request holds at most its sliding window, which llama.cpp
+                ignores: answers stay equal to the model's.
         """
+        if backend != "mlx":
+            return cls._load_llama_cpp(
+                model, backend, llama_cpp, revision=revision, gguf_file=gguf_file,
+                mlx_only={"quantize": quantize, "dtype": dtype, "kv_bits": kv_bits,
+                          "sliding_window": sliding_window, "prefill_step_size": prefill_step_size},
+            )  # fmt: skip
+        if llama_cpp is not None:
+            msg = 'llama_cpp= options apply to backend="llama.cpp".'
+            raise InvalidParameterError(msg)
         from ..backends.mlx import MLXBackend, kv_group_size
         from ..gguf_format import open_gguf
         from ..loading import (
@@ -168,6 +191,21 @@ class StarCoderEngine:
         return cls(backend, tokenizer)
 
     @classmethod
+    def _load_llama_cpp(
+        cls, model: str | os.PathLike[str], backend: str, options: Any, *, revision: str | None,
+        gguf_file: str | None, mlx_only: dict[str, Any],
+    ) -> StarCoderEngine:  # fmt: skip
+        if backend != "llama.cpp":
+            msg = f'backend must be "mlx" or "llama.cpp", not {backend!r}.'
+            raise InvalidParameterError(msg)
+        given = sorted(k for k, v in mlx_only.items() if v is not None and not (k == "dtype" and v == "auto"))
+        if given:
+            msg = f'{given} apply to the MLX backend, not to backend="llama.cpp" (see llama_cpp= instead).'
+            raise InvalidParameterError(msg)
+        managed, tokenizer = llama_cpp_backend(model, revision=revision, gguf_file=gguf_file, options=options)
+        return cls(managed, tokenizer, name=str(model))
+
+    @classmethod
     def connect(
         cls,
         base_url: str,
@@ -179,6 +217,7 @@ class StarCoderEngine:
         deadline: float | None = None,
         max_retries: int = 2,
         max_concurrency: int = 16,
+        inexact_past_window: bool = False,
     ) -> StarCoderEngine:
         """An engine whose model runs on a vLLM server or a llama.cpp ``llama-server`` (docs/scaling-out.md).
 
@@ -201,6 +240,10 @@ class StarCoderEngine:
                 keeps it going (None: no bound).
             max_retries: Retries, with backoff, of a connect error or a 503 before the first token.
             max_concurrency: HTTP streams in flight at once (the server batches them).
+            inexact_past_window: llama.cpp's StarCoder2 ignores the sliding window, so on a
+                llama.cpp server a StarCoder2 request holds at most the window (``context_window``),
+                and answers equal the model's. True allows the server's whole context, inexactly
+                past the window. vLLM applies the window: no limit there.
 
         A server whose model has another vocabulary size or training context than the tokenizer's
         checkpoint is refused here.
@@ -208,6 +251,7 @@ class StarCoderEngine:
         backend, tokenizer_ = connect_backend(
             base_url, model=model, tokenizer=tokenizer, api_key=api_key, timeout=timeout,
             deadline=deadline, max_retries=max_retries, max_concurrency=max_concurrency,
+            inexact_past_window=inexact_past_window,
         )  # fmt: skip
         return cls(backend, tokenizer_, name=model)
 

@@ -104,6 +104,9 @@ def write_gguf(
     checkpoint, out = Path(checkpoint), Path(out)
     config = _read_config(checkpoint)
     v1 = config["model_type"] == "gpt_bigcode"
+    if v1 and config.get("multi_query", True) is False:
+        msg = f"{checkpoint} has multi_query false: llama.cpp's StarCoder (v1) takes one KV head only."
+        raise CheckpointError(msg)
     arch = gguf.MODEL_ARCH.STARCODER if v1 else gguf.MODEL_ARCH.STARCODER2
     names = gguf.get_tensor_name_map(arch, config["n_layer" if v1 else "num_hidden_layers"])
     tensors = list(_plan(checkpoint, config, names, ftype, types or {}))
@@ -160,6 +163,9 @@ def _read_config(checkpoint: Path) -> dict[str, Any]:
 # --- the tensors ------------------------------------------------------------------------------------
 
 
+_Stored = tuple[Path, dict[str, Any]]  # a safetensors file and a tensor's entry in its header
+
+
 @dataclass
 class _Tensor:
     """One tensor to write: its llama.cpp name, numpy shape, ggml type, and how to read it as float32."""
@@ -178,7 +184,8 @@ def _plan(
 
     from ..loading import weight_headers
 
-    stored = {name: (file, info) for file, header in weight_headers(checkpoint).items() for name, info in header.items()}
+    headers = weight_headers(checkpoint)
+    stored = {name: (file, info) for file, header in headers.items() for name, info in header.items()}
     quantization = config.get("quantization")
     for name, (file, info) in stored.items():
         base, _, part = name.rpartition(".")
@@ -186,7 +193,8 @@ def _plan(
             continue  # read with their packed weight
         new = names.get_name(base)
         if new is None:
-            msg = f"{file.name} holds {name}, which has no place in llama.cpp's {config['model_type']} layout."
+            arch = config["model_type"]
+            msg = f"{file.name} holds {name}, which has no place in llama.cpp's {arch} layout."
             raise CheckpointError(msg)
         new = f"{new}.{part}"
         if info["dtype"] == "U32":
@@ -214,7 +222,7 @@ def _quantization_of(quantization: Any, module: str, name: str, file: Path) -> t
     entry = entry if isinstance(entry, dict) else quantization
     bits, group_size = entry.get("bits"), entry.get("group_size")
     if bits not in (2, 4, 8) or not isinstance(group_size, int) or group_size < 1:
-        msg = f"{name} is quantized with bits={bits!r}, group_size={group_size!r}: only 2, 4 and 8 bits are read."
+        msg = f"{name} is quantized with bits={bits!r}, group_size={group_size!r}: 2, 4 and 8 bits are read."
         raise CheckpointError(msg)
     return bits, group_size
 
@@ -242,9 +250,8 @@ def _reader(file: Path, info: dict[str, Any], name: str) -> Callable[[], np.ndar
 
 
 def _dequantizer(
-    file: Path, info: dict[str, Any], scales: tuple[Path, dict[str, Any]], biases: tuple[Path, dict[str, Any]],
-    bits: int, group_size: int,
-) -> Callable[[], np.ndarray]:  # fmt: skip
+    file: Path, info: dict[str, Any], scales: _Stored, biases: _Stored, bits: int, group_size: int
+) -> Callable[[], np.ndarray]:
     """MLX's affine quantization undone: each group's ``scale * q + bias``, q unpacked low bits first."""
 
     def read() -> np.ndarray:

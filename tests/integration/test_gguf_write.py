@@ -11,14 +11,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from test_remote import GREEDY, PROMPTS, clean_copy, clean_path  # noqa: F401  (clean_path: a fixture)
 
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError
 from langchain_starcoder.gguf_format import convert_to_gguf, read_header, write_gguf
 from langchain_starcoder.gguf_testing import LlamaServer
 from langchain_starcoder.testing import build_gpt_bigcode, build_starcoder2
-
-from test_remote import GREEDY, PROMPTS, clean_copy, clean_path  # noqa: F401  (clean_path: a fixture)
 
 IDS = [5, 17, 300, 42, 99, 7, 512, 3, 64, 250, 11, 800]
 
@@ -118,7 +117,9 @@ def test_cli_convert_writes_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 @pytest.mark.parametrize("family", ["starcoder2", "gpt_bigcode"])
 def test_llama_server_greedy_equals_the_source(
-    family: str, clean_path: Path, tmp_path: Path  # noqa: F811
+    family: str,
+    clean_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """The written file served by a real llama-server: greedy tokens equal to the local MLX engine's."""
     if family == "starcoder2":
