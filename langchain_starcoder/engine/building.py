@@ -50,8 +50,9 @@ def connect_backend(
 
 
 def llama_cpp_backend(
-    model: str | os.PathLike[str], *, revision: str | None, gguf_file: str | None, options: Any
-) -> tuple[Backend, Any]:
+    model: str | os.PathLike[str], backend: str, *, revision: str | None, gguf_file: str | None,
+    options: Any, mlx_only: dict[str, Any],
+) -> tuple[Backend, Any]:  # fmt: skip
     """The managed llama.cpp backend (a llama-server child) of a checkpoint folder, hub id or GGUF
     file, and its tokenizer; a folder is converted to GGUF once and kept in the cache."""
     from ..backends.managed_llama import LlamaCppOptions, LlamaServerProcess, ManagedLlamaBackend
@@ -59,6 +60,16 @@ def llama_cpp_backend(
     from ..gguf_format.cache import cached_gguf
     from ..loading import model_args, read_config, resolve_model_path
 
+    if backend not in ("mlx", "llama.cpp"):
+        msg = f'backend must be "mlx" or "llama.cpp", not {backend!r}.'
+        raise InvalidParameterError(msg)
+    if backend == "mlx":
+        msg = 'llama_cpp= options apply to backend="llama.cpp".'
+        raise InvalidParameterError(msg)
+    given = sorted(name for name, value in mlx_only.items() if value is not None)
+    if given:
+        msg = f'{given} apply to the MLX backend, not to backend="llama.cpp" (see llama_cpp= instead).'
+        raise InvalidParameterError(msg)
     if options is None or isinstance(options, dict):
         options = LlamaCppOptions(**(options or {}))
     binary = llama_binary("llama-server")  # missing: say how to install it, before converting

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import fim
 from ..backends import Backend
-from ..errors import ContextLengthError, InvalidParameterError
+from ..errors import ContextLengthError
 from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
@@ -151,15 +151,15 @@ class StarCoderEngine:
                 By default a StarCoder2 request holds at most its sliding window, which llama.cpp
                 ignores: answers stay equal to the model's.
         """
-        if backend != "mlx":
-            return cls._load_llama_cpp(
-                model, backend, llama_cpp, revision=revision, gguf_file=gguf_file,
-                mlx_only={"quantize": quantize, "dtype": dtype, "kv_bits": kv_bits,
-                          "sliding_window": sliding_window, "prefill_step_size": prefill_step_size},
-            )  # fmt: skip
-        if llama_cpp is not None:
-            msg = 'llama_cpp= options apply to backend="llama.cpp".'
-            raise InvalidParameterError(msg)
+        if backend != "mlx" or llama_cpp is not None:
+            mlx_only = {
+                "quantize": quantize, "kv_bits": kv_bits, "sliding_window": sliding_window,
+                "prefill_step_size": prefill_step_size, "dtype": None if dtype == "auto" else dtype,
+            }  # fmt: skip
+            managed, tokenizer = llama_cpp_backend(
+                model, backend, revision=revision, gguf_file=gguf_file, options=llama_cpp, mlx_only=mlx_only
+            )
+            return cls(managed, tokenizer, name=str(model))
         from ..backends.mlx import MLXBackend, kv_group_size
         from ..gguf_format import open_gguf
         from ..loading import (
@@ -189,21 +189,6 @@ class StarCoderEngine:
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
         )  # fmt: skip
         return cls(backend, tokenizer)
-
-    @classmethod
-    def _load_llama_cpp(
-        cls, model: str | os.PathLike[str], backend: str, options: Any, *, revision: str | None,
-        gguf_file: str | None, mlx_only: dict[str, Any],
-    ) -> StarCoderEngine:  # fmt: skip
-        if backend != "llama.cpp":
-            msg = f'backend must be "mlx" or "llama.cpp", not {backend!r}.'
-            raise InvalidParameterError(msg)
-        given = sorted(k for k, v in mlx_only.items() if v is not None and not (k == "dtype" and v == "auto"))
-        if given:
-            msg = f'{given} apply to the MLX backend, not to backend="llama.cpp" (see llama_cpp= instead).'
-            raise InvalidParameterError(msg)
-        managed, tokenizer = llama_cpp_backend(model, revision=revision, gguf_file=gguf_file, options=options)
-        return cls(managed, tokenizer, name=str(model))
 
     @classmethod
     def connect(

@@ -360,7 +360,9 @@ def test_server_down_then_back(live_server: LlamaServer, clean_path: Path, local
 
 
 def test_server_killed_mid_stream(live_server: LlamaServer, clean_path: Path, local: StarCoderEngine) -> None:
-    engine = StarCoderEngine.connect(live_server.url, model="tiny", tokenizer=clean_path, max_retries=1)
+    engine = StarCoderEngine.connect(
+        live_server.url, model="tiny", tokenizer=clean_path, max_retries=1, inexact_past_window=True
+    )
     try:
         stream = engine.stream(PROMPTS[1], max_tokens=1800)
         next(stream)
