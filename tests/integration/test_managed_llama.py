@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,11 +37,13 @@ from test_remote import (  # noqa: F401  (the parity tests, run here over the ma
     test_stream_equals_generate,
 )
 
-from langchain_starcoder import StarCoderEngine, StarCoderLLM
+from langchain_starcoder import StarCoderEngine, StarCoderLLM, cli
 from langchain_starcoder.backends.managed_llama import LlamaServerError
 from langchain_starcoder.errors import EngineClosedError, InvalidParameterError, StarCoderError
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.testing import build_starcoder2
+from langchain_starcoder.testing.servers import free_port, wait_healthy
+from langchain_starcoder.types import FIMRequest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -301,3 +304,70 @@ def test_bad_settings_are_refused(full_path: Path) -> None:
         StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 0})
     with pytest.raises(InvalidParameterError, match=r'apply to backend="llama\.cpp"'):
         StarCoderEngine.load(full_path, llama_cpp={"slots": 2})
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+SPEEDS = r"prompt: .* [\d.]+ tokens/s \| generation: \d+ tokens, [\d.]+ tokens/s"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_generate_and_infill_on_llama_cpp(
+    capsys: pytest.CaptureFixture[str], full_path: Path, local: StarCoderEngine, cache: Path
+) -> None:
+    code, out, err = _cli(capsys, "generate", "--model", full_path, "--backend", "llama.cpp",
+                          "--prompt", PROMPTS[0], "--max-tokens", 16)  # fmt: skip
+    assert code == 0 and out == local.generate(PROMPTS[0], max_tokens=16).text
+    assert "on llama.cpp" in err and re.search(SPEEDS, err)
+    request = FIM_REQUESTS["psm"]
+    hole = ["--prefix", request.prefix, "--suffix", request.suffix, "--max-tokens", 16]
+    code, out, err = _cli(capsys, "infill", "--model", full_path, "--backend", "llama.cpp", *hole)
+    assert code == 0 and out == local.infill(request, max_tokens=16).text
+    assert re.search(SPEEDS, err)
+    code, _, err = _cli(capsys, "generate", "--model", full_path, "--llama-slots", 2, "--prompt", "x")
+    assert code != 0 and "need --backend llama.cpp" in err
+
+
+def test_cli_base_url_generate_and_serve_in_front(
+    capsys: pytest.CaptureFixture[str], remote: StarCoderEngine, local: StarCoderEngine, full_path: Path
+) -> None:
+    """``--base-url`` runs on a server elsewhere (here the managed child, with its key); ``serve
+    --base-url`` puts our server (FIM layouts, /infill) in front of it."""
+    server = remote.backend.server
+    target = ["--base-url", server.url, "--model", server.alias, "--tokenizer", full_path,
+              "--remote-api-key", server.api_key]  # fmt: skip
+    code, out, err = _cli(capsys, "generate", *target, "--prompt", PROMPTS[1], "--max-tokens", 16)
+    assert code == 0 and out == local.generate(PROMPTS[1], max_tokens=16).text
+    assert f"Connected to {server.url}" in err and re.search(SPEEDS, err)
+    code, _, err = _cli(capsys, "generate", *target, "--quantize", 4, "--prompt", "x")
+    assert code != 0 and "not to --base-url" in err
+
+    port = free_port()
+    front = subprocess.Popen(
+        [sys.executable, "-m", "langchain_starcoder", "serve", *map(str, target), "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(front, url)
+        request = FIM_REQUESTS["repo"]
+        body = {
+            "input_prefix": request.prefix, "input_suffix": request.suffix, "n_predict": 16,
+            "input_extra": [{"filename": f.path, "text": f.text} for f in request.context_files],
+        }  # fmt: skip
+        got = httpx.post(f"{url}/infill", json=body, timeout=60).json()["content"]
+        files = list(request.context_files)
+        assert (
+            got
+            == local.infill(
+                FIMRequest(request.prefix, request.suffix, context_files=files), max_tokens=16
+            ).text
+        )
+    finally:
+        front.terminate()
+        front.wait(30)
