@@ -1155,7 +1155,8 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "server": bench_server,
     "remote": bench_remote,
     "repo": bench_repo,
+    "llamacpp": importlib.import_module(".llama_cpp_managed", __package__).bench_llama_cpp_managed,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote", "repo")
+OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "llamacpp")
