@@ -26,8 +26,8 @@ INSTALL_HINT = "pip install 'langchain-starcoder[llama-cpp]'"
 #: safetensors dtypes read here (BF16 widened by hand: numpy has no bfloat16).
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
 
-#: (llama.cpp name, float32 array, ggml type name) -> the array to write (raw bytes for a block type),
-#: or None for the usual encoding: tests write random K-quants this way.
+#: (llama.cpp name, array (float16 or float32), ggml type name) -> the array to write (raw bytes for a
+#: block type), or None for the usual encoding: tests write random K-quants this way.
 Encoder = Callable[[str, np.ndarray, str], "np.ndarray | None"]
 
 
@@ -168,7 +168,8 @@ _Stored = tuple[Path, dict[str, Any]]  # a safetensors file and a tensor's entry
 
 @dataclass
 class _Tensor:
-    """One tensor to write: its llama.cpp name, numpy shape, ggml type, and how to read it as float32."""
+    """One tensor to write: its llama.cpp name, numpy shape, ggml type, and how to read it (float16 or
+    float32; a memory map where the file holds it so, so that writing it as it is copies nothing)."""
 
     name: str
     shape: tuple[int, ...]
@@ -239,14 +240,17 @@ def _memmap(file: Path, info: dict[str, Any], name: str) -> np.ndarray:
     return np.memmap(file, dtype=_DTYPES[info["dtype"]], mode="r", offset=8 + header_len + start, shape=shape)
 
 
+def _float(array: np.ndarray, dtype: str) -> np.ndarray:
+    """float16 and float32 as they are; bfloat16 widened to float32 (the high half of one)."""
+    return (array.astype(np.uint32) << 16).view(np.float32) if dtype == "BF16" else array
+
+
 def _float32(array: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "BF16":  # the high half of a float32
-        return (array.astype(np.uint32) << 16).view(np.float32)
-    return np.asarray(array, dtype=np.float32)
+    return np.asarray(_float(array, dtype), dtype=np.float32)
 
 
 def _reader(file: Path, info: dict[str, Any], name: str) -> Callable[[], np.ndarray]:
-    return lambda: _float32(_memmap(file, info, name), info["dtype"])
+    return lambda: _float(_memmap(file, info, name), info["dtype"])
 
 
 def _dequantizer(
@@ -269,11 +273,9 @@ def _dequantizer(
 def _encoded(gguf: Any, tensor: _Tensor, value: np.ndarray, encode: Encoder | None) -> np.ndarray:
     if encode is not None and (encoded := encode(tensor.name, value, tensor.kind)) is not None:
         return encoded
-    if tensor.kind == "F32":
-        return np.ascontiguousarray(value, dtype=np.float32)
-    if tensor.kind == "F16":
-        return value.astype(np.float16)
-    return gguf.quants.quantize(value, gguf.GGMLQuantizationType[tensor.kind])
+    if tensor.kind in ("F32", "F16"):  # no copy where the file holds it in this type already
+        return np.asarray(value, dtype=np.float32 if tensor.kind == "F32" else np.float16)
+    return gguf.quants.quantize(value, gguf.GGMLQuantizationType[tensor.kind])  # in groups of rows
 
 
 # --- the metadata -----------------------------------------------------------------------------------
