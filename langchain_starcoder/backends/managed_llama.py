@@ -47,7 +47,9 @@ class LlamaCppOptions:
     None picks from the machine and the checkpoint.
 
     Args:
-        threads: CPU threads of llama-server (``-t``); default: the CPUs this process may use.
+        threads: CPU threads of llama-server (``-t``); default: the CPUs this process may use, less
+            those the load average says other work keeps busy (llama.cpp's threads run in lockstep:
+            one more than the free cores stalls them all).
         slots: Requests decoded together (``-np``); default: up to 4, as the memory allows.
         context: Tokens each request may hold (prompt and completion); default: StarCoder2's sliding
             window (see ``inexact_past_window``), StarCoder's training context.
