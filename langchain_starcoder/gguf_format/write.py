@@ -198,19 +198,25 @@ def _plan(
             msg = f"{file.name} holds {name}, which has no place in llama.cpp's {arch} layout."
             raise CheckpointError(msg)
         new = f"{new}.{part}"
-        if info["dtype"] == "U32":
+        packed = info["dtype"] == "U32"
+        shape = tuple(info["shape"])
+        if packed:
             bits, group_size = _quantization_of(quantization, base, name, file)
-            scales, biases = stored[f"{base}.scales"], stored[f"{base}.biases"]
-            read = _dequantizer(file, info, scales, biases, bits, group_size)
-            shape = (info["shape"][0], info["shape"][1] * 32 // bits)
-        else:
-            read, shape = _reader(file, info, name), tuple(info["shape"])
+            shape = (shape[0], shape[1] * 32 // bits)
         kind = ftype if len(shape) == 2 and not new.startswith("position_embd") else "F32"
         kind = next((t for prefix, t in types.items() if new.startswith(prefix)), kind)
         if kind not in ("F32", "F16"):
             block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][0]
             if shape[-1] % block:
                 kind = "F16"  # as convert_hf_to_gguf falls back for rows that are not whole blocks
+        if packed:
+            scales, biases = stored[f"{base}.scales"], stored[f"{base}.biases"]
+            into = (
+                np.float16 if kind == "F16" else np.float32
+            )  # what it is written as (quantized from float32)
+            read = _dequantizer(file, info, scales, biases, bits, group_size, into)
+        else:
+            read = _reader(file, info, name)
         yield _Tensor(new, shape, kind, read)
 
 
@@ -254,18 +260,26 @@ def _reader(file: Path, info: dict[str, Any], name: str) -> Callable[[], np.ndar
 
 
 def _dequantizer(
-    file: Path, info: dict[str, Any], scales: _Stored, biases: _Stored, bits: int, group_size: int
-) -> Callable[[], np.ndarray]:
-    """MLX's affine quantization undone: each group's ``scale * q + bias``, q unpacked low bits first."""
+    file: Path, info: dict[str, Any], scales: _Stored, biases: _Stored, bits: int, group_size: int,
+    into: type[np.floating],
+) -> Callable[[], np.ndarray]:  # fmt: skip
+    """MLX's affine quantization undone: each group's ``scale * q + bias``, q unpacked low bits first,
+    some rows at a time into the output (the whole tensor's temporaries would be 4 copies of it)."""
 
     def read() -> np.ndarray:
         packed = _memmap(file, info, "weight")
-        rows = packed.shape[0]
+        scale, bias = _memmap(*scales, "scales"), _memmap(*biases, "biases")
+        rows, columns = packed.shape[0], packed.shape[1] * 32 // bits
+        out = np.empty((rows, columns), dtype=into)
         shifts = np.arange(0, 32, bits, dtype=np.uint32)
-        q = ((packed[..., None] >> shifts) & ((1 << bits) - 1)).reshape(rows, -1, group_size)
-        s = _float32(_memmap(*scales, "scales"), scales[1]["dtype"])[..., None]
-        b = _float32(_memmap(*biases, "biases"), biases[1]["dtype"])[..., None]
-        return (q.astype(np.float32) * s + b).reshape(rows, -1)
+        step = max(1, (4 << 20) // (columns * 4))  # about 4 MiB of float32 at a time
+        for i in range(0, rows, step):
+            q = (packed[i : i + step, :, None] >> shifts) & ((1 << bits) - 1)
+            s = _float32(scale[i : i + step], scales[1]["dtype"])[..., None]
+            b = _float32(bias[i : i + step], biases[1]["dtype"])[..., None]
+            groups = q.reshape(len(q), -1, group_size).astype(np.float32)
+            out[i : i + step] = (groups * s + b).reshape(len(q), columns)
+        return out
 
     return read
 

@@ -17,7 +17,7 @@ from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError
 from langchain_starcoder.gguf_format import convert_to_gguf, read_header, write_gguf
 from langchain_starcoder.gguf_testing import LlamaServer
-from langchain_starcoder.testing import build_gpt_bigcode, build_starcoder2
+from langchain_starcoder.testing import PRESETS, build_gpt_bigcode, build_starcoder2
 
 IDS = [5, 17, 300, 42, 99, 7, 512, 3, 64, 250, 11, 800]
 
@@ -93,6 +93,29 @@ def test_peak_memory_is_about_one_tensor(tmp_path: Path) -> None:
     largest = max(int(np.prod(t.shape)) * 4 for t in read_header(tmp_path / "deep.gguf").tensors.values())
     assert model_bytes > 100 * 2**20
     assert peak < 4 * largest + (8 << 20), (peak, largest, model_bytes)
+
+
+def test_mlx_quantized_weights_are_dequantized_a_few_rows_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 4-bit checkpoint with 64 MiB (float32) MLP weights written F16: about the one F16 tensor being
+    written, not the four float32 temporaries a whole-tensor unpacking makes."""
+    wide = {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+    }
+    monkeypatch.setitem(PRESETS, "wide-mlp", {**PRESETS["small"], **wide})
+    src = build_starcoder2(tmp_path / "q4", preset="wide-mlp", num_layers=1, quantize=4)
+    tracemalloc.start()
+    try:
+        write_gguf(src, tmp_path / "q4.gguf", ftype="F16")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    largest = 2048 * 8192 * 4
+    assert peak < largest * 3 // 4 + (24 << 20), (peak, largest)
 
 
 def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
