@@ -22,7 +22,7 @@ from ..errors import CheckpointError, InvalidParameterError, StarCoderError
 
 #: ``--outtype`` -> the ggml type of 2-D weights (1-D norms and biases stay F32, as llama.cpp keeps them).
 OUTTYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
-INSTALL_HINT = "pip install 'langchain-starcoder[llama-cpp]'"
+INSTALL_HINT = "pip install 'langchain-starcoder[llama-cpp]' (from a checkout: pip install -e '.[llama-cpp]')"
 #: safetensors dtypes read here (BF16 widened by hand: numpy has no bfloat16).
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
 
