@@ -41,6 +41,11 @@ def convert_to_gguf(
         msg = f"outtype must be one of {', '.join(OUTTYPES)}, not {outtype!r}."
         raise InvalidParameterError(msg)
     out = Path(out)
+    config = _read_config(Path(checkpoint))
+    if config["model_type"] == "gpt_bigcode" and config.get("multi_query", True) is False:
+        # write_gguf writes it (tests of the reader need such files); llama.cpp would not load it
+        msg = f"{checkpoint} has multi_query false: llama.cpp's StarCoder (v1) takes one KV head only."
+        raise CheckpointError(msg)
     if outtype != "q4_0":
         return write_gguf(checkpoint, out, ftype=OUTTYPES[outtype])
     quantize = llama_binary("llama-quantize")
@@ -104,9 +109,6 @@ def write_gguf(
     checkpoint, out = Path(checkpoint), Path(out)
     config = _read_config(checkpoint)
     v1 = config["model_type"] == "gpt_bigcode"
-    if v1 and config.get("multi_query", True) is False:
-        msg = f"{checkpoint} has multi_query false: llama.cpp's StarCoder (v1) takes one KV head only."
-        raise CheckpointError(msg)
     arch = gguf.MODEL_ARCH.STARCODER if v1 else gguf.MODEL_ARCH.STARCODER2
     names = gguf.get_tensor_name_map(arch, config["n_layer" if v1 else "num_hidden_layers"])
     tensors = list(_plan(checkpoint, config, names, ftype, types or {}))

@@ -128,6 +128,9 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError):
         convert_to_gguf(src, tmp_path / "x.gguf", outtype="f16")
     assert not (tmp_path / "x.gguf").exists()
+    multi_head = build_gpt_bigcode(tmp_path / "mha", multi_query=False)
+    with pytest.raises(CheckpointError, match="one KV head"):
+        convert_to_gguf(multi_head, tmp_path / "mha.gguf", outtype="f16")
 
 
 def test_cli_convert_writes_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
