@@ -109,6 +109,11 @@ class StarCoderSettings(BaseModel):
     (retrieved files, user input): all of it is then data. ``StarCoderPromptTemplate`` and
     ``FIMPromptTemplate`` keep their variables data either way."""
 
+    backend: Literal["mlx", "llama.cpp"] = "mlx"
+    """Where a local ``model`` runs: "mlx" in this process, or "llama.cpp": a ``llama-server`` child
+    this package starts and stops (the ``llama-cpp`` extra; much faster on a Linux CPU). A folder is
+    converted to GGUF once and kept in the cache (docs/scaling-out.md)."""
+
     base_url: str | None = None
     """The root URL of a vLLM server or a llama.cpp ``llama-server`` that serves ``model``, e.g.
     ``http://127.0.0.1:8080``: the model then runs there, and only the tokenizer, prompt building,
@@ -157,7 +162,7 @@ class StarCoderSettings(BaseModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         """LangSmith's tracing parameters of one call."""
         params = LangSmithParams(
-            ls_provider="llamacpp" if self.base_url else "mlx",
+            ls_provider="llamacpp" if self.base_url or self.backend == "llama.cpp" else "mlx",
             ls_model_name=kwargs.get("model") or self.model,
             ls_model_type=self._ls_model_type,  # type: ignore[typeddict-item]
             ls_temperature=kwargs.get("temperature", self.temperature),
@@ -185,7 +190,7 @@ class StarCoderSettings(BaseModel):
         # Set away from its default (LangChain's serialization sets every truthy field, defaults too).
         changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
         remote_only = changed & {"tokenizer", *_CONNECTION} if self.base_url is None else set()
-        local = {"quantize", "dtype", "kv_bits", "gguf_file", "prompt_cache_dir"}
+        local = {"quantize", "dtype", "kv_bits", "gguf_file", "prompt_cache_dir", "backend"}
         local_only = changed & local if self.base_url else set()
         if remote_only or local_only:
             which = "needs base_url" if remote_only else "applies to a local model, not to base_url"
@@ -241,13 +246,14 @@ class StarCoderSettings(BaseModel):
                 "api_key": self.api_key,
                 **connection,
             }
-        return {
+        settings = {
             "quantize": self.quantize,
             "dtype": self.dtype,
             "kv_bits": self.kv_bits,
             "gguf_file": self.gguf_file,
             "prompt_cache_dir": self.prompt_cache_dir,
         }
+        return settings if self.backend == "mlx" else {**settings, "backend": self.backend}
 
     # --- settings ------------------------------------------------------------------------------
 

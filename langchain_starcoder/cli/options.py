@@ -23,6 +23,8 @@ PROMPT_CACHE_ENV = "LANGCHAIN_STARCODER_PROMPT_CACHE_DIR"
 DEFAULT_PROMPT_CACHE_HELP = (
     f"${PROMPT_CACHE_ENV}, else $XDG_CACHE_HOME/langchain-starcoder/prompt-cache, else ~/.cache/..."
 )
+#: The key sent to a --base-url server (the wrappers' ``api_key`` reads it too).
+REMOTE_KEY_ENV = "STARCODER_API_KEY"
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -75,6 +77,39 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep long prompt caches in DIR, so a later run reuses a prefilled repository context "
         "(serve: default " + DEFAULT_PROMPT_CACHE_HELP + ")",
+    )
+    where = parser.add_argument_group("where the model runs (docs/scaling-out.md)")
+    where.add_argument(
+        "--backend",
+        choices=("mlx", "llama.cpp"),
+        default="mlx",
+        help="mlx: in this process (default); llama.cpp: a llama-server this command starts and stops "
+        "(the llama-cpp extra; much faster on a Linux CPU; a folder is converted to GGUF once, cached)",
+    )
+    where.add_argument("--llama-threads", type=int, metavar="N", help="llama.cpp: CPU threads (default: all)")
+    where.add_argument("--llama-slots", type=int, metavar="N", help="llama.cpp: requests decoded together")
+    where.add_argument(
+        "--llama-context", type=int, metavar="N", help="llama.cpp: tokens per request (default: the window)"
+    )
+    where.add_argument(
+        "--inexact-past-window",
+        action="store_true",
+        help="llama.cpp: allow StarCoder2 requests past the sliding window, which llama.cpp ignores "
+        "(answers there differ from the model's)",
+    )
+    where.add_argument(
+        "--base-url",
+        metavar="URL",
+        help="run on this vLLM or llama.cpp server instead; --model is the served model's name",
+    )
+    where.add_argument(
+        "--tokenizer", help="with --base-url: checkpoint folder, hub id or .gguf to take the tokenizer from"
+    )
+    where.add_argument(
+        "--remote-api-key",
+        metavar="KEY",
+        default=os.environ.get(REMOTE_KEY_ENV),
+        help=f"with --base-url: the server's API key (default: ${REMOTE_KEY_ENV})",
     )
 
 

@@ -122,15 +122,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "convert",
         parents=[common],
-        help="write an MLX checkpoint from a GGUF file",
+        help="GGUF file -> MLX checkpoint folder, or checkpoint -> GGUF file (DST ending in .gguf)",
         description=(
             "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
-            "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load. Q4_0, Q4_1 "
-            "and Q8_0 tensors stay quantized."
+            "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load; Q4_0, Q4_1 "
+            "and Q8_0 tensors stay quantized. Or, with DST ending in .gguf, write a checkpoint folder or "
+            "hub id (full precision or MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor "
+            "at a time (--outtype)."
         ),
     )
-    p.add_argument("src", metavar="SRC", help="a .gguf file, or a folder or hub id with --gguf-file")
-    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    p.add_argument(
+        "src", metavar="SRC", help="a .gguf file (a folder or hub id with --gguf-file), or a checkpoint"
+    )
+    p.add_argument("dst", metavar="DST", type=Path, help="folder to write, or a .gguf file")
+    p.add_argument(
+        "--outtype",
+        choices=("f32", "f16", "q8_0", "q4_0"),
+        help="type of the 2-D weights of a GGUF DST (default f16; q4_0 through llama-quantize)",
+    )
     _gguf_options(p)
     p.add_argument("--revision", help="hub branch, tag or commit of SRC")
     p.add_argument(

@@ -28,7 +28,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.no_prompt_cache and args.prompt_cache_dir is not None:
         msg = "give --prompt-cache-dir DIR or --no-prompt-cache, not both."
         raise CommandError(msg)
-    if not args.no_prompt_cache and args.prompt_cache_dir is None:
+    in_process = args.backend == "mlx" and args.base_url is None  # other servers keep their own caches
+    if in_process and not args.no_prompt_cache and args.prompt_cache_dir is None:
         args.prompt_cache_dir = default_prompt_cache_dir()  # on by default: a restart starts warm
     repo = _repo_index(args.repo) if args.repo is not None else None  # scanned before serving
     failed: list[BaseException] = []

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import Backend
+from ..errors import InvalidParameterError
 from ..tokens import codec_for
 
 
@@ -22,6 +23,7 @@ def connect_backend(
     deadline: float | None,
     max_retries: int,
     max_concurrency: int,
+    inexact_past_window: bool = False,
 ) -> tuple[Backend, Any]:
     """The backend of a vLLM or llama.cpp server and the tokenizer of its model."""
     from ..backends.remote import RemoteBackend
@@ -42,8 +44,109 @@ def connect_backend(
         base_url, model=model, api_key=api_key, timeout=timeout, deadline=deadline,
         max_retries=max_retries, max_concurrency=max_concurrency, vocab_size=args.vocab_size,
         context_length=args.max_position_embeddings, token_bytes=_token_bytes(tokenizer_),
+        sliding_window=getattr(args, "sliding_window", None), inexact_past_window=inexact_past_window,
     )  # fmt: skip
     return backend, tokenizer_
+
+
+def llama_cpp_backend(
+    model: str | os.PathLike[str], backend: str, *, revision: str | None, gguf_file: str | None,
+    options: Any, mlx_only: dict[str, Any],
+) -> tuple[Backend, Any]:  # fmt: skip
+    """The managed llama.cpp backend (a llama-server child) of a checkpoint folder, hub id or GGUF
+    file, and its tokenizer; a folder is converted to GGUF once and kept in the cache."""
+    from ..backends.managed_llama import LlamaCppOptions, LlamaServerProcess, ManagedLlamaBackend
+    from ..gguf_format import is_gguf, llama_binary, read_gguf, resolve_gguf_file
+    from ..gguf_format.cache import cached_gguf
+    from ..loading import model_args, read_config, resolve_model_path
+
+    if backend not in ("mlx", "llama.cpp"):
+        msg = f'backend must be "mlx" or "llama.cpp", not {backend!r}.'
+        raise InvalidParameterError(msg)
+    if backend == "mlx":
+        msg = 'llama_cpp= options apply to backend="llama.cpp".'
+        raise InvalidParameterError(msg)
+    given = sorted(name for name, value in mlx_only.items() if value is not None)
+    if given:
+        msg = f'{given} apply to the MLX backend, not to backend="llama.cpp" (see llama_cpp= instead).'
+        raise InvalidParameterError(msg)
+    if options is None or isinstance(options, dict):
+        options = LlamaCppOptions(**(options or {}))
+    binary = llama_binary("llama-server")  # missing: say how to install it, before converting
+    if is_gguf(model, gguf_file):
+        gguf = Path(resolve_gguf_file(model, gguf_file, revision))
+        config, folder = read_gguf(gguf).config, None
+    else:
+        folder = resolve_model_path(model, revision)
+        config = read_config(folder)
+        outtype = _auto_outtype(config) if options.outtype == "auto" else options.outtype
+        cache = None if options.cache_dir is None else Path(options.cache_dir)
+        gguf = cached_gguf(folder, outtype, cache)
+    args = model_args(config)
+    window = getattr(args, "sliding_window", None)
+    exact = window if window and not options.inexact_past_window else None
+    context = options.context or exact or args.max_position_embeddings
+    if exact is not None and context > exact:
+        msg = (
+            f"llama_cpp context={context} is past StarCoder2's {exact}-token sliding window, which "
+            "llama.cpp ignores (answers past it differ from the model's): use at most the window, or "
+            "set inexact_past_window=True to allow it."
+        )
+        raise InvalidParameterError(msg)
+    threads = options.threads or _idle_cpus()
+    slots = options.slots or _slots(args, context)
+    alias = Path(os.fspath(model)).name or "model"
+    server = LlamaServerProcess(
+        binary, gguf, alias=alias, threads=threads, slots=slots, context=context,
+        server_args=options.server_args, startup_timeout=options.startup_timeout,
+    )  # fmt: skip
+    source = gguf if folder is None else folder
+    tokenizers: list[Any] = []
+
+    def connect(url: str, api_key: str) -> Any:
+        remote, tokenizer = connect_backend(
+            url, model=alias, tokenizer=source, api_key=api_key, timeout=600.0, deadline=None,
+            max_retries=0, max_concurrency=max(16, slots), inexact_past_window=options.inexact_past_window,
+        )  # fmt: skip
+        tokenizers.append(tokenizer)
+        return remote
+
+    backend = ManagedLlamaBackend(server, connect, name=str(model), path=folder, sliding_window=window)
+    return backend, tokenizers[0]
+
+
+def _auto_outtype(config: dict[str, Any]) -> str:
+    """The GGUF type that keeps a checkpoint's precision: f32, f16, or its MLX quantization's bits."""
+    quantization = config.get("quantization")
+    if isinstance(quantization, dict):
+        return "q8_0" if quantization.get("bits") == 8 else "q4_0"
+    return "f32" if config.get("torch_dtype", "float32") == "float32" else "f16"
+
+
+def _idle_cpus() -> int:
+    """The CPUs this process may use, less those other work keeps busy (the load average): llama.cpp's
+    threads run in lockstep, so one waiting for a core stalls them all (on 2 cores at a load of 9,
+    2 threads decoded 0.08 tokens/s, 1 thread 3.3)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cpus, int(cpus + 1 - busy)))
+
+
+def _slots(args: Any, context: int) -> int:
+    """Up to 4 requests at once, as many as a quarter of the free memory holds KV caches for
+    (float16 keys and values of ``context`` tokens in every layer)."""
+    per_slot = context * args.num_hidden_layers * 2 * args.num_key_value_heads * args.head_dim * 2
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        free = 8 << 30
+    return max(1, min(4, free // 4 // per_slot))
 
 
 #: The files a remote engine needs from the hub: the tokenizer and configs, never weights.

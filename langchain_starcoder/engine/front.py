@@ -23,7 +23,7 @@ from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, is_int, join_chunks
 from . import fim_prompts, jobs
-from .building import connect_backend
+from .building import connect_backend, llama_cpp_backend
 from .jobs import Prompt
 
 
@@ -117,8 +117,11 @@ class StarCoderEngine:
         sliding_window: int | None = None,
         prompt_cache_dir: str | os.PathLike[str] | None = None,
         max_prompt_cache_dir_bytes: int = 4 << 30,
+        backend: str = "mlx",
+        llama_cpp: Any = None,
     ) -> StarCoderEngine:
-        """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX.
+        """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX
+        (or, with ``backend="llama.cpp"``, into a llama.cpp server this engine starts and owns).
 
         Args:
             model: A local folder, a hub id (downloaded and cached by huggingface_hub; set
@@ -149,7 +152,28 @@ class StarCoderEngine:
                 ``kv_bits``, window and tokenizer; a damaged one is removed with a
                 ``PromptCacheNotice``. A folder that cannot be written gives one notice.
             max_prompt_cache_dir_bytes: The folder's byte limit; least recently used files go first.
+            backend: "mlx" (in-process), or "llama.cpp": a ``llama-server`` child process (the
+                ``llama-cpp`` extra) on a free 127.0.0.1 port with a random API key, driven by token
+                ids like :meth:`connect`, stopped when the engine closes or the process exits, and
+                started again on the next call if it died. A folder is converted to GGUF once and
+                kept in the cache; a ``.gguf`` file is served as it is (docs/scaling-out.md).
+                ``quantize``, ``dtype``, ``kv_bits`` and the prompt-cache settings are MLX's.
+            llama_cpp: With ``backend="llama.cpp"``: a
+                :class:`~langchain_starcoder.backends.managed_llama.LlamaCppOptions` or a dict of
+                its fields (threads, slots, context, outtype, inexact_past_window, server_args...).
+                By default a StarCoder2 request holds at most its sliding window, which llama.cpp
+                ignores: answers stay equal to the model's.
         """
+        if backend != "mlx" or llama_cpp is not None:
+            mlx_only = {
+                "quantize": quantize, "kv_bits": kv_bits, "sliding_window": sliding_window,
+                "prefill_step_size": prefill_step_size, "dtype": None if dtype == "auto" else dtype,
+                "prompt_cache_dir": prompt_cache_dir,
+            }  # fmt: skip
+            managed, tokenizer = llama_cpp_backend(
+                model, backend, revision=revision, gguf_file=gguf_file, options=llama_cpp, mlx_only=mlx_only
+            )
+            return cls(managed, tokenizer, name=str(model))
         from ..backends.mlx import MLXBackend, kv_group_size
         from ..gguf_format import open_gguf
         from ..loading import (
@@ -196,6 +220,7 @@ class StarCoderEngine:
         deadline: float | None = None,
         max_retries: int = 2,
         max_concurrency: int = 16,
+        inexact_past_window: bool = False,
     ) -> StarCoderEngine:
         """An engine whose model runs on a vLLM server or a llama.cpp ``llama-server`` (docs/scaling-out.md).
 
@@ -218,6 +243,10 @@ class StarCoderEngine:
                 keeps it going (None: no bound).
             max_retries: Retries, with backoff, of a connect error or a 503 before the first token.
             max_concurrency: HTTP streams in flight at once (the server batches them).
+            inexact_past_window: llama.cpp's StarCoder2 ignores the sliding window, so on a
+                llama.cpp server a StarCoder2 request holds at most the window (``context_window``),
+                and answers equal the model's. True allows the server's whole context, inexactly
+                past the window. vLLM applies the window: no limit there.
 
         A server whose model has another vocabulary size or training context than the tokenizer's
         checkpoint is refused here.
@@ -225,6 +254,7 @@ class StarCoderEngine:
         backend, tokenizer_ = connect_backend(
             base_url, model=model, tokenizer=tokenizer, api_key=api_key, timeout=timeout,
             deadline=deadline, max_retries=max_retries, max_concurrency=max_concurrency,
+            inexact_past_window=inexact_past_window,
         )  # fmt: skip
         return cls(backend, tokenizer_, name=model)
 

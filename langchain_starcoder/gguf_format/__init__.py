@@ -11,10 +11,9 @@ One module per step, each reading the one before's checked view of the file:
 - ``weights``: the tensors as MLX arrays (``mx.load``; BF16 and Q4_K read here);
 - ``tokenizer``: the tokenizer ``tokenizer.ggml.*`` describes;
 - ``hub``: where the file is (a path, a folder, a hub repo); ``load``: the engine's entry point;
-- ``convert``: GGUF -> an MLX checkpoint folder.
-
-Writing GGUF files (any checkpoint, with the ``gguf`` package) belongs beside ``convert`` as its own
-module, reusing ``layout``'s names and shapes.
+- ``convert``: GGUF -> an MLX checkpoint folder;
+- ``write``: the other way, a checkpoint folder -> a GGUF file in llama.cpp's layout, tensor by tensor
+  (the ``gguf`` package; Q4_0 through ``llama-quantize``).
 
 The weights are read by MLX's own GGUF reader (``mx.load``), which returns Q4_0, Q4_1 and Q8_0 as MLX
 affine group-32 quantized triples (exactly: no dequantize-requantize round trip) and the K-quants
@@ -31,12 +30,14 @@ from .layout import LAYOUTS, our_name
 from .load import load_gguf_model, open_gguf
 from .tokenizer import gguf_tokenizer
 from .weights import dequantize_q4_k, quantized_layers, read_weights
+from .write import OUTTYPES, convert_to_gguf, llama_binary, write_gguf
 
 __all__ = [
     "FLOAT_TYPES",
     "GGML_TYPES",
     "GROUP_SIZE",
     "LAYOUTS",
+    "OUTTYPES",
     "STARCODER2_SLIDING_WINDOW",
     "SUPPORTED_TYPES",
     "GGUFCheckpoint",
@@ -44,9 +45,11 @@ __all__ = [
     "GGUFNotice",
     "TensorInfo",
     "convert_gguf",
+    "convert_to_gguf",
     "dequantize_q4_k",
     "gguf_tokenizer",
     "is_gguf",
+    "llama_binary",
     "load_gguf_model",
     "open_gguf",
     "our_name",
@@ -56,4 +59,5 @@ __all__ = [
     "read_weights",
     "resolve_gguf_file",
     "warn_notices",
+    "write_gguf",
 ]

@@ -106,6 +106,8 @@ def serving(stream: Callable[[dict[str, Any], Write], None], vllm: bool = False)
 
 
 def connect(stub: HostileStub, tiny_path: Path, **kwargs: Any) -> StarCoderEngine:
+    # The whole reported context, past the tiny model's 512-token window, for the long streams here.
+    kwargs.setdefault("inexact_past_window", True)
     return StarCoderEngine.connect(stub.url, model="tiny", tokenizer=tiny_path, max_retries=0, **kwargs)
 
 

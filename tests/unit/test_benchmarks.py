@@ -196,3 +196,15 @@ def test_fullmodel_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) ->
     assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
     # The tiny preset stands in for the 30 layers (2) and the one 3b layer (2 as well).
     assert section["data"]["30 layers"]["layers"] == 2
+
+
+def test_llama_cpp_managed_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
+    """Managed llama.cpp against MLX in-process on one Q4_0 file (benchmarks/llama_cpp_managed.py)."""
+    assert "llamacpp" in OPTIONAL
+    assert main(["--preset", "tiny", "--only", "llamacpp", "--quiet", "--workdir", str(tmp_path / "w"),
+                 "--out", str(tmp_path), "--reps", "1"]) == 0  # fmt: skip
+    (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
+    metrics = [r["metric"] for r in section["rows"]]
+    assert metrics == ["decode tokens/s", "prefill tokens/s", "time to first token, cold"]
+    assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
+    assert list((tmp_path / "w").glob("*-Q4_0.gguf"))  # the one file both engines load

@@ -38,6 +38,7 @@ SERIALIZED = {
     "kwargs": {
         "model": HUB_MODEL,
         "dtype": "auto",
+        "backend": "mlx",
         "max_tokens": 100,
         "top_p": 1.0,
         "stop": [],

