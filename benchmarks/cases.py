@@ -28,6 +28,7 @@ from .harness import (
     interleave,
     run_child,
 )
+from .vllm_server import bench_vllm
 
 _WORDS = ("items", "cache", "token", "value", "limit", "index", "parser", "window", "config", "queue")
 
@@ -1155,7 +1156,8 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "server": bench_server,
     "remote": bench_remote,
     "repo": bench_repo,
+    "vllm": bench_vllm,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote", "repo")
+OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "vllm")

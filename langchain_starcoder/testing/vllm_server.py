@@ -22,6 +22,33 @@ from .vllm_install import DEFAULT_VENV, is_installed, vllm_python
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
+# The process we start: it runs vLLM's server as its child, in one process group, and ends them all
+# when asked (SIGTERM: vLLM's own shutdown, SIGKILL after 15 s), when vLLM exits (its engine core would
+# stay), or when the caller dies, however it dies (Linux's PR_SET_PDEATHSIG sends the SIGTERM).
+_SUPERVISOR = """
+import contextlib, ctypes, os, signal, subprocess, sys
+
+server = None
+
+def end(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if server is not None:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(15)
+    os.killpg(0, signal.SIGKILL)
+
+signal.signal(signal.SIGTERM, end)
+if sys.platform == "linux":
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    if os.getppid() != int(os.environ["VLLM_SERVER_PARENT"]):
+        os.killpg(0, signal.SIGKILL)  # the caller died before the line above
+server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *sys.argv[1:]])
+server.wait()
+os.killpg(0, signal.SIGKILL)
+"""
+
+
 class VLLMServer:
     """``python -m vllm.entrypoints.openai.api_server`` serving checkpoint folder ``model`` as ``name``
     (float32, prefix caching, ``cached_tokens`` in usage); its output goes to ``log``."""
@@ -45,7 +72,7 @@ class VLLMServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log or Path(model).with_name(f"{Path(model).name}-vllm.log")
         self.args = [
-            str(vllm_python(venv)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            str(vllm_python(venv)), "-c", _SUPERVISOR, "--model", str(model),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", str(max_model_len), "--enable-prefix-caching",
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
@@ -61,9 +88,10 @@ class VLLMServer:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.stop()  # a group left by a killed leader
+        env = {**self.env, "VLLM_SERVER_PARENT": str(os.getpid())}
         with self.log.open("ab") as log:  # a file, not a pipe: a full pipe would stall the server
             self.proc = subprocess.Popen(
-                self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                self.args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         self._launched = time.monotonic()
 
@@ -90,21 +118,19 @@ class VLLMServer:
         self.wait()
 
     def stop(self, kill: bool = False) -> None:
-        """End the server and everything in its process group: SIGTERM (vLLM shuts its engine down),
-        or SIGKILL with ``kill`` or after 30 s."""
+        """End the server and everything in its process group: SIGTERM to our process (vLLM shuts
+        its engine down), or SIGKILL to the group with ``kill`` or after 30 s."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGKILL) if kill else proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
-        with contextlib.suppress(ProcessLookupError):  # the group's last members (engine core)
-            os.killpg(proc.pid, signal.SIGKILL)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
