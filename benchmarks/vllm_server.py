@@ -46,15 +46,16 @@ def bench_vllm(ctx: Context) -> Section:
     folder = _small(ctx) if ctx.tiny else ctx.checkpoints.get(WIDE_1)
     n = ctx.size(64, 32, 16)
 
-    def raw(url: str, prompt: list[int], stream: bool = False) -> int:
-        """One raw /v1/completions request of ids; the number of tokens it generated."""
+    def raw(client: httpx.Client, prompt: list[int], stream: bool = False) -> int:
+        """One raw /v1/completions request of ids; the number of tokens it generated. (One client for
+        all, as the remote backend keeps: a new one per request costs some 0.1 s of TLS setup here.)"""
         body = {"model": "bench", "prompt": prompt, "max_tokens": n, "temperature": 0.0,
                 "return_token_ids": True, "stream": stream}  # fmt: skip
         if not stream:
-            answer = httpx.post(f"{url}/v1/completions", json=body, timeout=600).json()
+            answer = client.post("/v1/completions", json=body).json()
             return answer["usage"]["completion_tokens"]
         count = 0
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
+        with client.stream("POST", "/v1/completions", json=body) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     count += sum(len(c.get("token_ids") or []) for c in json.loads(line[6:])["choices"])
@@ -71,14 +72,17 @@ def bench_vllm(ctx: Context) -> Section:
 
     server = VLLMServer(folder, name="bench", venv=venv, log=folder.parent / f"{folder.name}-vllm.log")
     ctx.log(f"  starting vLLM on {folder.name}")
-    with server:
+    with (
+        server,
+        httpx.Client(base_url=server.url, timeout=600, limits=httpx.Limits(max_connections=16)) as client,
+    ):
         ctx.log(f"  vLLM ready in {server.ready_seconds:.0f} s")
         url = server.url
         remote = StarCoderEngine.connect(url, model="bench", tokenizer=str(folder), timeout=600)
         # Distinct prompts (prefix caching would otherwise serve repeats from its cache).
         prompts = [code_ids(remote, 16, seed=20 + i) for i in range(8)]
         runs = {"remote": lambda p: remote.generate(p, max_tokens=n).completion_tokens,
-                "raw": lambda p: raw(url, p)}  # fmt: skip
+                "raw": lambda p: raw(client, p)}  # fmt: skip
         variants = [
             (f"{how} {mode}", functools.partial(total_rate, run, prompts, together))
             for how, run in runs.items()
@@ -87,7 +91,7 @@ def bench_vllm(ctx: Context) -> Section:
         concurrency = interleave(variants, ctx.reps, ctx.warmup)
         llm = StarCoderLLM(base_url=url, model="bench", tokenizer=str(folder), max_tokens=n, temperature=0.0)
         prompt = remote.decode(prompts[0])
-        raw_stream = functools.partial(_rate, functools.partial(raw, url, prompts[0], True))
+        raw_stream = functools.partial(_rate, functools.partial(raw, client, prompts[0], True))
         streams = interleave(
             [("llm", functools.partial(_llm_rate, llm, prompt)), ("raw", raw_stream)],
             max(ctx.reps, 5),
