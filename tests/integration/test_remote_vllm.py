@@ -55,6 +55,32 @@ def test_a_400_is_one_clear_error_and_leaves_it_usable(
 
 
 @pytest.mark.vllm
+def test_past_the_sliding_window_it_equals_the_local_engine(
+    vllm_server: VLLMServer, vllm_path: Path, local: StarCoderEngine, tmp_path: Path
+) -> None:
+    """vLLM's StarCoder2 keeps the sliding window (512 tokens in the test checkpoint), as the local
+    engine does (llama.cpp and mlx-lm ignore it): greedy stays equal on prompts past it, where
+    attention over the whole prompt answers otherwise."""
+    config = json.loads((vllm_path / "config.json").read_text())
+    unwindowed = Path(shutil.copytree(vllm_path, tmp_path / "unwindowed"))
+    (unwindowed / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
+    engine = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=vllm_path)
+    whole = StarCoderEngine.load(unwindowed)
+    try:
+        differs = []
+        for seed in range(3):
+            prompt = "".join(f"def f{seed}_{i}(x):\n    return x * {i}\n" for i in range(50))
+            assert config["sliding_window"] + 200 < len(local.encode(prompt)) < 2000
+            got, want = engine.generate(prompt, max_tokens=24), local.generate(prompt, max_tokens=24)
+            assert (got.text, got.token_ids) == (want.text, want.token_ids)
+            differs.append(whole.generate(prompt, max_tokens=24).token_ids != want.token_ids)
+        assert any(differs)  # the window matters for these prompts
+    finally:
+        engine.close()
+        whole.close()
+
+
+@pytest.mark.vllm
 def test_a_shorter_served_context_is_the_window(
     vllm_server: VLLMServer, vllm_path: Path, local: StarCoderEngine, tmp_path: Path
 ) -> None:
