@@ -23,7 +23,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 # The process we start: it runs vLLM's server as its child, in one process group, and ends them all
-# when asked (SIGTERM: vLLM's own shutdown, SIGKILL after 15 s), when vLLM exits (its engine core would
+# when asked (SIGTERM: vLLM's own shutdown, SIGKILL after 5 s), when vLLM exits (its engine core would
 # stay), or when the caller dies, however it dies (Linux's PR_SET_PDEATHSIG sends the SIGTERM).
 _SUPERVISOR = """
 import contextlib, ctypes, os, signal, subprocess, sys
@@ -35,7 +35,7 @@ def end(*_):
     if server is not None:
         server.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(15)
+            server.wait(5)
     os.killpg(0, signal.SIGKILL)
 
 signal.signal(signal.SIGTERM, end)
@@ -47,6 +47,16 @@ server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_se
 server.wait()
 os.killpg(0, signal.SIGKILL)
 """
+
+
+def _running_in_group(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not: they hold no socket)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z":
+                return True
+    return False
 
 
 class VLLMServer:
@@ -131,6 +141,10 @@ class VLLMServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+        # Our process is gone; vLLM's may still be dying, its port still open: wait them out.
+        deadline = time.monotonic() + 30
+        while _running_in_group(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
