@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,14 @@ class VLLMServer:
         max_model_len: int = 2048,
         log: Path | None = None,
     ) -> None:
+        config = json.loads((Path(model) / "config.json").read_text())
+        head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        if head not in CPU_HEAD_SIZES:
+            msg = (
+                f"{model} has attention heads of size {head}; vLLM's CPU attention takes {CPU_HEAD_SIZES} "
+                "only (another kills its engine on the first request): build it with another preset."
+            )
+            raise ValueError(msg)
         if not is_installed(venv):
             msg = (
                 f"vLLM's CPU build is not installed in {venv}: run "

@@ -11,6 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from langchain_starcoder.testing.vllm_server import VLLMServer
+
 
 def _alive_in_group(pgid: int) -> list[str]:
     alive = []
@@ -21,6 +23,11 @@ def _alive_in_group(pgid: int) -> list[str]:
         except (ProcessLookupError, psutil.Error):
             pass
     return alive
+
+
+def test_a_head_size_vllm_cannot_run_is_refused_before_it_starts(tiny_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"heads of size 16; vLLM's CPU attention takes \(32, 64"):
+        VLLMServer(tiny_path)
 
 
 @pytest.mark.vllm
