@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ class Served:
         """The server's own counts (tokens generated, ...), once nothing runs (within 10 s)."""
         raise NotImplementedError
 
+    def generating(self) -> bool:
+        """Whether the server is generating now."""
+        raise NotImplementedError
+
     def assert_stopped_early(self, before: dict[str, float], after: dict[str, float], asked: int) -> None:
         """Between the two counts, one request of ``asked`` tokens ended early: the server stopped it."""
         raise NotImplementedError
@@ -89,9 +94,12 @@ class LlamaServed(Served):
             self.server.start()
         return self
 
+    def generating(self) -> bool:
+        return any(slot["is_processing"] for slot in httpx.get(f"{self.url}/slots", timeout=5).json())
+
     def counts_when_idle(self) -> dict[str, float]:
         deadline = time.monotonic() + 10
-        while any(slot["is_processing"] for slot in httpx.get(f"{self.url}/slots", timeout=5).json()):
+        while self.generating():
             assert time.monotonic() < deadline, "llama-server still busy after 10 s"
             time.sleep(0.05)
         return {"generated": _llama_metric(self.url, "tokens_predicted_total")}
@@ -127,9 +135,12 @@ class VLLMServed(Served):
         self.server.wait()
         return self
 
+    def generating(self) -> bool:
+        return self.server.metric("vllm:num_requests_running") > 0
+
     def counts_when_idle(self) -> dict[str, float]:
         deadline = time.monotonic() + 10
-        while self.server.metric("vllm:num_requests_running"):
+        while self.generating():
             assert time.monotonic() < deadline, "vLLM still running requests after 10 s"
             time.sleep(0.05)
         return {
@@ -311,31 +322,56 @@ def test_sixteen_concurrent_threads_and_tasks(served: Served) -> None:
         _same(got, want)
 
 
+def _streaming(
+    served: Served, engine: StarCoderEngine, prompt: str, max_tokens: int
+) -> tuple[Iterator[Any], dict[str, float]]:
+    """A stream whose first token has come while the server still generates it, and the server's
+    counts from just before it. (On 2 busy cores vLLM's front process may send the first chunk when
+    its engine has nearly finished: it decodes this model at some 500 tokens/s.)"""
+    for _ in range(5):
+        before = served.counts_when_idle()
+        stream = engine.stream(prompt, max_tokens=max_tokens)
+        next(stream)
+        if served.generating():
+            return stream, before
+        stream.close()
+    pytest.fail("the server had always finished by the time its first token came")
+
+
 def test_cancel_mid_stream_stops_the_server_and_leaves_next_correct(served: Served) -> None:
     remote = served.remote
-    before = served.counts_when_idle()
     # 1900 tokens are seconds of work for these servers; a cancelled request stops earlier.
-    stream = remote.stream(PROMPTS[1], max_tokens=1900)
-    next(stream)
+    stream, before = _streaming(served, remote, PROMPTS[1], 1900)
     stream.close()
     after_close = served.counts_when_idle()
     served.assert_stopped_early(before, after_close, 1900)
 
-    async def cancelled_task() -> None:
-        async def consume() -> None:
-            # Waits only inside the stream, where a cancel closes it at once. (A cancel that lands
-            # elsewhere in an `async for` body leaves the stream to be closed when it is collected.)
-            async for _ in remote.astream(PROMPTS[2], max_tokens=1900):
-                pass
+    async def cancelled_task() -> dict[str, float]:
+        """A task cancelled while the server generates its stream; the counts from before it."""
+        for _ in range(5):  # as _streaming
+            before = served.counts_when_idle()
+            first = asyncio.Event()
 
-        task = asyncio.create_task(consume())
-        await asyncio.sleep(0.2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+            async def consume() -> None:
+                # Waits only inside the stream, where a cancel closes it at once. (A cancel that lands
+                # elsewhere in an `async for` body leaves the stream to be closed when it is collected.)
+                async for _ in remote.astream(PROMPTS[2], max_tokens=1900):
+                    first.set()  # noqa: B023 (this try's event: the task ends within the try)
 
-    asyncio.run(cancelled_task())
-    served.assert_stopped_early(after_close, served.counts_when_idle(), 1900)
+            task = asyncio.create_task(consume())
+            await asyncio.wait_for(first.wait(), 60)
+            generating = served.generating()
+            task.cancel()
+            if generating:
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                return before
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        pytest.fail("the server had always finished by the time its first token came")
+
+    before_task = asyncio.run(cancelled_task())
+    served.assert_stopped_early(before_task, served.counts_when_idle(), 1900)
     _same(remote.generate(PROMPTS[3], **GREEDY), served.local.generate(PROMPTS[3], **GREEDY))
 
 
@@ -454,12 +490,17 @@ def test_server_killed_mid_stream_then_back(served: Served) -> None:
     the same engine works again, with the same answers."""
     engine = StarCoderEngine.connect(served.url, model="tiny", tokenizer=served.path, max_retries=1)
     try:
-        stream = engine.stream(PROMPTS[1], max_tokens=1800)
-        next(stream)
-        served.kill()
-        with pytest.raises(ServerError, match="broke after"):
-            for _ in stream:
-                pass
+        # Read on another thread; kill when the server says it generates (on 2 busy cores vLLM's
+        # front process may send its first chunk only when its engine has nearly finished).
+        with ThreadPoolExecutor(1) as reader:
+            read = reader.submit(list, engine.stream(PROMPTS[1], max_tokens=1800))
+            deadline = time.monotonic() + 30
+            while not served.generating():
+                assert time.monotonic() < deadline and not read.done(), "the server never generated"
+                time.sleep(0.02)
+            served.kill()
+            with pytest.raises(ServerError, match="broke after"):
+                read.result(60)
         with pytest.raises(ServerUnavailableError, match="could not be reached"):
             engine.generate(PROMPTS[0], **GREEDY)
         served.live()
