@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import disk_cache, llama_cpp_managed
+from .. import disk_cache, llama_cpp_managed, vllm_server
 from ..harness import Section
 from .blas import bench_blas
 from .common import Context, prefill_rate
@@ -38,9 +38,10 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "repo": bench_repo,
     "disk_cache": disk_cache.bench_disk_cache,
     "llamacpp": llama_cpp_managed.bench_llama_cpp_managed,
+    "vllm": vllm_server.bench_vllm,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "disk_cache", "llamacpp")
+OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "disk_cache", "llamacpp", "vllm")
 
 __all__ = ["BENCHMARKS", "OPTIONAL", "Context", "batch_variants", "prefill_rate"]

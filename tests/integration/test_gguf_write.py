@@ -11,7 +11,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from test_remote import GREEDY, PROMPTS, clean_copy, clean_path  # noqa: F401  (clean_path: a fixture)
+from conftest import clean_copy
+from test_remote import GREEDY, PROMPTS
 
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError
@@ -144,7 +145,7 @@ def test_cli_convert_writes_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("family", ["starcoder2", "gpt_bigcode"])
 def test_llama_server_greedy_equals_the_source(
     family: str,
-    clean_path: Path,  # noqa: F811
+    clean_path: Path,
     tmp_path: Path,
 ) -> None:
     """The written file served by a real llama-server: greedy tokens equal to the local MLX engine's."""
@@ -152,7 +153,7 @@ def test_llama_server_greedy_equals_the_source(
         src, local = clean_path, StarCoderEngine.load(clean_path)
     else:
         raw = StarCoderEngine.load(build_gpt_bigcode(tmp_path / "v1"))
-        src = clean_copy(raw.path, tmp_path / "v1-clean", raw.tokenizer)
+        src = clean_copy(raw.path, tmp_path / "v1-clean")
         raw.close()
         local = StarCoderEngine.load(src)
     out = convert_to_gguf(src, tmp_path / f"{family}.gguf", outtype="f32")

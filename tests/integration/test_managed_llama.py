@@ -2,8 +2,8 @@
 ``llama-server`` child the engine converts the checkpoint for, starts, drives and stops.
 
 The parity tests of test_remote.py run here too, unchanged, against the managed engine: they take
-the fixtures ``remote`` and ``local``, which this module defines over a full-attention checkpoint
-(so long generations stay exact on llama.cpp, which ignores sliding windows). Then the faults: the
+the fixture ``served`` (its ``remote`` and ``local``), which this module defines over a full-attention
+checkpoint (so long generations stay exact on llama.cpp, which ignores sliding windows). Then the faults: the
 child killed (idle, mid-request, beyond restart), the parent killed, closing, a missing binary.
 """
 
@@ -19,16 +19,16 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
+from conftest import clean_copy
 from test_remote import (  # noqa: F401  (the parity tests, run here over the managed engine)
     FIM_REQUESTS,
     GREEDY,
     PROMPTS,
     _same,
-    clean_copy,
-    clean_path,
     test_batch_equals_alone,
     test_greedy_parity_fim,
     test_greedy_parity_plain,
@@ -67,7 +67,7 @@ def full_path(tiny_engine: StarCoderEngine, tmp_path_factory: pytest.TempPathFac
     folder = tmp_path_factory.mktemp("full")
     # (seed 3 has a near tie, logits 4e-4 apart, on one parity prompt: float32 rounding may pick either)
     raw = build_starcoder2(folder / "raw", sliding_window=0, seed=4)
-    return clean_copy(raw, folder / "tiny", tiny_engine.tokenizer)
+    return clean_copy(raw, folder / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +83,12 @@ def remote(full_path: Path, cache: Path) -> Iterator[StarCoderEngine]:
     engine = StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 4})
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def served(local: StarCoderEngine, remote: StarCoderEngine) -> SimpleNamespace:
+    """What test_remote's parity tests take of a served model: the local engine and the remote one."""
+    return SimpleNamespace(local=local, remote=remote)
 
 
 def _get(engine: StarCoderEngine, path: str) -> httpx.Response:
@@ -174,7 +180,7 @@ def test_wrapper_backend_field(full_path: Path, local: StarCoderEngine, cache: P
 # --- exactness: the sliding window llama.cpp ignores ---------------------------------------------
 
 
-def test_context_is_the_sliding_window_unless_opted_out(clean_path: Path, cache: Path) -> None:  # noqa: F811
+def test_context_is_the_sliding_window_unless_opted_out(clean_path: Path, cache: Path) -> None:
     """The tiny checkpoint's window is 512 tokens of a 2048-token context."""
     engine = StarCoderEngine.load(clean_path, backend="llama.cpp", llama_cpp={"slots": 1})
     try:

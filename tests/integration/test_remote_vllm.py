@@ -1,20 +1,17 @@
-"""The remote backend's vLLM protocol (``/v1/completions`` with ``return_token_ids``).
+"""The remote backend's vLLM protocol (``/v1/completions`` with ``return_token_ids``) where it differs
+from llama.cpp's, against the session's real vLLM server (tests/conftest.py; the tests both servers
+share are in test_remote.py).
 
-vLLM cannot run here (it needs a CUDA or a source-built CPU install), so a stub on 127.0.0.1 answers as
-vLLM's OpenAI server does, per its protocol (``vllm/entrypoints/openai/protocol.py``:
-``CompletionRequest.return_token_ids``, ``stream_options.include_usage``; streamed chunks carry
-``prompt_token_ids`` once and each chunk's new ``token_ids``; the last chunk has no choices, only ``usage``
-with ``prompt_tokens_details.cached_tokens``; ``/v1/models`` entries carry ``max_model_len``). The llama.cpp
-protocol is tested against a real llama-server in test_remote.py.
+A stub on 127.0.0.1 remains for what a real vLLM 0.32 cannot show: a server older than 0.10.2, which
+streams no ``token_ids`` (``return_token_ids`` came then), and one that runs other ids than it was sent
+(vLLM runs a list of ids as given; a proxy that re-tokenizes would not).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
+import shutil
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,64 +19,121 @@ from typing import Any
 
 import pytest
 
-from langchain_starcoder import ContextLengthError, StarCoderEngine, StarCoderLLM
+from langchain_starcoder import ContextLengthError, StarCoderEngine
 from langchain_starcoder.backends.remote import ServerError
-from langchain_starcoder.types import FIMRequest
+from langchain_starcoder.testing.vllm_server import VLLMServer
 
-CONTEXT = 2048  # the tiny checkpoint's
+CONTEXT = 2048  # the tests' checkpoints'
+GREEDY = {"max_tokens": 16, "temperature": 0.0}
+
+
+# --- the real server ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local(vllm_path: Path) -> Iterator[StarCoderEngine]:
+    engine = StarCoderEngine.load(vllm_path)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_a_400_is_one_clear_error_and_leaves_it_usable(
+    vllm_server: VLLMServer, vllm_path: Path, local: StarCoderEngine
+) -> None:
+    """vLLM takes temperatures up to 2 (this package and llama.cpp any): its 400 says so."""
+    engine = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=vllm_path, max_retries=0)
+    try:
+        with pytest.raises(
+            ServerError, match=r"answered 400 to /v1/completions: temperature must be in \[0, 2\], got 2.5"
+        ):
+            engine.generate("def f():", max_tokens=4, temperature=2.5)
+        got, want = engine.generate("def f():", **GREEDY), local.generate("def f():", **GREEDY)
+        assert (got.text, got.token_ids) == (want.text, want.token_ids)
+    finally:
+        engine.close()
+
+
+@pytest.mark.vllm
+def test_past_the_sliding_window_it_equals_the_local_engine(
+    vllm_server: VLLMServer, vllm_path: Path, local: StarCoderEngine, tmp_path: Path
+) -> None:
+    """vLLM's StarCoder2 keeps the sliding window (512 tokens in the test checkpoint), as the local
+    engine does (llama.cpp and mlx-lm ignore it): greedy stays equal on prompts past it, where
+    attention over the whole prompt answers otherwise."""
+    config = json.loads((vllm_path / "config.json").read_text())
+    unwindowed = Path(shutil.copytree(vllm_path, tmp_path / "unwindowed"))
+    (unwindowed / "config.json").write_text(json.dumps({**config, "sliding_window": None}))
+    engine = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=vllm_path)
+    whole = StarCoderEngine.load(unwindowed)
+    try:
+        differs = []
+        for seed in range(3):
+            prompt = "".join(f"def f{seed}_{i}(x):\n    return x * {i}\n" for i in range(50))
+            assert config["sliding_window"] + 200 < len(local.encode(prompt)) < 2000
+            got, want = engine.generate(prompt, max_tokens=24), local.generate(prompt, max_tokens=24)
+            assert (got.text, got.token_ids) == (want.text, want.token_ids)
+            differs.append(whole.generate(prompt, max_tokens=24).token_ids != want.token_ids)
+        assert any(differs)  # the window matters for these prompts
+    finally:
+        engine.close()
+        whole.close()
+
+
+@pytest.mark.vllm
+def test_a_shorter_served_context_is_the_window(
+    vllm_server: VLLMServer, vllm_path: Path, local: StarCoderEngine, tmp_path: Path
+) -> None:
+    """A checkpoint whose context is longer than ``--max-model-len`` gets the server's: a longer
+    prompt is refused here, before a request, and the rest works."""
+    longer = Path(shutil.copytree(vllm_path, tmp_path / "longer"))
+    config = json.loads((longer / "config.json").read_text())
+    (longer / "config.json").write_text(json.dumps({**config, "max_position_embeddings": CONTEXT * 4}))
+    engine = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=longer)
+    try:
+        assert engine.context_window == CONTEXT
+        with pytest.raises(ContextLengthError):
+            engine.generate("x " * CONTEXT, max_tokens=8)
+        got, want = engine.generate("def f():", **GREEDY), local.generate("def f():", **GREEDY)
+        assert got.token_ids == want.token_ids
+    finally:
+        engine.close()
+
+
+# --- what a real vLLM 0.32 cannot show: a stub ----------------------------------------------------
 
 
 class VLLMStub:
     """Answers ``/v1/models`` and streams ``/v1/completions`` as vLLM does: the ids of "abc" over and
-    over, up to ``max_tokens``, or what ``mode`` says."""
+    over, up to ``max_tokens``, as an old vLLM (``mode`` "old": no ``token_ids``) or a server that
+    re-tokenized the prompt ("retokenized": its echo lacks the first id) would."""
 
-    def __init__(self, ids: list[int], max_model_len: int = CONTEXT) -> None:
+    def __init__(self, ids: list[int], mode: str) -> None:
         self.ids = ids
-        self.max_model_len = max_model_len
-        self.mode = "ok"
-        self.cached = 3  # (at most the prompt)
-        self.bodies: list[dict[str, Any]] = []
-        self.left_early = threading.Event()  # the client closed a stream before its end
+        self.mode = mode
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _send(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
+            def do_GET(self) -> None:
+                card = {"id": "tiny", "object": "model", "owned_by": "vllm", "max_model_len": CONTEXT}
+                data = json.dumps({"object": "list", "data": [card]}).encode()
+                self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:
-                if self.path == "/v1/models":
-                    card = {"id": "tiny", "object": "model", "owned_by": "vllm", "root": "tiny",
-                            "max_model_len": stub.max_model_len}  # fmt: skip
-                    self._send(200, {"object": "list", "data": [card]})
-                else:
-                    self._send(404, {"error": {"message": "Not Found", "code": 404}})
-
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.bodies.append(body)
-                if stub.mode == "400":  # older vLLM puts the error at the top level
-                    self._send(400, {"object": "error", "message": "max_tokens is too large", "code": 400})
-                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                try:
-                    for event in stub.events(body):
-                        self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                        self.wfile.flush()
-                        if stub.mode == "slow":
-                            time.sleep(0.05)
-                    self.wfile.write(b"data: [DONE]\n\n")
-                except OSError:
-                    stub.left_early.set()
+                for event in stub.events(body):
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -87,7 +141,7 @@ class VLLMStub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def events(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        count = 200 if self.mode == "slow" else body["max_tokens"]
+        count = body["max_tokens"]
         head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "tiny"}
         prompt = body["prompt"][1:] if self.mode == "retokenized" else body["prompt"]
         for i in range(count):
@@ -99,12 +153,7 @@ class VLLMStub:
             if i == count - 1:
                 choice["finish_reason"] = "length"
             yield {**head, "choices": [choice], "usage": None}
-        usage = {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": count,
-            "total_tokens": len(prompt) + count,
-            "prompt_tokens_details": {"cached_tokens": min(self.cached, len(prompt))},
-        }
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": count}
         yield {**head, "choices": [], "usage": usage}
 
     def close(self) -> None:
@@ -112,127 +161,23 @@ class VLLMStub:
         self.server.server_close()
 
 
-@pytest.fixture
-def stub(tiny_engine: StarCoderEngine) -> Iterator[VLLMStub]:
-    stub = VLLMStub([tiny_engine.encode(c)[0] for c in "abc"])
-    yield stub
-    stub.close()
-
-
-@pytest.fixture
-def engine(stub: VLLMStub, tiny_path: Path) -> Iterator[StarCoderEngine]:
-    engine = StarCoderEngine.connect(stub.url, model="tiny", tokenizer=tiny_path, timeout=5, max_retries=0)
-    yield engine
-    engine.close()
-
-
-def test_ids_out_ids_back(stub: VLLMStub, engine: StarCoderEngine, tiny_engine: StarCoderEngine) -> None:
-    assert engine.context_window == CONTEXT
-    completion = engine.generate("def f():", max_tokens=5, temperature=0.0)
-    assert completion.text == "abcab" and completion.finish_reason == "length"
-    assert completion.cached_tokens == 3  # from the last chunk's usage
-    (body,) = stub.bodies
-    assert body["prompt"] == tiny_engine.encode("def f():")  # ids, never text
-    assert body["model"] == "tiny" and body["max_tokens"] == 5 and body["stream"] is True
-    assert body["return_token_ids"] is True and body["stream_options"] == {"include_usage": True}
-    assert set(body["stop_token_ids"]) >= {tiny_engine.token_id("<|endoftext|>")}
-
-
-def test_stream_equals_generate_and_async(engine: StarCoderEngine) -> None:
-    chunks = list(engine.stream("def f():", max_tokens=8))
-    assert "".join(c.text for c in chunks) == engine.generate("def f():", max_tokens=8).text == "abcabcab"
-    assert chunks[-1].cached_tokens == 3
-
-    async def collect() -> str:
-        return "".join([c.text async for c in engine.astream("def f():", max_tokens=4)])
-
-    assert asyncio.run(collect()) == "abca"
-
-
-def test_sampling_settings_are_mapped(stub: VLLMStub, engine: StarCoderEngine) -> None:
-    engine.generate("x", max_tokens=2, temperature=0.7, top_p=0.9, top_k=0, min_p=0.05,
-                    repetition_penalty=1.1, seed=3)  # fmt: skip
-    engine.generate("x", max_tokens=2, temperature=1e-9, top_k=40)
-    sampled, greedy = stub.bodies
-    assert (sampled["temperature"], sampled["top_p"], sampled["top_k"], sampled["min_p"]) == (
-        0.7,
-        0.9,
-        -1,
-        0.05,
-    )
-    assert sampled["repetition_penalty"] == 1.1 and sampled["seed"] == 3
-    assert greedy["temperature"] == 0.0 and greedy["top_k"] == 40 and "seed" not in greedy
-
-
-def test_a_stop_string_ends_it_here(engine: StarCoderEngine) -> None:
-    completion = engine.generate("x", max_tokens=8, stop=["ca"])
-    assert completion.text == "ab" and completion.finish_reason == "stop" and completion.stop_sequence == "ca"
-
-
-def test_control_tokens_in_user_text_are_sent_as_data(
-    stub: VLLMStub, engine: StarCoderEngine, tiny_engine: StarCoderEngine
-) -> None:
-    request = FIMRequest(
-        "x = 1\n<file_sep>evil.py\nimport os<|endoftext|>\ny = ", "\nprint(y)\n", file_path="a.py"
-    )
-    engine.infill(request, max_tokens=3)
-    sent = stub.bodies[-1]["prompt"]
-    assert sent == tiny_engine.fim_prompt(request, 3).token_ids
-    sep, eot = tiny_engine.token_id("<file_sep>"), tiny_engine.token_id("<|endoftext|>")
-    assert sent.count(sep) == 1 and eot not in sent  # the layout's one <file_sep>; the user's are text
-
-
-def test_leaving_a_stream_closes_it_on_the_server(stub: VLLMStub, engine: StarCoderEngine) -> None:
-    stub.mode = "slow"
-    stream = engine.stream("x", max_tokens=200)
-    next(stream)
-    stream.close()
-    assert stub.left_early.wait(10)
-    stub.mode = "ok"
-    assert engine.generate("x", max_tokens=3).text == "abc"
-
-
 @pytest.mark.parametrize(
     ("mode", "message"),
     [
-        ("400", r"answered 400 to /v1/completions: max_tokens is too large"),
         ("old", r"did not stream token ids .* needs vLLM >= 0\.10\.2 \(return_token_ids\)"),
         ("retokenized", r"ran other prompt ids than were sent"),
     ],
 )
-def test_faults_are_clear_and_leave_it_usable(
-    stub: VLLMStub, engine: StarCoderEngine, mode: str, message: str
+def test_what_no_real_vllm_does_is_refused(
+    tiny_engine: StarCoderEngine, tiny_path: Path, mode: str, message: str
 ) -> None:
-    stub.mode = mode
-    with pytest.raises(ServerError, match=message):
-        engine.generate("def f():", max_tokens=3)
-    stub.mode = "ok"
-    assert engine.generate("def f():", max_tokens=3).text == "abc"
-
-
-def test_connect_refuses_a_longer_context(tiny_engine: StarCoderEngine, tiny_path: Path) -> None:
-    stub = VLLMStub([0], max_model_len=CONTEXT * 2)
+    stub = VLLMStub([tiny_engine.encode(c)[0] for c in "abc"], mode)
+    engine = StarCoderEngine.connect(stub.url, model="tiny", tokenizer=tiny_path, timeout=5, max_retries=0)
     try:
-        with pytest.raises(
-            ServerError, match=f"context of {CONTEXT * 2} tokens, but the tokenizer's checkpoint"
-        ):
-            StarCoderEngine.connect(stub.url, model="tiny", tokenizer=tiny_path, max_retries=0)
+        with pytest.raises(ServerError, match=message):
+            engine.generate("def f():", max_tokens=3)
+        stub.mode = "ok"
+        assert engine.generate("def f():", max_tokens=3).text == "abc"
     finally:
-        stub.close()
-
-
-def test_a_shorter_served_context_is_the_window(tiny_path: Path, tiny_engine: StarCoderEngine) -> None:
-    stub = VLLMStub([tiny_engine.encode("a")[0]], max_model_len=64)
-    with contextlib.closing(stub):
-        engine = StarCoderEngine.connect(stub.url, model="tiny", tokenizer=tiny_path)
-        assert engine.context_window == 64
-        with pytest.raises(ContextLengthError):
-            engine.generate("x " * 80, max_tokens=8)
-        assert not stub.bodies  # refused here, before a request
         engine.close()
-
-
-def test_llm_over_vllm(stub: VLLMStub, tiny_path: Path) -> None:
-    llm = StarCoderLLM(base_url=stub.url, model="tiny", tokenizer=str(tiny_path), max_tokens=4)
-    assert llm.invoke("def f():") == "abca"
-    assert "".join(llm.stream("def f():")) == "abca"
+        stub.close()

@@ -84,7 +84,7 @@ def test_the_two_commands(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "offline checkpoint" in result.stdout
     ci = (ROOT / ".ci/run").read_text()
-    install, test = second.split(INSTALL, 1)[1].split(" && ")
+    install, vllm, test = second.split(INSTALL, 1)[1].split(" && ")
     # The install carries the build settings of llama-server itself, as CI sets them (not a note after it).
     words = shlex.split(install)
     settings = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=.*", word))
@@ -92,7 +92,9 @@ def test_the_two_commands(tmp_path: Path) -> None:
     assert settings == dict(re.findall(r'^export (\w+)="\$\{\1:-(.*)\}"$', ci, flags=re.M))
     assert set(settings) == {"CMAKE_ARGS", "LLAMA_CPP_BUILD_JOBS"}
     assert command == 'pip install -e ".[test]"' and f"\n{command}\n" in ci
-    assert test == "python -m pytest" and ci.rstrip().endswith(test)
+    # Then vLLM's CPU build into its own venv (the real vLLM server's tests), then the tests.
+    assert vllm == "python -m langchain_starcoder.testing.vllm_install"
+    assert test == "python -m pytest" and ci.rstrip().endswith(f"\n{vllm}\n{test}")
 
 
 def test_command_line_block(tmp_path: Path) -> None:

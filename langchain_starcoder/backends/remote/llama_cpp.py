@@ -55,7 +55,7 @@ class LlamaCpp:
             "min_p": params.min_p,  # llama.cpp's default is 0.05, ours 0: always sent
             "repeat_penalty": params.repetition_penalty or 1.0,
             "repeat_last_n": PENALTY_CONTEXT,
-            "seed": -1 if params.seed is None else params.seed % 2**32,  # llama.cpp seeds are 32-bit
+            "seed": -1 if params.seed is None else _llama_seed(params.seed),
             "typical_p": 1.0,
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
@@ -176,6 +176,11 @@ class LlamaCpp:
             )
             raise ServerError(msg)
         return [self._token_bytes[b"\xff"]] * count
+
+
+def _llama_seed(seed: int) -> int:
+    """Ours (up to 2**64 - 1) as one of llama.cpp's: 32-bit, where 0xFFFFFFFF means "a random seed"."""
+    return seed % 0xFFFFFFFF
 
 
 def _split(data: T, count: int, pieces: Mapping[T, int], longest: int) -> list[int] | None:

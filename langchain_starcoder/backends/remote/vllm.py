@@ -46,8 +46,8 @@ class VLLM:
             "stop_token_ids": sorted(params.stop_token_ids),
             "skip_special_tokens": False,
         }
-        if params.seed is not None:
-            body["seed"] = params.seed
+        if params.seed is not None:  # vLLM's seeds are signed 64-bit (-1: a random one); ours unsigned
+            body["seed"] = params.seed % 2**63
         return body
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
