@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -115,7 +116,10 @@ def _launch_vllm_early(request: pytest.FixtureRequest) -> None:
     """vLLM loads for about a minute: when the session holds tests marked ``vllm``, it loads while
     the tests before them run."""
     if any(item.get_closest_marker("vllm") for item in request.session.items):
-        request.getfixturevalue("vllm_launched")
+        # A launch that fails (vLLM not installed) fails the vllm tests, which get the same error
+        # from the fixture, not every test of the session.
+        with contextlib.suppress(Exception):
+            request.getfixturevalue("vllm_launched")
 
 
 @pytest.hookimpl(wrapper=True)
