@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generate_step
-from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from ..errors import EngineClosedError, InvalidParameterError
@@ -26,6 +26,7 @@ from ..loading import LoadedModel
 from ..types import PENALTY_CONTEXT, GenerationParams, is_int
 from . import Generation
 from .prompt_cache import PromptCacheStore
+from .speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_TOKENS, DraftModel, PassCosts, PromptLookup, decode
 
 T = TypeVar("T")
 
@@ -75,6 +76,9 @@ class MLXBackend:
             cache gives exactly what a fresh one would.
         max_prompt_caches, max_prompt_cache_bytes: Bounds of the prompt-cache store.
         prefill_step_size: Prompt tokens per prefill step (None: see :func:`_prefill_chunk`).
+        draft: Builds a draft model of the same vocabulary (on the worker), for speculative decoding.
+        num_draft_tokens: The draft model's draft length: always this many, or None: up to
+            :data:`DEFAULT_DRAFT_TOKENS`, where the measured costs say a draft pays.
     """
 
     def __init__(
@@ -87,6 +91,8 @@ class MLXBackend:
         max_prompt_caches: int = 4,
         max_prompt_cache_bytes: int | None = 4 << 30,
         prefill_step_size: int | None = None,
+        draft: Callable[[], LoadedModel] | None = None,
+        num_draft_tokens: int | None = None,
     ):
         _check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
@@ -104,8 +110,12 @@ class MLXBackend:
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
+        self.num_draft_tokens = num_draft_tokens
+        # What passes cost here, learned per way of drafting: a draft model's drafts cost more.
+        self._costs = {"lookup": PassCosts(), "draft": PassCosts()}
         try:
             loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
+            self.draft_model = None if draft is None else self.call(draft).model
         except BaseException:
             self.close()
             raise
@@ -199,17 +209,103 @@ class MLXBackend:
     # --- generation loops (on the worker) ------------------------------------------------------
 
     def _new_cache(self) -> list[Any]:
+        """The model's layer caches, then the draft model's (stored and reused together)."""
         if self.kv_bits is None:
-            return make_prompt_cache(self.model)
-        return [QuantizedKVCache(self.kv_group_size, self.kv_bits) for _ in self.model.layers]
+            cache = make_prompt_cache(self.model)
+        else:
+            cache = [QuantizedKVCache(self.kv_group_size, self.kv_bits) for _ in self.model.layers]
+        return cache if self.draft_model is None else cache + make_prompt_cache(self.draft_model)
 
     def _run_one(self, gen: Generation) -> None:
         """Prefill what the prompt cache lacks (in chunks, cancellable), then decode."""
         if gen.cancelled.is_set():  # its caller left while it waited in the queue
             return
-        params, ids = gen.params, gen.prompt
-        cache, cached = self._prompt_caches.take(ids, self._new_cache)
+        cache, cached = self._prompt_caches.take(gen.prompt, self._new_cache)
         gen.sink.start(cached)
+        speculation = self._speculation(gen.params)
+        if speculation is None:
+            self._decode_plain(gen, cache, cached)
+        else:
+            self._decode_speculative(gen, cache, cached, *speculation)
+        if not gen.cancelled.is_set():
+            gen.sink.finish()
+
+    def _speculation(self, params: GenerationParams) -> tuple[str, int, PassCosts | None] | None:
+        """How to draft for these settings (a set length always drafts; None lets the measured
+        costs decide), or None: greedy decoding only, without a repetition penalty (whose scores
+        depend on the history a draft would change), and not where drafts cannot pay."""
+        if params.temperature > 0 or params.repetition_penalty is not None:
+            return None
+        lookup = params.prompt_lookup_num_tokens
+        if self.draft_model is not None and not lookup:
+            kind, k_set, k_auto = "draft", self.num_draft_tokens, DEFAULT_DRAFT_TOKENS
+        else:
+            kind, k_set, k_auto = "lookup", lookup, DEFAULT_LOOKUP_TOKENS
+        if k_set is not None:
+            return (kind, k_set, None) if k_set > 0 else None
+        costs = self._costs[kind]
+        if costs.never_pays(k_auto):  # e.g. compute-bound passes: plain steps are faster
+            return None
+        return kind, k_auto, costs
+
+    def _prefill(self, model: Any, cache: list[Any], ids: Sequence[int], gen: Generation | None) -> None:
+        """Run ``ids`` into ``cache`` in chunks; a cancel of ``gen`` takes effect between them."""
+        for start in range(0, len(ids), self._prefill_chunk):
+            if gen is not None and gen.cancelled.is_set():
+                raise _Cancelled
+            model(mx.array(ids[start : start + self._prefill_chunk])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+
+    def _store(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep ``cache`` for reuse; a draft model's layers are brought to the tokens the model's hold."""
+        n_layers = len(self.model.layers)
+        held = cache[0].offset
+        if len(cache) > n_layers:
+            draft = cache[n_layers:]
+            if draft[0].offset > held:
+                trim_prompt_cache(draft, draft[0].offset - held)
+            self._prefill(self.draft_model, draft, tokens[draft[0].offset : held], None)
+        self._prompt_caches.put(tokens[:held], cache)
+
+    def _decode_speculative(
+        self, gen: Generation, cache: list[Any], cached: int, kind: str, k_max: int, costs: PassCosts | None
+    ) -> None:
+        ids = gen.prompt
+        n_layers = len(self.model.layers)
+        target = cache[:n_layers]
+        generated: list[int] = []
+        clean = False
+        try:
+            self._prefill(self.model, target, ids[cached:-1], gen)
+            if kind == "draft":
+                draft_cache = cache[n_layers:]
+                self._prefill(self.draft_model, draft_cache, ids[draft_cache[0].offset : -1], gen)
+                drafter: Any = DraftModel(self.draft_model, draft_cache, ids)
+            else:
+                drafter = PromptLookup(ids)
+
+            def emit(token: int) -> bool:
+                generated.append(token)
+                return gen.sink.token(token) or gen.cancelled.is_set()
+
+            _, accepted, drafted = decode(
+                self.model, target, ids, max_tokens=gen.params.max_tokens, drafter=drafter,
+                k_max=k_max, costs=costs, emit=emit,
+            )  # fmt: skip
+            gen.sink.speculated(accepted, drafted)
+            if kind == "draft":
+                drafter.settle()
+            clean = True
+        except _Cancelled:
+            clean = True  # stopped between prefill chunks: what the caches hold is exact
+        finally:
+            if clean:  # a cache left by an error mid-pass is not trusted again
+                self._store(ids + generated, cache)
+
+    def _decode_plain(self, gen: Generation, cache: list[Any], cached: int) -> None:
+        """mlx-lm's generate_step: sampling, repetition penalties, or where drafts do not pay."""
+        params, ids = gen.params, gen.prompt
+        cache_all, cache = cache, cache[: len(self.model.layers)]
         if params.seed is not None:
             mx.random.seed(params.seed)
 
@@ -253,9 +349,7 @@ class MLXBackend:
         finally:
             steps.close()
             if clean:  # a cache left by an error mid-step is not trusted again
-                self._prompt_caches.put((ids + generated)[: cache[0].offset], cache)
-        if not gen.cancelled.is_set():
-            gen.sink.finish()
+                self._store(ids + generated, cache_all)
 
     def _run_batch(self, gens: list[Generation]) -> None:
         """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""

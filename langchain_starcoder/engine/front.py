@@ -22,7 +22,7 @@ from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
-from .building import connect_backend
+from .building import check_draft_tokens, check_same_vocabulary, connect_backend, open_checkpoint
 from .jobs import Prompt
 
 
@@ -111,6 +111,8 @@ class StarCoderEngine:
         prefill_step_size: int | None = None,
         gguf_file: str | None = None,
         sliding_window: int | None = None,
+        draft_model: str | os.PathLike[str] | None = None,
+        num_draft_tokens: int | None = None,
     ) -> StarCoderEngine:
         """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX.
 
@@ -136,34 +138,36 @@ class StarCoderEngine:
                 dequantized (a notice says what memory that costs); other types are refused.
             sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
                 0 for full attention. By default StarCoder2's published 4096, with a notice.
+            draft_model: A smaller checkpoint of the same vocabulary (a folder, hub id or ``.gguf``
+                file; loaded with ``dtype``, as it is stored) that drafts tokens for greedy
+                generation, verified by this model in one pass: the output is unchanged
+                (docs/engine.md, "Speculative decoding"). A different vocabulary is refused.
+            num_draft_tokens: The draft model's tokens per verification: always this many, or
+                None: up to 4, only where the measured costs and the acceptance make a draft pay.
         """
         from ..backends.mlx import MLXBackend, kv_group_size
-        from ..gguf_format import open_gguf
-        from ..loading import (
-            load_model,
-            load_tokenizer,
-            model_args,
-            read_config,
-            resolve_model_path,
-            validate_load_options,
-        )
+        from ..loading import model_args, validate_load_options
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
+        check_draft_tokens(num_draft_tokens)
         settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
-        # A GGUF file brings its own config, tokenizer and weights loader.
-        gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
-        if gguf is not None:
-            name, path, config, make_tokenizer, loader = gguf
-        else:
-            name, path = str(model), resolve_model_path(model, revision)
-            config = read_config(path)
-            make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
-            loader = lambda: load_model(path, config=config, **settings)  # noqa: E731
+        name, path, config, make_tokenizer, loader = open_checkpoint(
+            model, gguf_file, revision, sliding_window, settings
+        )
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
         tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
+        draft = None
+        if draft_model is not None:
+            draft_settings = {**settings, "quantize": None}
+            draft_name, _, draft_config, make_draft_tokenizer, draft = open_checkpoint(
+                draft_model, None, None, None, draft_settings
+            )
+            sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
+            check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
         backend = MLXBackend(
             loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
+            draft=draft, num_draft_tokens=num_draft_tokens,
         )  # fmt: skip
         return cls(backend, tokenizer)
 
