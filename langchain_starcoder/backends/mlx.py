@@ -26,7 +26,14 @@ from ..loading import LoadedModel
 from ..types import PENALTY_CONTEXT, GenerationParams, is_int
 from . import Generation
 from .prompt_cache import PromptCacheStore
-from .speculative import DEFAULT_DRAFT_TOKENS, DEFAULT_LOOKUP_TOKENS, DraftModel, PassCosts, PromptLookup, decode
+from .speculative import (
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_LOOKUP_TOKENS,
+    DraftModel,
+    PassCosts,
+    PromptLookup,
+    decode,
+)
 
 T = TypeVar("T")
 

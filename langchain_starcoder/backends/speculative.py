@@ -60,10 +60,10 @@ class PromptLookup:
         self.tokens = list(tokens)
         n_tok = len(self.tokens)
         # dict(zip(...)) keeps the last position of a repeated n-gram; only n-grams with a continuation.
-        self._index = {
-            n: dict(zip(zip(*(self.tokens[i : n_tok - n + i] for i in range(n))), range(n, n_tok), strict=True))
-            for n in range(NGRAM_MIN, NGRAM_MAX + 1)
-        }
+        self._index = {}
+        for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+            grams = zip(*(self.tokens[i : n_tok - n + i] for i in range(n)), strict=True)
+            self._index[n] = dict(zip(grams, range(n, n_tok), strict=False))
 
     def extend(self, tokens: Sequence[int]) -> None:
         seq = self.tokens
@@ -293,7 +293,7 @@ def decode(
             n = 0
             while n < len(draft) and out[n] == draft[n]:
                 n += 1
-            new, flags = (draft[:n] + [out[n]])[: room()], ([True] * n + [False])[: room()]
+            new, flags = [*draft[:n], out[n]][: room()], ([True] * n + [False])[: room()]
             drafted += len(draft)
         now = time.perf_counter()
         if costs is not None:

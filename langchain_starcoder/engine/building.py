@@ -47,7 +47,9 @@ def check_draft_tokens(n: Any) -> None:
         raise InvalidParameterError(msg)
 
 
-def check_same_vocabulary(names: tuple[str, str], tokenizers: tuple[Any, Any], sizes: tuple[int, int]) -> None:
+def check_same_vocabulary(
+    names: tuple[str, str], tokenizers: tuple[Any, Any], sizes: tuple[int, int]
+) -> None:
     """A draft model must spell every token with the id the model uses, over the same id range."""
     (name, draft_name), (tokenizer, draft_tokenizer) = names, tokenizers
     if sizes[0] != sizes[1]:

@@ -15,13 +15,20 @@ from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.backends.speculative import Acceptance, PassCosts, PromptLookup, _Shadow, decode
 from langchain_starcoder.checkpoints import quantize_checkpoint
 from langchain_starcoder.errors import InvalidParameterError
-from langchain_starcoder.testing import build_gpt_bigcode, build_starcoder2
+from langchain_starcoder.testing import build_gpt_bigcode
 
 # Code that repeats itself, as an edit does: the tiny models' greedy output goes on repeating it
 # for a while, so drafts from the prompt are often right (random weights copy only sometimes).
 EDIT = "for i in range(10):\n    print(i)\n" * 3
 AREA = "def area(width, height):\n    return width * height\n\n" * 2 + "def area(width, height):\n"
-FRAGMENTS = ["def f(x):\n", "    return x + 1\n", "class A:\n", "    pass\n", "import os\n", "x = [1, 2, 3]\n"]
+FRAGMENTS = [
+    "def f(x):\n",
+    "    return x + 1\n",
+    "class A:\n",
+    "    pass\n",
+    "import os\n",
+    "x = [1, 2, 3]\n",
+]
 
 
 def plain_and_speculative(engine: StarCoderEngine, prompt, n: int = 4, **settings):
@@ -59,7 +66,9 @@ def draft_copy(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     n=st.integers(1, 8),
     max_tokens=st.integers(1, 40),
 )
-def test_identical_ids_over_many_prompts(engine: StarCoderEngine, parts: list[str], n: int, max_tokens: int) -> None:
+def test_identical_ids_over_many_prompts(
+    engine: StarCoderEngine, parts: list[str], n: int, max_tokens: int
+) -> None:
     prompt = "".join(parts) * 2
     plain, fast = plain_and_speculative(engine, prompt, n, max_tokens=max_tokens)
     assert fast.token_ids == plain.token_ids
@@ -112,7 +121,11 @@ def flat_state(engine: StarCoderEngine):
         return [
             (
                 list(e.tokens),
-                [np.array(a[..., : c.offset, :]) for c in e.cache for _, a in tree_flatten((c.keys, c.values))],
+                [
+                    np.array(a[..., : c.offset, :])
+                    for c in e.cache
+                    for _, a in tree_flatten((c.keys, c.values))
+                ],
             )
             for e in engine.backend._prompt_caches._entries
         ]
@@ -138,14 +151,20 @@ def test_cache_left_behind_equals_a_plain_runs(tiny_path: Path, stop: str | None
         assert fast.token_ids == plain.token_ids and fast.draft_tokens > 0
         if stop:
             assert fast.finish_reason == "stop" and len(fast.token_ids) < 40
-        (tokens, arrays), (plain_tokens, plain_arrays) = flat_state(fast_engine)[0], flat_state(plain_engine)[0]
+        (tokens, arrays), (plain_tokens, plain_arrays) = (
+            flat_state(fast_engine)[0],
+            flat_state(plain_engine)[0],
+        )
         assert tokens == plain_tokens
         assert all(np.array_equal(a, b) for a, b in zip(arrays, plain_arrays, strict=True))
         # Reused: a longer prompt over the kept cache decodes as a fresh one does.
         longer = EDIT + "    return width * height\n"
         again = fast_engine.generate(longer, max_tokens=24, prompt_lookup_num_tokens=8)
         assert again.cached_tokens > 0
-        assert again.token_ids == plain_engine.generate(longer, max_tokens=24, prompt_lookup_num_tokens=0).token_ids
+        assert (
+            again.token_ids
+            == plain_engine.generate(longer, max_tokens=24, prompt_lookup_num_tokens=0).token_ids
+        )
     finally:
         plain_engine.close()
         fast_engine.close()
@@ -176,7 +195,7 @@ def test_every_stop_point_inside_accepted_runs(engine: StarCoderEngine) -> None:
 
         return engine.backend.call(go)
 
-    full, offset, accepted = run(None, 0)
+    full, offset, _ = run(None, 0)
     assert offset == len(ids) + len(full) - 1  # max_tokens: the last token was never fed
     assert run(None, 6)[:2] == (full, offset) and run(None, 6)[2] > 0
     for j in range(1, len(full)):
@@ -191,7 +210,9 @@ def test_streaming_same_text_same_order(engine: StarCoderEngine) -> None:
     chunks = list(engine.stream(EDIT, max_tokens=48, prompt_lookup_num_tokens=8))
     assert "".join(c.text for c in chunks) == "".join(plain)
     assert [c.text for c in chunks if c.text] == [t for t in plain if t]
-    assert chunks[-1].accepted_draft_tokens > 0 and chunks[-1].draft_tokens >= chunks[-1].accepted_draft_tokens
+    assert (
+        chunks[-1].accepted_draft_tokens > 0 and chunks[-1].draft_tokens >= chunks[-1].accepted_draft_tokens
+    )
 
 
 def test_stop_strings_inside_accepted_runs(engine: StarCoderEngine) -> None:
@@ -199,7 +220,11 @@ def test_stop_strings_inside_accepted_runs(engine: StarCoderEngine) -> None:
     for start in range(4, len(reference.text) - 4, 7):
         stop = reference.text[start : start + 3]
         plain, fast = plain_and_speculative(engine, EDIT, 8, max_tokens=48, stop=[stop])
-        assert (fast.text, fast.token_ids, fast.stop_sequence) == (plain.text, plain.token_ids, plain.stop_sequence)
+        assert (fast.text, fast.token_ids, fast.stop_sequence) == (
+            plain.text,
+            plain.token_ids,
+            plain.stop_sequence,
+        )
 
 
 def test_cancel_leaves_the_engine_usable(engine: StarCoderEngine) -> None:
@@ -248,7 +273,10 @@ def test_an_8bit_copy_drafts_with_identical_output(tiny_path: Path, draft_copy: 
         # The kept cache (model and draft layers) serves the next request exactly.
         again = drafted.generate(EDIT + "    return", max_tokens=24)
         assert again.cached_tokens > 0
-        assert again.token_ids == engine.generate(EDIT + "    return", max_tokens=24, prompt_lookup_num_tokens=0).token_ids
+        assert (
+            again.token_ids
+            == engine.generate(EDIT + "    return", max_tokens=24, prompt_lookup_num_tokens=0).token_ids
+        )
         sampled = drafted.generate(EDIT, max_tokens=8, temperature=0.7, seed=1)
         assert sampled.draft_tokens == 0  # sampling: no drafts, the same distribution
     finally:
@@ -267,7 +295,9 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_path: Path, tmp_path: P
 
 
 @settings(max_examples=200, deadline=None)
-@given(seq=st.lists(st.integers(0, 5), min_size=0, max_size=60), split=st.integers(0, 60), k=st.integers(1, 6))
+@given(
+    seq=st.lists(st.integers(0, 5), min_size=0, max_size=60), split=st.integers(0, 60), k=st.integers(1, 6)
+)
 def test_prompt_lookup_matches_a_full_scan(seq: list[int], split: int, k: int) -> None:
     """The incremental index drafts what a scan for the latest earlier 3-gram (else 2-gram) finds."""
     lookup = PromptLookup(seq[:split])
