@@ -28,6 +28,7 @@ from .harness import (
     interleave,
     run_child,
 )
+from .speculative import bench_speculative
 
 _WORDS = ("items", "cache", "token", "value", "limit", "index", "parser", "window", "config", "queue")
 
@@ -1155,6 +1156,7 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "server": bench_server,
     "remote": bench_remote,
     "repo": bench_repo,
+    "speculative": bench_speculative,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).

@@ -231,11 +231,12 @@ class MLXBackend:
         gen.sink.start(cached)
         speculation = self._speculation(gen.params)
         if speculation is None:
-            self._decode_plain(gen, cache, cached)
+            held = self._decode_plain(gen, cache, cached)
         else:
-            self._decode_speculative(gen, cache, cached, *speculation)
+            held = self._decode_speculative(gen, cache, cached, *speculation)
         if not gen.cancelled.is_set():
             gen.sink.finish()
+        self._store(held, cache)  # after finish: a draft model's catching up does not delay the caller
 
     def _speculation(self, params: GenerationParams) -> tuple[str, int, PassCosts | None] | None:
         """How to draft for these settings (a set length always drafts; None lets the measured
@@ -267,6 +268,8 @@ class MLXBackend:
         """Keep ``cache`` for reuse; a draft model's layers are brought to the tokens the model's hold."""
         n_layers = len(self.model.layers)
         held = cache[0].offset
+        if self._prompt_caches.max_entries <= 0:
+            return
         if len(cache) > n_layers:
             draft = cache[n_layers:]
             if draft[0].offset > held:
@@ -276,12 +279,13 @@ class MLXBackend:
 
     def _decode_speculative(
         self, gen: Generation, cache: list[Any], cached: int, kind: str, k_max: int, costs: PassCosts | None
-    ) -> None:
+    ) -> list[int]:
+        """Greedy decoding with drafts (:func:`.speculative.decode`); returns the tokens the cache holds
+        a prefix of. An error leaves a cache that is not trusted again (not returned: it raises)."""
         ids = gen.prompt
         n_layers = len(self.model.layers)
         target = cache[:n_layers]
         generated: list[int] = []
-        clean = False
         try:
             self._prefill(self.model, target, ids[cached:-1], gen)
             if kind == "draft":
@@ -302,17 +306,15 @@ class MLXBackend:
             gen.sink.speculated(accepted, drafted)
             if kind == "draft":
                 drafter.settle()
-            clean = True
         except _Cancelled:
-            clean = True  # stopped between prefill chunks: what the caches hold is exact
-        finally:
-            if clean:  # a cache left by an error mid-pass is not trusted again
-                self._store(ids + generated, cache)
+            pass  # stopped between prefill chunks: what the caches hold is exact
+        return ids + generated
 
-    def _decode_plain(self, gen: Generation, cache: list[Any], cached: int) -> None:
-        """mlx-lm's generate_step: sampling, repetition penalties, or where drafts do not pay."""
+    def _decode_plain(self, gen: Generation, cache: list[Any], cached: int) -> list[int]:
+        """mlx-lm's generate_step: sampling, repetition penalties, or where drafts do not pay; returns
+        the tokens the cache holds a prefix of (an error raises: that cache is not trusted again)."""
         params, ids = gen.params, gen.prompt
-        cache_all, cache = cache, cache[: len(self.model.layers)]
+        cache = cache[: len(self.model.layers)]
         if params.seed is not None:
             mx.random.seed(params.seed)
 
@@ -341,7 +343,6 @@ class MLXBackend:
             prompt_progress_callback=check_cancel,
         )
         generated: list[int] = []
-        clean = False
         try:
             for token, _ in steps:
                 generated.append(token)
@@ -350,13 +351,11 @@ class MLXBackend:
             else:  # max_tokens - 1 yielded: the last token was sampled, never yielded
                 generated.append(int(sampled[0].item()))
                 gen.sink.token(generated[-1])
-            clean = True
         except _Cancelled:
-            clean = True  # stopped between prefill chunks: what the cache holds is exact
+            pass  # stopped between prefill chunks: what the cache holds is exact
         finally:
             steps.close()
-            if clean:  # a cache left by an error mid-step is not trusted again
-                self._store(ids + generated, cache_all)
+        return ids + generated
 
     def _run_batch(self, gens: list[Generation]) -> None:
         """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""

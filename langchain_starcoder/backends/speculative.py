@@ -30,7 +30,8 @@ DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_DRAFT_TOKENS = 4
 _EMA = 0.2  # weight of the newest timing in a running mean
 _GAIN = 1.03  # draft only when it is expected to be at least this much faster than plain steps
-_PROBE_EVERY = 48  # plain tokens between re-probes of a draft model's acceptance
+_PROBE_EVERY = 12  # plain-step choices (of _REPLAN_EVERY passes) between re-probes of a draft model
+_REPLAN_EVERY = 4
 
 
 class Drafter(Protocol):
@@ -62,7 +63,8 @@ class PromptLookup:
         # dict(zip(...)) keeps the last position of a repeated n-gram; only n-grams with a continuation.
         self._index = {}
         for n in range(NGRAM_MIN, NGRAM_MAX + 1):
-            grams = zip(*(self.tokens[i : n_tok - n + i] for i in range(n)), strict=True)
+            width = max(n_tok - n, 0)  # n-grams that have a token after them
+            grams = zip(*(self.tokens[i : width + i] for i in range(n)), strict=True)
             self._index[n] = dict(zip(grams, range(n, n_tok), strict=False))
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -244,6 +246,7 @@ def decode(
     stats = Acceptance()
     shadow = _Shadow(drafter, k_max, stats) if drafter.virtual else None
     since_probe = 0
+    chosen = [0, 0]  # the last draft length chosen, and how many more passes it stands for
 
     def plan() -> int:
         """The next draft's length; 0 for a plain, pipelined step."""
@@ -254,11 +257,15 @@ def decode(
             return 0  # first learn what a plain step costs
         if not costs.known:
             return min(2, k_max) if costs.single is not None else -1  # -1: one waited step
+        if chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
+            chosen[1] -= 1
+            return chosen[0]
         best_k, best = 0, _GAIN
         for k in range(1, k_max + 1):
             gain = costs.gain(k, stats.rate, stats.match)
             if gain > best:
                 best_k, best = k, gain
+        chosen[:] = [best_k, _REPLAN_EVERY - 1]
         if best_k == 0 and not drafter.virtual:  # a draft model's acceptance is seen only by drafting
             since_probe += 1
             if since_probe >= _PROBE_EVERY:

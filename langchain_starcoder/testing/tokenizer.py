@@ -4,8 +4,8 @@ a small synthetic corpus of code, carrying the family's special tokens with ``<|
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
