@@ -10,10 +10,11 @@ draft of the same model, on code edits from a real repository's history and on o
 - The checkpoint: random weights copy nothing, so a StarCoder2 of the "tiny" preset's shape (2 layers,
   hidden 64, 4 heads, 2 KV heads, MLP 256, vocabulary 1024) is trained here on a copying task: a
   byte-level BPE trained on the training code, then AdamW (learning rate 1e-3) on
-  ``# Before:\\n{s}\\n# After:\\n{s}``, loss on the copy only, one stretch length per batch: for the
-  first 40% of the time batches of 32 random-token stretches of 4 to 24 tokens (only copying predicts
-  them: induction forms within about a thousand such steps), then batches of 16 stretches of 8 to 128
-  tokens, half random, half from the functions of ``argparse``, ``textwrap``, ``json``, ``pathlib``,
+  ``# Before:\\n{s}\\n# After:\\n{s}``, loss on the copy only, one stretch length per batch: first
+  batches of 32 random-token stretches of 4 to 24 tokens (only copying predicts them: induction forms
+  within one or two thousand such steps) until the loss is below 0.5 or 60% of the time is spent,
+  then batches of 16 stretches of 8 to 24..128 tokens (the longest growing with the time spent), half
+  random, half from the functions of ``argparse``, ``textwrap``, ``json``, ``pathlib``,
   ``typing``, ``dataclasses``, ``inspect`` and ``configparser`` laid end to end; ``TRAIN_SECONDS`` of
   CPU time with float32 and the optimized BLAS (seed 0). The weights are cached in the work folder;
   the report gives the steps and the final loss.
@@ -51,8 +52,8 @@ TRAIN_MODULES = (
     "inspect", "configparser",
 )  # fmt: skip
 OPEN_MODULES = ("difflib", "shlex", "calendar")
-TRAIN_SECONDS = 420
-CHUNK_TOKENS, BATCH, LEARNING_RATE, WARM_FRACTION = 128, 16, 1e-3, 0.4
+TRAIN_SECONDS = 540
+CHUNK_TOKENS, BATCH, LEARNING_RATE, WARM_FRACTION = 128, 16, 1e-3, 0.6
 EDITS, OPEN_PROMPTS, MAX_TOKENS = 12, 12, 160
 HEADER, SEPARATOR = "# Before:\n", "\n# After:\n"
 _PACKAGE = "langchain_starcoder/"
@@ -161,7 +162,7 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
 
     corpus = training_functions()
     key = hashlib.sha256(
-        json.dumps([corpus, seconds, CHUNK_TOKENS, BATCH, LEARNING_RATE, WARM_FRACTION, 6]).encode()
+        json.dumps([corpus, seconds, CHUNK_TOKENS, BATCH, LEARNING_RATE, WARM_FRACTION, 7]).encode()
     ).hexdigest()[:12]
     folder = Path(workdir) / f"copier-{key}"
     done = folder / "training.json"
@@ -185,13 +186,18 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
         return (losses * mask).sum() / mask.sum()
 
     step_fn = nn.value_and_grad(model, loss_fn)
-    started, steps, losses = time.process_time(), 0, []
+    started, steps, warm_steps, losses = time.process_time(), 0, 0, []
     while time.process_time() - started < seconds:
         # One length per batch (no padding): a stretch, the separator, the same stretch again. First
-        # short stretches of random tokens, which only copying predicts (induction forms within about
-        # a thousand such steps), then longer ones, half of them code, so it copies code far back.
-        warm = time.process_time() - started < WARM_FRACTION * seconds
-        n = int(rng.integers(4, 25)) if warm else int(rng.integers(8, CHUNK_TOKENS + 1))
+        # short stretches of random tokens, which only copying predicts, then longer ones, half of them
+        # code, so that it copies code from far back.
+        progress = (time.process_time() - started) / seconds
+        warm = warm_steps == steps and progress < WARM_FRACTION  # once over, it stays over
+        warm = warm and (len(losses) < 200 or statistics.mean(losses[-50:]) > 0.5)
+        if warm:
+            n, warm_steps = int(rng.integers(4, 25)), steps + 1
+        else:  # the longest stretch grows with the time left
+            n = int(rng.integers(8, 24 + int((CHUNK_TOKENS - 24) * min(1.0, 1.5 * progress)) + 1))
         rows_n = 2 * BATCH if warm else BATCH
         code = 0 if warm else rows_n // 2
         stretches = [stream[i : i + n] for i in rng.integers(0, len(stream) - n, code)]
@@ -210,7 +216,7 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
     info = {
         "steps": steps, "cpu_seconds": round(time.process_time() - started, 1), "corpus_tokens": len(stream),
-        "final_loss": round(statistics.mean(losses[-50:]), 4), "batch": BATCH, "learning_rate": LEARNING_RATE,
+        "final_loss": round(statistics.mean(losses[-50:]), 4), "random_token_steps": warm_steps, "batch": BATCH, "learning_rate": LEARNING_RATE,
     }  # fmt: skip
     done.write_text(json.dumps(info))
     return folder, info
