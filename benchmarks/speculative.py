@@ -216,7 +216,8 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
     info = {
         "steps": steps, "cpu_seconds": round(time.process_time() - started, 1), "corpus_tokens": len(stream),
-        "final_loss": round(statistics.mean(losses[-50:]), 4), "random_token_steps": warm_steps, "batch": BATCH, "learning_rate": LEARNING_RATE,
+        "final_loss": round(statistics.mean(losses[-50:]), 4), "random_token_steps": warm_steps,
+        "batch": BATCH, "learning_rate": LEARNING_RATE,
     }  # fmt: skip
     done.write_text(json.dumps(info))
     return folder, info
