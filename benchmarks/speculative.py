@@ -268,6 +268,8 @@ def measure(workdir: Path, *, tiny: bool, reps: int, log: Any = print) -> dict[s
     # The defaults draft where the measured costs say it pays; "draft4" always drafts 4.
     settings: dict[str, dict[str, Any]] = {name: {} for name in engines}
     settings["plain"] = {"prompt_lookup_num_tokens": 0}
+    for options in settings.values():
+        options["parse_special_tokens"] = False  # source code (this package's own) is data
     try:
         for name, engine in engines.items():  # each engine learns its pass costs once, untimed
             for prompt in sets["edits"][:1] + sets["open"][:1]:
