@@ -32,6 +32,8 @@ _EMA = 0.2  # weight of the newest timing in a running mean
 _GAIN = 1.03  # draft only when it is expected to be at least this much faster than plain steps
 _PROBE_EVERY = 12  # plain-step choices (of _REPLAN_EVERY passes) between re-probes of a draft model
 _REPLAN_EVERY = 4
+#: Draft passes a model's costs are measured over before they decide (a few, once per model).
+PROBES = 8
 
 
 class Drafter(Protocol):
@@ -141,6 +143,9 @@ class PassCosts:
     plain: float | None = None
     single: float | None = None
     per_draft: float | None = None
+    verified: int = 0
+    """Draft passes timed so far: the first ones of a model meet cold kernels, so no verdict before
+    :data:`PROBES` of them."""
 
     def note(self, drafted: int, seconds: float, pipelined: bool) -> None:
         if pipelined:
@@ -148,11 +153,12 @@ class PassCosts:
         elif drafted == 0:
             self.single = _mean(self.single, seconds)
         elif self.single is not None:
+            self.verified += 1
             self.per_draft = _mean(self.per_draft, max(seconds - self.single, 0.0) / drafted)
 
     @property
     def known(self) -> bool:
-        return None not in (self.plain, self.single, self.per_draft)
+        return None not in (self.plain, self.single, self.per_draft) and self.verified >= PROBES
 
     def gain(self, k: int, accept: float, match: float) -> float:
         """Expected speed with drafts of ``k`` over plain decoding, for a per-token acceptance
@@ -255,8 +261,8 @@ def decode(
             return k_max
         if costs.plain is None:
             return 0  # first learn what a plain step costs
-        if not costs.known:
-            return min(2, k_max) if costs.single is not None else -1  # -1: one waited step
+        if not costs.known:  # probe: drafts of 4, once per model
+            return min(4, k_max) if costs.single is not None else -1  # -1: one waited step
         if chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
             chosen[1] -= 1
             return chosen[0]
