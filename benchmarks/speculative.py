@@ -298,7 +298,10 @@ def measure(workdir: Path, *, tiny: bool, reps: int, log: Any = print) -> dict[s
                 "tokens": sum(len(t) for t in ids["plain"]),
                 "accepted_drafted": counts,
                 "costs": {
-                    name: {kind: vars(c) for kind, c in engine.backend._costs.items()}
+                    name: {
+                        kind: {"plain": c.plain, "single": c.single, "per_draft": c.per_draft}
+                        for kind, c in engine.backend._costs.items()
+                    }
                     for name, engine in engines.items()
                 },
             }

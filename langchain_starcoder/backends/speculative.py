@@ -13,9 +13,10 @@ acceptance or the cost), it has no cancel between prefill chunks, and it serves 
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
@@ -33,7 +34,7 @@ _GAIN = 1.03  # draft only when it is expected to be at least this much faster t
 _PROBE_EVERY = 12  # plain-step choices (of _REPLAN_EVERY passes) between re-probes of a draft model
 _REPLAN_EVERY = 4
 #: Draft passes a model's costs are measured over before they decide (a few, once per model).
-PROBES = 8
+PROBES = 16
 
 
 class Drafter(Protocol):
@@ -130,7 +131,6 @@ class DraftModel:
         return draft
 
 
-@dataclass
 class PassCosts:
     """What passes cost on this model and machine, learned from the passes run (kept per model).
 
@@ -138,27 +138,53 @@ class PassCosts:
     waits for its token (what a draft needs); ``per_draft``: seconds each drafted token adds
     (drafting it and verifying it). Verifying k tokens costs about k steps where a pass is bound by
     compute (MLX's CPU build with its reference BLAS) and about one where it is bound by memory.
+    Each is the median of its last timings (robust to the first passes' cold kernels and to a busy
+    machine); none decides before :data:`PROBES` timings of each.
     """
 
-    plain: float | None = None
-    single: float | None = None
-    per_draft: float | None = None
-    verified: int = 0
-    """Draft passes timed so far: the first ones of a model meet cold kernels, so no verdict before
-    :data:`PROBES` of them."""
+    def __init__(
+        self, plain: float | None = None, single: float | None = None, per_draft: float | None = None
+    ):
+        self._times: dict[str, deque[float]] = {
+            k: deque(maxlen=4 * PROBES) for k in ("plain", "single", "draft")
+        }
+        for kind, value in (("plain", plain), ("single", single), ("draft", per_draft)):
+            if value is not None:
+                self._times[kind].extend([value] * PROBES)
 
     def note(self, drafted: int, seconds: float, pipelined: bool) -> None:
         if pipelined:
-            self.plain = _mean(self.plain, seconds)
+            self._times["plain"].append(seconds)
         elif drafted == 0:
-            self.single = _mean(self.single, seconds)
+            self._times["single"].append(seconds)
         elif self.single is not None:
-            self.verified += 1
-            self.per_draft = _mean(self.per_draft, max(seconds - self.single, 0.0) / drafted)
+            self._times["draft"].append(max(seconds - self.single, 0.0) / drafted)
+
+    def _median(self, kind: str) -> float | None:
+        times = self._times[kind]
+        return statistics.median(times) if times else None
+
+    @property
+    def plain(self) -> float | None:
+        return self._median("plain")
+
+    @property
+    def single(self) -> float | None:
+        return self._median("single")
+
+    @property
+    def per_draft(self) -> float | None:
+        return self._median("draft")
+
+    def count(self, kind: str) -> int:
+        return len(self._times[kind])
 
     @property
     def known(self) -> bool:
-        return None not in (self.plain, self.single, self.per_draft) and self.verified >= PROBES
+        return all(len(t) >= PROBES for t in self._times.values())
+
+    def __repr__(self) -> str:
+        return f"PassCosts(plain={self.plain}, single={self.single}, per_draft={self.per_draft})"
 
     def gain(self, k: int, accept: float, match: float) -> float:
         """Expected speed with drafts of ``k`` over plain decoding, for a per-token acceptance
@@ -259,10 +285,10 @@ def decode(
         nonlocal since_probe
         if costs is None:
             return k_max
-        if costs.plain is None:
-            return 0  # first learn what a plain step costs
-        if not costs.known:  # probe: drafts of 4, once per model
-            return min(4, k_max) if costs.single is not None else -1  # -1: one waited step
+        if not costs.known:  # probe, once per model: plain steps, waited steps, drafts of 4, in turn
+            if costs.count("plain") < PROBES:
+                return 0
+            return -1 if costs.count("single") < min(PROBES, costs.count("draft") + 1) else min(4, k_max)
         if chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
             chosen[1] -= 1
             return chosen[0]

@@ -320,9 +320,9 @@ def test_prompt_lookup_matches_a_full_scan(seq: list[int], split: int, k: int) -
 
 
 def test_costs_decide_where_drafts_pay() -> None:
-    compute_bound = PassCosts(plain=1.0, single=1.02, per_draft=1.0, verified=8)  # k tokens cost k steps
-    memory_bound = PassCosts(plain=1.0, single=1.05, per_draft=0.05, verified=8)  # k tokens cost about one
-    assert not PassCosts(plain=1.0, single=1.02, per_draft=1.0, verified=3).never_pays(10)  # no verdict yet
+    compute_bound = PassCosts(plain=1.0, single=1.02, per_draft=1.0)  # k tokens cost k steps
+    memory_bound = PassCosts(plain=1.0, single=1.05, per_draft=0.05)  # k tokens cost about one
+    assert not PassCosts(plain=1.0, single=1.02).never_pays(10)  # no verdict before drafts are timed
     assert compute_bound.never_pays(10) and not memory_bound.never_pays(10)
     assert memory_bound.gain(8, accept=0.9, match=0.9) > 2
     assert memory_bound.gain(8, accept=0.05, match=0.5) < 1  # open-ended text: plain steps win
