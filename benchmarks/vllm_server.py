@@ -37,7 +37,7 @@ def bench_vllm(ctx: Context) -> Section:
 
     from .cases.common import code_ids
 
-    section = Section("vllm", 23, TITLE)
+    section = Section("vllm", 16, TITLE)
     venv = REPO / ".venv-vllm"
     if not vllm_install.is_installed(venv):
         section.skipped = f"vLLM's CPU build is not in {venv} (python -m {vllm_install.__name__})"

@@ -96,6 +96,11 @@ class StarCoderSettings(BaseModel):
     seed: int | None = _DEFAULTS.seed
     """Seed of the sampler, for reproducible sampling (``temperature > 0``)."""
 
+    prompt_lookup_num_tokens: int | None = _DEFAULTS.prompt_lookup_num_tokens
+    """Prompt-lookup speculative decoding (greedy, MLX backend): drafts of up to this many tokens
+    copied from the prompt and the text so far, verified in one pass; the output is the same.
+    None: where the engine measures that it pays; 0: off. Remote servers ignore it (docs/scaling-out.md)."""
+
     stop: list[str] | None = None
     """Stop strings: the text ends before the first one that appears. A call's ``stop`` is added
     to these (both apply)."""

@@ -69,6 +69,9 @@ class StarCoder(StarCoderSettings, LLM):
             Strings that end the generation (not included in the text).
         top_p, top_k, min_p, repetition_penalty, seed:
             Sampling settings, as in :meth:`StarCoderEngine.generate`.
+        prompt_lookup_num_tokens:
+            Prompt-lookup speculative decoding (greedy; same output): None where it pays, 0 off.
+            ``raw`` reports ``accepted_draft_tokens`` and ``draft_tokens``.
 
         parse_special_tokens: bool
             False encodes prompts as data: control-token strings in a retrieved file stay text

@@ -59,6 +59,10 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
             stop string of either list.
         seed: int | None
             Makes sampling reproducible.
+        prompt_lookup_num_tokens: int | None
+            Prompt-lookup speculative decoding (greedy): drafts copied from the prompt, verified in
+            one pass, the same output. None: where it pays; 0: off. ``generation_info`` reports
+            ``accepted_draft_tokens`` and ``draft_tokens``.
         streaming: bool
             If True, ``invoke`` and ``generate`` go through the streaming path, so callback
             handlers see every token (``on_llm_new_token``) while the answer is produced.

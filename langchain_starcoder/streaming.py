@@ -87,6 +87,7 @@ class ChunkSink:
         self._started = self._first = 0.0
         self._prompt_seconds: Any = _TIMED_HERE  # or the backend's figure (None: unknown)
         self._held = ""  # text that goes out with the last chunk
+        self._accepted = self._drafted = 0
 
     def start(self, cached_tokens: int, prompt_seconds: float | None = _TIMED_HERE) -> None:
         self._cached = cached_tokens
@@ -102,6 +103,9 @@ class ChunkSink:
         elif piece:
             self._emit(CompletionChunk(piece, self._text.take_ids()))
         return stopped
+
+    def speculated(self, accepted: int, drafted: int) -> None:
+        self._accepted, self._drafted = accepted, drafted
 
     def finish(self, cached_tokens: int | None = None) -> None:
         end = time.perf_counter()
@@ -123,6 +127,8 @@ class ChunkSink:
                 stop_sequence=self._text.stop_sequence,
                 prompt_seconds=first - self._started if timed else self._prompt_seconds,
                 generation_seconds=end - first,
+                accepted_draft_tokens=self._accepted,
+                draft_tokens=self._drafted,
             )
         )
 

@@ -32,6 +32,11 @@ class Completion:
     prompt_seconds: float | None = None
     """The prefill's time; None where it is not known (a server that does not report it)."""
     generation_seconds: float = 0.0
+    accepted_draft_tokens: int = 0
+    """Generated tokens that came from a verified draft (prompt lookup or a draft model); 0 without
+    speculative decoding."""
+    draft_tokens: int = 0
+    """Tokens drafted for verification, accepted or not; 0 without speculative decoding."""
 
     @property
     def prompt_tps(self) -> float | None:
@@ -62,6 +67,10 @@ class CompletionChunk:
     prompt_seconds: float | None = None
     """On the last chunk: the prefill's time, or None where it is not known."""
     generation_seconds: float | None = None
+    accepted_draft_tokens: int | None = None
+    """On the last chunk: generated tokens that came from a verified draft."""
+    draft_tokens: int | None = None
+    """On the last chunk: tokens drafted for verification."""
 
 
 def join_chunks(chunks: Iterable[CompletionChunk]) -> Completion:
@@ -82,6 +91,8 @@ def join_chunks(chunks: Iterable[CompletionChunk]) -> Completion:
                 stop_sequence=chunk.stop_sequence,
                 prompt_seconds=chunk.prompt_seconds,
                 generation_seconds=chunk.generation_seconds or 0.0,
+                accepted_draft_tokens=chunk.accepted_draft_tokens or 0,
+                draft_tokens=chunk.draft_tokens or 0,
             )
     msg = "The generation ended without a final chunk."
     raise StarCoderError(msg)
@@ -97,6 +108,8 @@ def usage(completions: Iterable[Completion]) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "cached_tokens": sum(c.cached_tokens for c in done),
+        "accepted_draft_tokens": sum(c.accepted_draft_tokens for c in done),
+        "draft_tokens": sum(c.draft_tokens for c in done),
     }
 
 
@@ -109,6 +122,8 @@ def counts(completion: Completion | CompletionChunk) -> dict[str, Any]:
         "cached_tokens": completion.cached_tokens,
         "completion_tokens": completion.completion_tokens,
         "stop_sequence": completion.stop_sequence,
+        "accepted_draft_tokens": completion.accepted_draft_tokens,
+        "draft_tokens": completion.draft_tokens,
     }
 
 
@@ -117,7 +132,9 @@ def counts(completion: Completion | CompletionChunk) -> dict[str, Any]:
 GREEDY_BELOW = 1e-6
 #: Tokens the repetition penalty looks back over (mlx-lm's default; the remote backends send it too).
 PENALTY_CONTEXT = 20
-_MAX_SEED = 2**64 - 1  # MLX seeds are unsigned 64-bit
+_MAX_SEED = 2**64 - 1
+#: The longest draft a speculative decoder verifies in one pass (prompt lookup or a draft model).
+MAX_DRAFT_TOKENS = 64  # MLX seeds are unsigned 64-bit
 
 
 @dataclass(frozen=True)
@@ -137,6 +154,10 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    prompt_lookup_num_tokens: int | None = None
+    """Prompt-lookup speculative decoding (greedy only): drafts of up to this many tokens copied from
+    the prompt and the text so far, verified in one forward pass; the output is unchanged. None:
+    the backend's default (up to 10, only where its measured costs say a draft pays); 0: off."""
 
     @classmethod
     def create(cls, **settings: Any) -> GenerationParams:
@@ -160,6 +181,7 @@ class GenerationParams:
             seed=_opt(int, values["seed"]),
             stop=tuple(dict.fromkeys(stops)),
             stop_token_ids=frozenset(int(t) for t in values["stop_token_ids"]),
+            prompt_lookup_num_tokens=_opt(int, values["prompt_lookup_num_tokens"]),
         )
 
     def settings(self) -> dict[str, Any]:
@@ -196,6 +218,12 @@ def _check_settings(v: dict[str, Any]) -> None:
     seed = v["seed"]
     if seed is not None and (not is_int(seed) or not 0 <= seed <= _MAX_SEED):
         raise bad(f"seed must be an integer from 0 to 2**64 - 1, not {seed!r}.")
+    lookup = v["prompt_lookup_num_tokens"]
+    if lookup is not None and (not is_int(lookup) or not 0 <= lookup <= MAX_DRAFT_TOKENS):
+        raise bad(
+            f"prompt_lookup_num_tokens must be an integer from 0 (off) to {MAX_DRAFT_TOKENS}, "
+            f"or None (the backend's default), not {lookup!r}."
+        )
     stop = v["stop"]
     if isinstance(stop, bytes | bytearray) or not isinstance(stop, str | Sequence | type(None)):
         raise bad(f"stop must be a string or a list of strings, not {type(stop).__name__}.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import disk_cache, llama_cpp_managed, vllm_server
+from .. import disk_cache, llama_cpp_managed, speculative, vllm_server
 from ..harness import Section
 from .blas import bench_blas
 from .common import Context, prefill_rate
@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "disk_cache": disk_cache.bench_disk_cache,
     "llamacpp": llama_cpp_managed.bench_llama_cpp_managed,
     "vllm": vllm_server.bench_vllm,
+    "speculative": speculative.bench_speculative,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server).

@@ -19,6 +19,8 @@ The contract, in prose:
   or None where it is unknown. Then ``sink.token(id)`` for every generated id, including the stop
   id that ends it. When ``token`` returns True the front has seen enough (a stop string, a stop
   id): the backend stops that generation at once. It stops by itself at ``params.max_tokens``.
+  A backend that decodes speculatively passes its draft counts to ``sink.speculated`` before
+  ``finish``; the ids it sends are those it would send without speculation.
   Then ``sink.finish()`` (a backend that learns the prompt-cache hit only at the end, as vLLM
   reports it, passes it there).
 - ``Generation.cancelled`` is set when the caller leaves (a closed stream, a cancelled task). The
@@ -53,6 +55,11 @@ class TokenSink(Protocol):
 
     def token(self, token_id: int) -> bool:
         """Take one generated id; True ends the generation."""
+        ...
+
+    def speculated(self, accepted: int, drafted: int) -> None:
+        """Speculative decoding's counts, before ``finish``: of ``drafted`` tokens, ``accepted``
+        were kept (a backend that does not speculate never calls it)."""
         ...
 
     def finish(self, cached_tokens: int | None = None) -> None:

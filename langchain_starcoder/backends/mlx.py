@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generate_step
-from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from ..errors import EngineClosedError, InvalidParameterError
@@ -28,6 +28,14 @@ from ..types import PENALTY_CONTEXT, GenerationParams, is_int
 from . import Generation
 from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, weights_fingerprint
 from .prompt_cache.disk import MIN_GAIN_TOKENS
+from .speculative import (
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_LOOKUP_TOKENS,
+    DraftModel,
+    PassCosts,
+    PromptLookup,
+    decode,
+)
 
 T = TypeVar("T")
 
@@ -81,6 +89,9 @@ class MLXBackend:
             processes, and its byte limit (see :mod:`.prompt_cache.disk`).
         prompt_cache_key: What the front knows that a kept cache must match (the tokenizer, the
             load settings); the backend adds the weights' contents and its own settings.
+        draft: Builds a draft model of the same vocabulary (on the worker), for speculative decoding.
+        num_draft_tokens: The draft model's draft length: always this many, or None: up to
+            :data:`DEFAULT_DRAFT_TOKENS`, where the measured costs say a draft pays.
     """
 
     def __init__(
@@ -96,6 +107,8 @@ class MLXBackend:
         prompt_cache_dir: Path | None = None,
         max_prompt_cache_dir_bytes: int = 4 << 30,
         prompt_cache_key: Mapping[str, Any] | None = None,
+        draft: Callable[[], LoadedModel] | None = None,
+        num_draft_tokens: int | None = None,
     ):
         _check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
@@ -115,8 +128,12 @@ class MLXBackend:
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
         # The weights' digest (for the disk cache's key) is hashed while the worker loads them.
         hashing = _hash_weights(path, prompt_cache_dir) if prompt_cache_dir is not None else None
+        self.num_draft_tokens = num_draft_tokens
+        # What passes cost here, learned per way of drafting: a draft model's drafts cost more.
+        self._costs = {"lookup": PassCosts(), "draft": PassCosts()}
         try:
             loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
+            self.draft_model = None if draft is None else self.call(draft).model
         except BaseException:
             self.close()
             raise
@@ -244,17 +261,108 @@ class MLXBackend:
     # --- generation loops (on the worker) ------------------------------------------------------
 
     def _new_cache(self) -> list[Any]:
+        """The model's layer caches, then the draft model's (stored and reused together)."""
         if self.kv_bits is None:
-            return make_prompt_cache(self.model)
-        return [QuantizedKVCache(self.kv_group_size, self.kv_bits) for _ in self.model.layers]
+            cache = make_prompt_cache(self.model)
+        else:
+            cache = [QuantizedKVCache(self.kv_group_size, self.kv_bits) for _ in self.model.layers]
+        return cache if self.draft_model is None else cache + make_prompt_cache(self.draft_model)
 
     def _run_one(self, gen: Generation) -> None:
         """Prefill what the prompt cache lacks (in chunks, cancellable), then decode."""
         if gen.cancelled.is_set():  # its caller left while it waited in the queue
             return
-        params, ids = gen.params, gen.prompt
-        cache, cached = self._take_cache(ids)
+        cache, cached = self._take_cache(gen.prompt)
         gen.sink.start(cached)
+        speculation = self._speculation(gen.params)
+        if speculation is None:
+            held = self._decode_plain(gen, cache, cached)
+        else:
+            held = self._decode_speculative(gen, cache, cached, *speculation)
+        if self._disk is not None:  # before finish: a script that exits right after still writes it
+            layers = cache[: len(self.model.layers)]  # (a draft model's layers are not kept on disk)
+            self._disk.offer(held[: layers[0].offset], layers)
+        if not gen.cancelled.is_set():
+            gen.sink.finish()
+        self._store(held, cache)  # after finish: a draft model's catching up does not delay the caller
+
+    def _speculation(self, params: GenerationParams) -> tuple[str, int, PassCosts | None] | None:
+        """How to draft for these settings (a set length always drafts; None lets the measured
+        costs decide), or None: greedy decoding only, without a repetition penalty (whose scores
+        depend on the history a draft would change), and not where drafts cannot pay."""
+        if params.temperature > 0 or params.repetition_penalty is not None:
+            return None
+        lookup = params.prompt_lookup_num_tokens
+        if self.draft_model is not None and not lookup:
+            kind, k_set, k_auto = "draft", self.num_draft_tokens, DEFAULT_DRAFT_TOKENS
+        else:
+            kind, k_set, k_auto = "lookup", lookup, DEFAULT_LOOKUP_TOKENS
+        if k_set is not None:
+            return (kind, k_set, None) if k_set > 0 else None
+        costs = self._costs[kind]
+        if costs.never_pays(k_auto):  # e.g. compute-bound passes: plain steps are faster
+            return None
+        return kind, k_auto, costs
+
+    def _prefill(self, model: Any, cache: list[Any], ids: Sequence[int], gen: Generation | None) -> None:
+        """Run ``ids`` into ``cache`` in chunks; a cancel of ``gen`` takes effect between them."""
+        for start in range(0, len(ids), self._prefill_chunk):
+            if gen is not None and gen.cancelled.is_set():
+                raise _Cancelled
+            model(mx.array(ids[start : start + self._prefill_chunk])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+
+    def _store(self, tokens: list[int], cache: list[Any]) -> None:
+        """Keep ``cache`` for reuse; a draft model's layers are brought to the tokens the model's hold."""
+        n_layers = len(self.model.layers)
+        held = cache[0].offset
+        if self._prompt_caches.max_entries <= 0:
+            return
+        if len(cache) > n_layers:
+            draft = cache[n_layers:]
+            if draft[0].offset > held:
+                trim_prompt_cache(draft, draft[0].offset - held)
+            self._prefill(self.draft_model, draft, tokens[draft[0].offset : held], None)
+        self._prompt_caches.put(tokens[:held], cache)
+
+    def _decode_speculative(
+        self, gen: Generation, cache: list[Any], cached: int, kind: str, k_max: int, costs: PassCosts | None
+    ) -> list[int]:
+        """Greedy decoding with drafts (:func:`.speculative.decode`); returns the tokens the cache holds
+        a prefix of. An error leaves a cache that is not trusted again (not returned: it raises)."""
+        ids = gen.prompt
+        n_layers = len(self.model.layers)
+        target = cache[:n_layers]
+        generated: list[int] = []
+        try:
+            self._prefill(self.model, target, ids[cached:-1], gen)
+            if kind == "draft":
+                draft_cache = cache[n_layers:]
+                self._prefill(self.draft_model, draft_cache, ids[draft_cache[0].offset : -1], gen)
+                drafter: Any = DraftModel(self.draft_model, draft_cache, ids)
+            else:
+                drafter = PromptLookup(ids)
+
+            def emit(token: int) -> bool:
+                generated.append(token)
+                return gen.sink.token(token) or gen.cancelled.is_set()
+
+            _, accepted, drafted = decode(
+                self.model, target, ids, max_tokens=gen.params.max_tokens, drafter=drafter,
+                k_max=k_max, costs=costs, emit=emit,
+            )  # fmt: skip
+            gen.sink.speculated(accepted, drafted)
+            if kind == "draft":
+                drafter.settle()
+        except _Cancelled:
+            pass  # stopped between prefill chunks: what the caches hold is exact
+        return ids + generated
+
+    def _decode_plain(self, gen: Generation, cache: list[Any], cached: int) -> list[int]:
+        """mlx-lm's generate_step: sampling, repetition penalties, or where drafts do not pay; returns
+        the tokens the cache holds a prefix of (an error raises: that cache is not trusted again)."""
+        params, ids = gen.params, gen.prompt
+        cache = cache[: len(self.model.layers)]
         if params.seed is not None:
             mx.random.seed(params.seed)
 
@@ -283,7 +391,6 @@ class MLXBackend:
             prompt_progress_callback=check_cancel,
         )
         generated: list[int] = []
-        clean = False
         try:
             for token, _ in steps:
                 generated.append(token)
@@ -292,18 +399,11 @@ class MLXBackend:
             else:  # max_tokens - 1 yielded: the last token was sampled, never yielded
                 generated.append(int(sampled[0].item()))
                 gen.sink.token(generated[-1])
-            clean = True
         except _Cancelled:
-            clean = True  # stopped between prefill chunks: what the cache holds is exact
+            pass  # stopped between prefill chunks: what the cache holds is exact
         finally:
             steps.close()
-            if clean:  # a cache left by an error mid-step is not trusted again
-                held = (ids + generated)[: cache[0].offset]
-                self._prompt_caches.put(held, cache)
-                if self._disk is not None:  # before finish: a script that exits right after still writes it
-                    self._disk.offer(held, cache)
-        if not gen.cancelled.is_set():
-            gen.sink.finish()
+        return ids + generated
 
     def _take_cache(self, ids: list[int]) -> tuple[list[Any], int]:
         """The in-memory cache sharing the longest prefix with ``ids``, or a file's when that saves more."""
@@ -313,8 +413,9 @@ class MLXBackend:
             n = min(n, len(ids) - 1)
             if name is not None and n >= in_memory + MIN_GAIN_TOKENS:
                 cache = self._disk.load(name, ids, n)
-                if cache is not None:
-                    return cache, n
+                if cache is not None:  # the model's layers; a draft model's are prefilled afresh
+                    draft = [] if self.draft_model is None else make_prompt_cache(self.draft_model)
+                    return cache + draft, n
         return self._prompt_caches.take(ids, self._new_cache)
 
     def _run_batch(self, gens: list[Generation]) -> None:

@@ -248,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="close an idle keep-alive connection after S seconds (default 5)",
     )
+    p.add_argument(
+        "--prompt-lookup",
+        type=int,
+        metavar="N",
+        help="prompt-lookup speculative decoding for greedy requests: drafts of up to N tokens from the "
+        "prompt, verified in one pass, same output (default: where it pays; 0: off); a request's "
+        "prompt_lookup_num_tokens wins",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=_cmd_serve)
 

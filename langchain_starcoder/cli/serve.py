@@ -47,6 +47,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
         max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
+        prompt_lookup_num_tokens=args.prompt_lookup,
     )  # fmt: skip
     config = BoundedConfig(
         app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,

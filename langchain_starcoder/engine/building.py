@@ -1,6 +1,7 @@
-"""Building a remote engine: the tokenizer of a served checkpoint and the byte table the remote
-backend rebuilds withheld ids with (:meth:`~langchain_starcoder.StarCoderEngine.connect` documents
-the options; ``load`` builds its MLX backend in the class itself)."""
+"""Building an engine's parts: a local checkpoint's loaders (and a draft model's checks), and for a
+remote engine the tokenizer of a served checkpoint and the byte table the remote backend rebuilds
+withheld ids with (:meth:`~langchain_starcoder.StarCoderEngine.load` and ``connect`` document the
+options)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,61 @@ from typing import Any
 from ..backends import Backend
 from ..errors import InvalidParameterError
 from ..tokens import codec_for
+from ..types import MAX_DRAFT_TOKENS, is_int
+
+
+def open_checkpoint(
+    model: str | os.PathLike[str],
+    gguf_file: str | None,
+    revision: str | None,
+    sliding_window: int | None,
+    settings: dict[str, Any],
+) -> tuple[str, Path | None, dict[str, Any], Any, Any]:
+    """A checkpoint's name, folder, config, tokenizer maker and weights loader (a GGUF file brings
+    its own config, tokenizer and loader)."""
+    from ..gguf_format import open_gguf
+    from ..loading import load_model, load_tokenizer, read_config, resolve_model_path
+
+    gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
+    if gguf is not None:
+        return gguf
+    name, path = str(model), resolve_model_path(model, revision)
+    config = read_config(path)
+    return (
+        name, path, config, lambda: load_tokenizer(path, config),
+        lambda: load_model(path, config=config, **settings),
+    )  # fmt: skip
+
+
+def check_draft_tokens(n: Any) -> None:
+    if n is not None and (not is_int(n) or not 1 <= n <= MAX_DRAFT_TOKENS):
+        msg = (
+            f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, or None (drafts "
+            f"where they pay), not {n!r}."
+        )
+        raise InvalidParameterError(msg)
+
+
+def check_same_vocabulary(
+    names: tuple[str, str], tokenizers: tuple[Any, Any], sizes: tuple[int, int]
+) -> None:
+    """A draft model must spell every token with the id the model uses, over the same id range."""
+    (name, draft_name), (tokenizer, draft_tokenizer) = names, tokenizers
+    if sizes[0] != sizes[1]:
+        msg = (
+            f"The draft model {draft_name} has {sizes[1]} token ids and {name} has {sizes[0]}; a draft "
+            "model must share the model's vocabulary (starcoder2-3b drafts for starcoder2-15b)."
+        )
+        raise InvalidParameterError(msg)
+    if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        ours, theirs = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        differ = sorted(t for t in ours.keys() | theirs.keys() if ours.get(t) != theirs.get(t))
+        msg = (
+            f"The draft model {draft_name} has another vocabulary than {name} ({len(theirs)} tokens "
+            f"against {len(ours)}; {len(differ)} differ, e.g. {differ[:3]}). A draft model must share "
+            "the model's tokenizer, as StarCoder2's sizes do (starcoder2-3b drafts for starcoder2-15b)."
+        )
+        raise InvalidParameterError(msg)
 
 
 def connect_backend(

@@ -23,7 +23,13 @@ from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, is_int, join_chunks
 from . import fim_prompts, jobs
-from .building import connect_backend, llama_cpp_backend
+from .building import (
+    check_draft_tokens,
+    check_same_vocabulary,
+    connect_backend,
+    llama_cpp_backend,
+    open_checkpoint,
+)
 from .jobs import Prompt
 
 
@@ -119,6 +125,8 @@ class StarCoderEngine:
         max_prompt_cache_dir_bytes: int = 4 << 30,
         backend: str = "mlx",
         llama_cpp: Any = None,
+        draft_model: str | os.PathLike[str] | None = None,
+        num_draft_tokens: int | None = None,
     ) -> StarCoderEngine:
         """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX
         (or, with ``backend="llama.cpp"``, into a llama.cpp server this engine starts and owns).
@@ -163,48 +171,50 @@ class StarCoderEngine:
                 its fields (threads, slots, context, outtype, inexact_past_window, server_args...).
                 By default a StarCoder2 request holds at most its sliding window, which llama.cpp
                 ignores: answers stay equal to the model's.
+            draft_model: A smaller checkpoint of the same vocabulary (a folder, hub id or ``.gguf``
+                file; loaded with ``dtype``, as it is stored) that drafts tokens for greedy
+                generation, verified by this model in one pass: the output is unchanged
+                (docs/engine.md, "Speculative decoding"). A different vocabulary is refused.
+            num_draft_tokens: The draft model's tokens per verification: always this many, or
+                None: up to 4, only where the measured costs and the acceptance make a draft pay.
         """
         if backend != "mlx" or llama_cpp is not None:
             mlx_only = {
                 "quantize": quantize, "kv_bits": kv_bits, "sliding_window": sliding_window,
                 "prefill_step_size": prefill_step_size, "dtype": None if dtype == "auto" else dtype,
-                "prompt_cache_dir": prompt_cache_dir,
+                "prompt_cache_dir": prompt_cache_dir, "draft_model": draft_model,
+                "num_draft_tokens": num_draft_tokens,
             }  # fmt: skip
             managed, tokenizer = llama_cpp_backend(
                 model, backend, revision=revision, gguf_file=gguf_file, options=llama_cpp, mlx_only=mlx_only
             )
             return cls(managed, tokenizer, name=str(model))
         from ..backends.mlx import MLXBackend, kv_group_size
-        from ..gguf_format import open_gguf
-        from ..loading import (
-            load_model,
-            load_tokenizer,
-            model_args,
-            read_config,
-            resolve_model_path,
-            validate_load_options,
-        )
+        from ..loading import model_args, validate_load_options
 
         validate_load_options(quantize, group_size, dtype, kv_bits)
         cache_dir = _prompt_cache_dir(prompt_cache_dir, max_prompt_cache_dir_bytes)
+        check_draft_tokens(num_draft_tokens)
         settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
-        # A GGUF file brings its own config, tokenizer and weights loader.
-        gguf = open_gguf(model, gguf_file, revision, sliding_window, settings)
-        if gguf is not None:
-            name, path, config, make_tokenizer, loader = gguf
-        else:
-            name, path = str(model), resolve_model_path(model, revision)
-            config = read_config(path)
-            make_tokenizer = lambda: load_tokenizer(path, config)  # noqa: E731
-            loader = lambda: load_model(path, config=config, **settings)  # noqa: E731
+        name, path, config, make_tokenizer, loader = open_checkpoint(
+            model, gguf_file, revision, sliding_window, settings
+        )
         kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
         tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
         front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
+        draft = None
+        if draft_model is not None:
+            draft_settings = {**settings, "quantize": None}
+            draft_name, _, draft_config, make_draft_tokenizer, draft = open_checkpoint(
+                draft_model, None, None, None, draft_settings
+            )
+            sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
+            check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
         backend = MLXBackend(
             loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
             prompt_cache_dir=cache_dir, max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
-            prompt_cache_key=front_key,
+            prompt_cache_key=front_key, draft=draft, num_draft_tokens=num_draft_tokens,
         )  # fmt: skip
         return cls(backend, tokenizer)
 

@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from ..engine import StarCoderEngine
 from ..errors import InvalidParameterError
-from ..types import is_int
+from ..types import GenerationParams, is_int
 from . import llama_api, openai_api
 from .limits import DEFAULT_MAX_BODY_BYTES
 from .state import ServerState
@@ -28,6 +28,7 @@ def create_app(
     batch_window_ms: float = 0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     repo: RepoIndex | None = None,
+    prompt_lookup_num_tokens: int | None = None,
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the package docs for the endpoints).
 
@@ -52,13 +53,17 @@ def create_app(
             ``suffix`` add its context for the request's ``file_path`` (relative to the index's root, or
             absolute inside it) after the client's own ``input_extra`` files, in the budget they leave.
             A request without ``file_path`` gets no repository context.
+        prompt_lookup_num_tokens: Prompt-lookup speculative decoding for requests that do not set
+            their own ``prompt_lookup_num_tokens`` (None: the engine's default; 0: off).
     """
     if not is_int(max_body_bytes) or max_body_bytes <= 0:
         msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
         raise InvalidParameterError(msg)
+    GenerationParams.create(prompt_lookup_num_tokens=prompt_lookup_num_tokens)  # a bad value fails here
     server = ServerState(
-        engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo
-    )
+        engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo,
+        prompt_lookup=prompt_lookup_num_tokens,
+    )  # fmt: skip
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
         Route("/v1/models", server.route(openai_api.models), methods=["GET"]),

@@ -68,7 +68,7 @@ async def completion(server: ServerState, request: Request) -> Response:
             raise bad_request(f"/completion does not support {key}.", key)
     prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
     n_predict = field(body, "n_predict", int, -1)
-    settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
+    settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict, server.prompt_lookup)
     with_tokens = field(body, "return_tokens", bool, False)
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, server.generate(engine, prompt, settings))
@@ -124,7 +124,7 @@ async def infill(server: ServerState, request: Request) -> Response:
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
     max_tokens = 1 if warm_up else (DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
-    settings = llama_settings(body, max_tokens)
+    settings = llama_settings(body, max_tokens, server.prompt_lookup)
     limit_ms = field(body, "t_max_predict_ms", (int, float), 0)
     fields = body.get("response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):

@@ -57,7 +57,7 @@ async def completions(server: ServerState, request: Request) -> Response:
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
-    settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0)
+    settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0, server.prompt_lookup)
     # Tokenizing runs off the event loop.
     prompts = await asyncio.to_thread(_completion_prompts, server, engine, body, settings["max_tokens"])
     middle = engine.token_id("<fim_middle>")
@@ -145,7 +145,7 @@ async def chat(server: ServerState, request: Request) -> Response:
     ]
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    settings = openai_settings(body, 256, 1.0)
+    settings = openai_settings(body, 256, 1.0, server.prompt_lookup)
     chars = sum(len(content) for _, content in pairs)
     check_text_fits(chars, server.max_text_chars, engine.context_window, "messages")
     ids = await asyncio.to_thread(chat_prompt_ids, engine, pairs, template)

@@ -65,12 +65,22 @@ def text_ids(engine: StarCoderEngine, prompt: str, parse: bool, max_chars: int |
 # --- OpenAI ----------------------------------------------------------------------------------------
 
 
-def openai_settings(body: dict[str, Any], max_tokens: int, temperature: float) -> dict[str, Any]:
-    """Generation settings from OpenAI-style fields (null means the default); the engine validates them."""
+def openai_settings(
+    body: dict[str, Any], max_tokens: int, temperature: float, prompt_lookup: int | None = None
+) -> dict[str, Any]:
+    """Generation settings from OpenAI-style fields (null means the default); the engine validates them.
+    ``prompt_lookup``: the server's ``prompt_lookup_num_tokens``, which a request's own field overrides."""
     settings: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature}
     for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty"):
         if body.get(key) is not None:
             settings[key] = body[key]
+    return _with_lookup(settings, body, prompt_lookup)
+
+
+def _with_lookup(settings: dict[str, Any], body: dict[str, Any], prompt_lookup: int | None) -> dict[str, Any]:
+    lookup = body.get("prompt_lookup_num_tokens", prompt_lookup)
+    if lookup is not None:
+        settings["prompt_lookup_num_tokens"] = lookup
     return settings
 
 
@@ -105,8 +115,9 @@ def message_content(message: Any) -> str:
 # --- llama.cpp -------------------------------------------------------------------------------------
 
 
-def llama_settings(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """Engine settings from llama.cpp's request fields (greedy unless a temperature is given)."""
+def llama_settings(body: dict[str, Any], max_tokens: int, prompt_lookup: int | None = None) -> dict[str, Any]:
+    """Engine settings from llama.cpp's request fields (greedy unless a temperature is given);
+    ``prompt_lookup`` as in :func:`openai_settings`."""
     temperature = body.get("temperature")
     settings: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature or 0.0}
     for key in ("top_p", "top_k", "min_p", "seed"):
@@ -119,7 +130,7 @@ def llama_settings(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
         settings["repetition_penalty"] = penalty
     if settings.get("seed") in (-1, 0xFFFFFFFF):  # llama.cpp's "a random seed"
         del settings["seed"]
-    return settings
+    return _with_lookup(settings, body, prompt_lookup)
 
 
 def infill_request(body: dict[str, Any]) -> FIMRequest:

@@ -37,6 +37,7 @@ class ServerState:
         batch_window_ms: float,
         max_body_bytes: int,
         repo: Any = None,
+        prompt_lookup: int | None = None,
     ):
         self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
@@ -49,6 +50,8 @@ class ServerState:
         self.max_body_bytes = max_body_bytes
         #: The RepoIndex whose context FIM requests with a ``file_path`` get (None: no repository context).
         self.repo = repo
+        #: Requests' ``prompt_lookup_num_tokens`` unless they set their own (None: the engine's default).
+        self.prompt_lookup = prompt_lookup
         #: The most characters a text can have and still fit the context window (None: no bound).
         self.max_text_chars: int | None = None
         if isinstance(engine, StarCoderEngine):

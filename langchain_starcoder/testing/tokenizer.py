@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,10 @@ def write_tokenizer(
     chat_template: str | None,
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
     eos_token: str = "<|endoftext|>",
+    corpus: Sequence[str] | None = None,
 ) -> None:
-    """A byte-level BPE shaped like StarCoder's (digits split, no prefix space), trained in seconds."""
+    """A byte-level BPE shaped like StarCoder's (digits split, no prefix space), trained in seconds
+    on ``corpus`` (default: a small synthetic corpus of code)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -90,7 +93,7 @@ def write_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(), trainer)
+    tokenizer.train_from_iterator(_corpus() if corpus is None else corpus, trainer)
     spec = json.loads(tokenizer.to_str())
     # Pad the vocabulary to the model's size with tokens no merge produces, so every id decodes.
     vocab = spec["model"]["vocab"]

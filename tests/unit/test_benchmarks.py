@@ -57,7 +57,7 @@ def test_rows_hold_positive_medians_and_ratios(tiny_run: tuple[int, dict, str]) 
     rows = [row for s in data["sections"] for row in s["rows"]]
     # Every default benchmark but the OpenBLAS one (left out here) produced comparisons.
     assert {s["key"] for s in data["sections"] if s["rows"]} == {
-        "overhead", "dtype", "cache", "batch", "memory", "longctx", "gguf", "server",
+        "overhead", "dtype", "cache", "batch", "memory", "longctx", "gguf", "server", "speculative",
     }  # fmt: skip
     for row in rows:
         for key in ("a_median", "b_median", "ratio"):
@@ -68,7 +68,7 @@ def test_rows_hold_positive_medians_and_ratios(tiny_run: tuple[int, dict, str]) 
         assert row["a_min"] <= row["a_median"] <= row["a_max"]
         assert row["ratio"] == pytest.approx(row["a_median"] / row["b_median"])
         assert row["met"] is None if row["goal"] is None else isinstance(row["met"], bool)
-    assert {r["item"] for r in rows} == {1, 2, 3, 5, 6, 7, 10, 11}
+    assert {r["item"] for r in rows} == {1, 2, 3, 5, 6, 7, 10, 11, 17}
     blas = next(s for s in data["sections"] if s["key"] == "blas")
     assert blas["skipped"] == "--no-openblas" and not blas["rows"]
 

@@ -1,0 +1,370 @@
+"""Speculative greedy decoding for the MLX backend: drafts verified in one forward pass, same tokens.
+
+A drafter guesses the next tokens (:class:`PromptLookup`: what followed the last n-gram earlier in
+the prompt or the output; :class:`DraftModel`: a smaller model of the same vocabulary); the target
+model scores the last token and the draft in one pass and keeps the longest run that equals its own
+argmax, plus its own next token. Rejected positions are trimmed from the KV cache, so the cache and
+the tokens are those of a plain greedy run. :class:`PassCosts` (per model) and :class:`Acceptance`
+(per request) decide whether a draft, and how long a one, pays on the hardware at hand.
+
+mlx-lm's ``speculative_generate_step`` is not used: its draft length is fixed (no adapting to the
+acceptance or the cost), it has no cancel between prefill chunks, and it serves a draft model only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.utils import common_prefix_len
+
+#: Longest n-gram prompt lookup matches first, and the shortest it falls back to.
+NGRAM_MAX, NGRAM_MIN = 3, 2
+#: prompt_lookup_num_tokens=None: the longest draft the backend tries.
+DEFAULT_LOOKUP_TOKENS = 10
+#: num_draft_tokens=None: the longest draft a draft model writes.
+DEFAULT_DRAFT_TOKENS = 4
+_EMA = 0.2  # weight of the newest timing in a running mean
+_GAIN = 1.03  # draft only when it is expected to be at least this much faster than plain steps
+_PROBE_EVERY = 12  # plain-step choices (of _REPLAN_EVERY passes) between re-probes of a draft model
+_REPLAN_EVERY = 4
+#: Draft passes a model's costs are measured over before they decide (a few, once per model).
+PROBES = 16
+
+
+class Drafter(Protocol):
+    virtual: bool
+    """Whether its drafts can be scored for free against plain-decoded tokens (prompt lookup)."""
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The sequence grew by ``tokens`` (accepted ones)."""
+        ...
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` guesses of the tokens after the sequence so far."""
+        ...
+
+
+class PromptLookup:
+    """Drafts the tokens that followed the latest earlier occurrence of the sequence's last n-gram
+    (n from 3 down to 2), copied on as far as ``k``.
+
+    Each n-gram size keeps a dict n-gram -> the position after its latest occurrence, built in one
+    pass over the prompt and extended by each new token, so a lookup costs a few dict reads.
+    """
+
+    virtual = True
+
+    def __init__(self, tokens: Sequence[int]):
+        self.tokens = list(tokens)
+        n_tok = len(self.tokens)
+        # dict(zip(...)) keeps the last position of a repeated n-gram; only n-grams with a continuation.
+        self._index = {}
+        for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+            width = max(n_tok - n, 0)  # n-grams that have a token after them
+            grams = zip(*(self.tokens[i : width + i] for i in range(n)), strict=True)
+            self._index[n] = dict(zip(grams, range(n, n_tok), strict=False))
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        seq = self.tokens
+        for token in tokens:
+            end = len(seq)  # the new token's position: the continuation of the n-grams before it
+            for n, index in self._index.items():
+                if end >= n:
+                    index[tuple(seq[end - n : end])] = end
+            seq.append(token)
+
+    def propose(self, k: int) -> list[int]:
+        seq, end = self.tokens, len(self.tokens)
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            at = self._index[n].get(tuple(seq[end - n :])) if end >= n else None
+            if at is not None:  # a copy that reaches the end goes on copying itself (a repeating run)
+                draft = seq[at : min(at + k, end)]
+                while len(draft) < k:
+                    draft += draft[: k - len(draft)]
+                return draft
+        return []
+
+
+class DraftModel:
+    """Drafts with a smaller model of the same vocabulary, greedily, from its own KV cache."""
+
+    virtual = False
+
+    def __init__(self, model: Any, cache: list[Any], tokens: Sequence[int]):
+        self.model, self.cache = model, cache
+        self.tokens = list(tokens)
+        self._fed = self.tokens[: self.held]  # what the draft cache holds, position by position
+
+    @property
+    def held(self) -> int:
+        return self.cache[0].offset
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def settle(self) -> None:
+        """Trim the draft cache to the longest prefix of the sequence it holds (drop rejected drafts)."""
+        n = common_prefix_len(self._fed, self.tokens)
+        if self.held > n:
+            trim_prompt_cache(self.cache, self.held - n)
+        del self._fed[n:]
+
+    def propose(self, k: int) -> list[int]:
+        self.settle()
+        if self.held >= len(self.tokens):  # the model must see the last token to predict the next
+            trim_prompt_cache(self.cache, self.held - len(self.tokens) + 1)
+            del self._fed[len(self.tokens) - 1 :]
+        feed = self.tokens[self.held :]
+        y = mx.array(feed)
+        out = []
+        for _ in range(k):  # chained lazily: one sync for the whole draft
+            y = mx.argmax(self.model(y[None], cache=self.cache)[0, -1:], axis=-1)
+            out.append(y)
+        draft = mx.concatenate(out).tolist() if out else []
+        self._fed += feed + draft[:-1]
+        return draft
+
+
+class PassCosts:
+    """What passes cost on this model and machine, learned from the passes run (kept per model).
+
+    ``plain``: seconds per token of pipelined one-token decoding; ``single``: seconds of a step that
+    waits for its token (what a draft needs); ``per_draft``: seconds each drafted token adds
+    (drafting it and verifying it). Verifying k tokens costs about k steps where a pass is bound by
+    compute (MLX's CPU build with its reference BLAS) and about one where it is bound by memory.
+    Each is the median of its last timings (robust to the first passes' cold kernels and to a busy
+    machine); none decides before :data:`PROBES` timings of each.
+    """
+
+    def __init__(
+        self, plain: float | None = None, single: float | None = None, per_draft: float | None = None
+    ):
+        self._times: dict[str, deque[float]] = {
+            k: deque(maxlen=4 * PROBES) for k in ("plain", "single", "draft")
+        }
+        for kind, value in (("plain", plain), ("single", single), ("draft", per_draft)):
+            if value is not None:
+                self._times[kind].extend([value] * PROBES)
+
+    def note(self, drafted: int, seconds: float, pipelined: bool) -> None:
+        if pipelined:
+            self._times["plain"].append(seconds)
+        elif drafted == 0:
+            self._times["single"].append(seconds)
+        elif self.single is not None:
+            self._times["draft"].append(max(seconds - self.single, 0.0) / drafted)
+
+    def _median(self, kind: str) -> float | None:
+        times = self._times[kind]
+        return statistics.median(times) if times else None
+
+    @property
+    def plain(self) -> float | None:
+        return self._median("plain")
+
+    @property
+    def single(self) -> float | None:
+        return self._median("single")
+
+    @property
+    def per_draft(self) -> float | None:
+        return self._median("draft")
+
+    def count(self, kind: str) -> int:
+        return len(self._times[kind])
+
+    @property
+    def known(self) -> bool:
+        return all(len(t) >= PROBES for t in self._times.values())
+
+    def __repr__(self) -> str:
+        return f"PassCosts(plain={self.plain}, single={self.single}, per_draft={self.per_draft})"
+
+    def gain(self, k: int, accept: float, match: float) -> float:
+        """Expected speed with drafts of ``k`` over plain decoding, for a per-token acceptance
+        ``accept`` and a chance ``match`` that a draft is found (geometric model of acceptance)."""
+        assert self.plain is not None and self.single is not None and self.per_draft is not None
+        tokens = match * _run_length(k, accept) + (1 - match)
+        seconds = self.single + match * k * self.per_draft
+        return tokens * self.plain / max(seconds, 1e-12)
+
+    def never_pays(self, k_max: int) -> bool:
+        """Even a draft that is almost always right would not be faster (a compute-bound pass)."""
+        return self.known and max(self.gain(k, 0.95, 1.0) for k in range(1, k_max + 1)) < _GAIN
+
+
+def _run_length(k: int, accept: float) -> float:
+    """Tokens one pass yields with a draft of ``k``: the accepted run plus the model's own token."""
+    return float(k + 1) if accept >= 1.0 else (1 - accept ** (k + 1)) / (1 - accept)
+
+
+def _mean(old: float | None, new: float) -> float:
+    return new if old is None else old + _EMA * (new - old)
+
+
+class Acceptance:
+    """A request's running acceptance rate per drafted token and rate of found drafts (decaying)."""
+
+    def __init__(self) -> None:
+        self.right, self.wrong = 1.0, 1.0  # a neutral prior
+        self.found, self.tried = 1.0, 2.0
+
+    def note(self, accepted: int, drafted: int) -> None:
+        decay = 0.9
+        self.tried = self.tried * decay + 1
+        if drafted == 0:
+            self.found *= decay
+            return
+        self.found = self.found * decay + 1
+        self.right = self.right * decay + accepted
+        self.wrong = self.wrong * decay + (accepted < drafted)
+
+    @property
+    def rate(self) -> float:
+        return self.right / (self.right + self.wrong)
+
+    @property
+    def match(self) -> float:
+        return self.found / self.tried
+
+
+class _Shadow:
+    """Scores prompt-lookup drafts against tokens decoded plainly, so the acceptance stays known
+    while no draft is verified (a comparison and now and then a lookup per token)."""
+
+    def __init__(self, drafter: Drafter, k_max: int, stats: Acceptance):
+        self.drafter, self.k_max, self.stats = drafter, k_max, stats
+        self.draft: list[int] | None = None
+        self.at = 0
+
+    def see(self, token: int) -> None:
+        """Take the next plainly decoded token (the drafter has seen it already)."""
+        if self.draft is not None:
+            if self.at < len(self.draft) and token == self.draft[self.at]:
+                self.at += 1
+                return
+            self.stats.note(self.at, len(self.draft))  # ``token`` is the model's own, after the run
+        self.draft, self.at = self.drafter.propose(self.k_max) or None, 0
+        if self.draft is None:
+            self.stats.note(0, 0)
+
+
+def decode(
+    model: Any,
+    cache: list[Any],
+    tokens: list[int],
+    *,
+    max_tokens: int,
+    drafter: Drafter,
+    k_max: int,
+    costs: PassCosts | None,
+    emit: Callable[[int], bool],
+) -> tuple[list[int], int, int]:
+    """Greedy decoding after ``tokens`` (the cache holds all but its last), drafting where it pays
+    (``costs``: what this model's passes cost), or always up to ``k_max`` tokens (``costs=None``).
+
+    ``emit(token)`` takes each token in order; True stops. Returns the emitted tokens, the accepted
+    draft tokens among them and the drafted count. The cache is left as a plain greedy run leaves
+    it: holding every emitted token, except the last when ``max_tokens`` ended the run.
+    """
+    prompt_len = len(tokens)
+    seq = list(tokens)  # the prompt and every decided token
+    stats = Acceptance()
+    shadow = _Shadow(drafter, k_max, stats) if drafter.virtual else None
+    since_probe = 0
+    chosen = [0, 0]  # the last draft length chosen, and how many more passes it stands for
+
+    def plan() -> int:
+        """The next draft's length; 0 for a plain, pipelined step."""
+        nonlocal since_probe
+        if costs is None:
+            return k_max
+        if not costs.known:  # probe, once per model: plain steps, waited steps, drafts of 4, in turn
+            if costs.count("plain") < PROBES:
+                return 0
+            return -1 if costs.count("single") < min(PROBES, costs.count("draft") + 1) else min(4, k_max)
+        if chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
+            chosen[1] -= 1
+            return chosen[0]
+        best_k, best = 0, _GAIN
+        for k in range(1, k_max + 1):
+            gain = costs.gain(k, stats.rate, stats.match)
+            if gain > best:
+                best_k, best = k, gain
+        chosen[:] = [best_k, _REPLAN_EVERY - 1]
+        if best_k == 0 and not drafter.virtual:  # a draft model's acceptance is seen only by drafting
+            since_probe += 1
+            if since_probe >= _PROBE_EVERY:
+                since_probe, best_k = 0, min(2, k_max)
+        return best_k
+
+    def launch(inputs: mx.array) -> mx.array:
+        out = mx.argmax(model(inputs[None], cache=cache)[0], axis=-1)
+        mx.async_eval(out)
+        return out
+
+    def room() -> int:
+        return max_tokens - (len(seq) - prompt_len)
+
+    emitted: list[int] = []
+    accepted = drafted = 0
+    k = max(plan(), 0)
+    draft = drafter.propose(k) if k > 0 else []
+    attempt = k > 0  # whether the pass in flight verifies a draft (or found none to verify)
+    pending = launch(mx.array([seq[-1], *draft]))
+    pipelined = False  # whether the pass in flight was chained on the lazy token before it
+    clock = time.perf_counter()
+    while True:
+        # Decide the tokens of the pass in flight; launch the next pass before handing them out.
+        next_k = plan() if not attempt and room() > 1 else None
+        following = None
+        if next_k == 0:
+            following = launch(pending)  # chained on the lazy token: no wait between steps
+            new, flags = [pending.item()], [False]
+        else:
+            out = pending.tolist()
+            n = 0
+            while n < len(draft) and out[n] == draft[n]:
+                n += 1
+            new, flags = [*draft[:n], out[n]][: room()], ([True] * n + [False])[: room()]
+            drafted += len(draft)
+        now = time.perf_counter()
+        if costs is not None:
+            costs.note(len(draft), now - clock, pipelined)
+        clock, pipelined = now, following is not None
+        seq.extend(new)
+        drafter.extend(new)
+        if following is None:
+            if attempt:
+                stats.note(n, len(draft))
+            excess = cache[0].offset - (len(seq) - 1)
+            if excess > 0:  # rejected draft positions (and any past max_tokens)
+                trim_prompt_cache(cache, excess)
+            if room() > 0:
+                next_k = plan() if next_k is None else next_k
+                draft = drafter.propose(next_k) if next_k > 0 else []
+                attempt = next_k > 0
+                following = launch(mx.array([seq[-1], *draft]))
+                if shadow is not None:
+                    shadow.draft = None  # drafts are scored by passes again
+        else:
+            draft, attempt = [], False
+            if shadow is not None:
+                shadow.see(new[0])
+        for token, from_draft in zip(new, flags, strict=True):
+            emitted.append(token)
+            accepted += from_draft
+            if emit(token):
+                excess = cache[0].offset - (prompt_len + len(emitted))
+                if excess > 0:  # the pass past a stop keeps only the stop token, as plainly
+                    trim_prompt_cache(cache, excess)
+                return emitted, accepted, drafted
+        if following is None:
+            return emitted, accepted, drafted
+        pending = following
