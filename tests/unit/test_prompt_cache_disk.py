@@ -18,6 +18,7 @@ from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.backends.prompt_cache import PromptCacheNotice
 from langchain_starcoder.backends.prompt_cache.disk import MIN_NEW_TOKENS
 from langchain_starcoder.backends.prompt_cache.files import read_cache_file
+from langchain_starcoder.checkpoints import quantize_checkpoint
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.testing import build_starcoder2
 
@@ -89,6 +90,19 @@ def test_a_new_process_reuses_the_cache_and_answers_the_same(
     assert other["cached"] >= len(tiny_engine.encode(SHARED)) - 2
     assert same["ids"] == first["out"][0]["ids"] == fresh(tiny_path, SHARED + ENDINGS[0])
     assert other["ids"] == fresh(tiny_path, SHARED + ENDINGS[1])
+    assert second["notices"] == []
+
+
+def test_a_draft_model_reuses_the_file_and_answers_the_same(tiny_path: Path, tmp_path: Path) -> None:
+    """Files hold the model's layers only: with a draft model a new process loads them, prefills the
+    draft's own layers afresh, and speculative decoding still gives the plain engine's tokens."""
+    draft = quantize_checkpoint(tiny_path, tmp_path / "q8", bits=8, progress=False)
+    folder, prompt = tmp_path / "prompt-cache", SHARED + ENDINGS[0]
+    load = {"prompt_cache_dir": folder, "draft_model": draft, "num_draft_tokens": 3}
+    first = run_process(tiny_path, [prompt], **load)
+    second = run_process(tiny_path, [prompt], **load)
+    assert second["out"][0]["cached"] == second["out"][0]["prompt"] - 1
+    assert second["out"][0]["ids"] == first["out"][0]["ids"] == fresh(tiny_path, prompt)
     assert second["notices"] == []
 
 
