@@ -2,18 +2,23 @@
 
 What a hole needs from other files are the names its file does not already show: the methods, functions
 and constants of other modules it is about to use. So the context is an outline (signature lines) chosen
-to cover such names, best first: a name's worth is how many files of the repository use it exactly once
-(a name files use in passing, the way a hole would), raised when its file is imported by the hole's file,
-imports it or was seen recently, when its class is mentioned in the hole's file, and when it is used
-near the cursor. Each name is covered once (a line covers every name on it), and never the same line twice.
-Each file's chosen lines are written in their order; files are ordered by how related they are to the
-hole's file (which the cursor's position does not change), least first, so the most related code sits
-nearest the hole and a cursor moving inside a function keeps the prompt's start.
+to cover such names, best first. A name's worth starts from how many files of the repository use it
+exactly once (a name files use in passing, the way a hole would; its square root, so that relatedness
+outweighs popularity), raised when its file is imported by the hole's file, imports it or was seen
+recently, when its class is mentioned in the hole's file or named in the signature of a name used near
+the cursor (the type of what the code there holds), and by how much of its words (``delete_tag``: delete,
+tag) the code near the cursor uses. Each name is covered once (a line covers every name on it), and never
+the same line twice. Each file's chosen lines are written in their order; files are ordered by how
+related they are to the hole's file (which the cursor's position does not change), least first, so the
+most related code sits nearest the hole and a cursor moving inside a function keeps the prompt's start.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +39,8 @@ NEAR_SUFFIX_LINES = 10
 WINDOW_SHARE = 0.4
 #: Units that do not fit before packing gives up on what is left.
 MAX_MISSES = 200
+#: How much more a name is worth whose word parts all occur near the cursor.
+PART_BOOST = 3.0
 #: How many of the repository's most used names are candidates at each lookup.
 GLOBAL_CANDIDATES = 1000
 
@@ -43,6 +50,8 @@ class Hole:
     path: str
     file_words: frozenset[str]
     near_words: frozenset[str]
+    near_parts: frozenset[str] = frozenset()
+    """The word parts (``get_repo_info`` -> get, repo, info) of the names near the cursor."""
 
     @classmethod
     def of(cls, path: str, prefix: str, suffix: str, file_words: frozenset[str] | None = None) -> Hole:
@@ -50,7 +59,17 @@ class Hole:
         if file_words is None:
             file_words = frozenset(WORD.findall(prefix)) | frozenset(WORD.findall(suffix))
         near = tail_lines(prefix, NEAR_PREFIX_LINES) + "\n" + head_lines(suffix, NEAR_SUFFIX_LINES)
-        return cls(path, file_words, frozenset(WORD.findall(near)))
+        near_words = frozenset(WORD.findall(near))
+        return cls(path, file_words, near_words, frozenset(p for w in near_words for p in name_parts(w)))
+
+
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+
+
+@functools.lru_cache(maxsize=65536)
+def name_parts(name: str) -> tuple[str, ...]:
+    """The lower-case words of a snake_case or CamelCase name, plural ``s`` dropped, short ones left out."""
+    return tuple(dict.fromkeys(p.lower().removesuffix("s") for p in _PART.findall(name) if len(p) > 2))
 
 
 def tail_lines(text: str, n: int) -> str:
@@ -108,6 +127,8 @@ class Tables:
     """Per name, the signature units defining it, by file."""
     members: dict[str, dict[str, list[Unit]]] = field(default_factory=dict)
     """Per class name, the signature units of its methods and fields, by file."""
+    parts: Counter[str] = field(default_factory=Counter)
+    """Per word part, how many definitions' names hold it."""
     _popular: list[str] | None = None
     _shortest: dict[str, Unit] = field(default_factory=dict)
 
@@ -117,6 +138,7 @@ class Tables:
             d = unit.definition
             assert d is not None
             self.defined.setdefault(d.name, {}).setdefault(entry.path, []).append(unit)
+            self.parts.update(name_parts(d.name))
             if d.parent is not None:
                 self.members.setdefault(d.parent, {}).setdefault(entry.path, []).append(unit)
         self._popular = None
@@ -127,6 +149,7 @@ class Tables:
         for unit in entry.signatures:
             d = unit.definition
             assert d is not None
+            self.parts.subtract(name_parts(d.name))
             for table, key in ((self.defined, d.name), (self.members, d.parent)):
                 if key is not None and key in table:
                     table[key].pop(entry.path, None)
@@ -179,15 +202,18 @@ def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables
     own = entries.get(hole.path)
     own_once = own.once if own is not None else frozenset()
     file_weight: dict[str, float] = {}
+    part_match: dict[str, float] = {}
+    part_counts, n_parts = tables.parts, max(sum(len(u) for u in tables.defined.values()), 1)
 
     candidates: list[tuple[float, str, int, int, tuple[float, str, Unit]]] = []
 
     def offer(offered: Iterable[tuple[str, Unit]], boost: float) -> None:
         """Value each (name, unit) offered, in one loop (a lookup offers thousands)."""
-        used_once, file_words, near_words, hole_path = (
+        used_once, file_words, near_words, near_parts, hole_path = (
             tables.used_once,
             hole.file_words,
             hole.near_words,
+            hole.near_parts,
             hole.path,
         )
         for name, unit in offered:
@@ -196,7 +222,7 @@ def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables
                 continue
             # The hole's own file says nothing of itself; a name it shows already is worth its
             # signature only when used nearby.
-            base = 0.5 + used_once[name] - (name in own_once)
+            base = math.sqrt(0.5 + used_once[name] - (name in own_once))
             if name in file_words:
                 if name not in near_words:
                     continue
@@ -208,16 +234,26 @@ def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables
                 value = base * (1.0 + weight + boost)
             if name.startswith("_") and not name.startswith("__"):
                 value *= 0.5
+            match = part_match.get(name)
+            if match is None:
+                match = part_match[name] = _part_match(name, near_parts, part_counts, n_parts)
+            value *= 1.0 + PART_BOOST * match
             if value > 0:  # keyed best first, then by place; ties keep the order offered
                 candidates.append((-value, path, unit.start, len(candidates), (value, name, unit)))
 
     popular = tables.popular()  # the repository's most used names, each by its shortest definition
     offer(((n, tables.shortest(n)) for n in popular if tables.used_once[n] > (n in own_once)), 0.0)
-    for name in hole.file_words:
-        for units in tables.members.get(name, {}).values():  # members of the classes the file mentions
+    classes = {name for name in hole.file_words if name in tables.members}  # the classes the file mentions
+    for name in hole.near_words:
+        if name in tables.defined:
+            unit = tables.shortest(name)
+            offer([(name, unit)], 0.0)
+            # The classes its signature names (a returned or annotated type): what the code near the
+            # cursor holds, whose members it is about to use.
+            classes.update(w for w in entries[unit.path].line_size(unit.start)[1] if w in tables.members)
+    for name in sorted(classes):
+        for units in tables.members[name].values():
             offer(((_name(u), u) for u in units), 2.0)
-        if name in hole.near_words and name in tables.defined:
-            offer([(name, tables.shortest(name))], 0.0)
     for path in {*related.imported, *related.importers, *related.second_hop, *related.recent}:
         entry = entries.get(path)
         if entry is not None:
@@ -291,6 +327,15 @@ def select(
                 break
     outline(budget)
     return chosen, windowed
+
+
+def _part_match(name: str, near: frozenset[str], counts: Counter[str], total: int) -> float:
+    """The share of a name's word parts, weighted by rarity, that occur near the cursor."""
+    parts = name_parts(name)
+    if not parts:
+        return 0.0
+    weights = [math.log(1 + total / max(counts[p], 1)) for p in parts]
+    return sum(w for p, w in zip(parts, weights, strict=True) if p in near) / sum(weights)
 
 
 def _name(unit: Unit) -> str:
