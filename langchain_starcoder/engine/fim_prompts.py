@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import fim
 from ..errors import ContextLengthError, InvalidParameterError
-from ..types import FIM_KEYS, ContextFile, FIMRequest
 from ..repo.rank import GAP_MARKER
+from ..types import FIM_KEYS, ContextFile, FIMRequest
 from .jobs import check_room
 
 if TYPE_CHECKING:
