@@ -7,6 +7,7 @@ the index picks context files in the budget it leaves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import weakref
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import fim
 from ..errors import ContextLengthError, InvalidParameterError
 from ..repo.rank import GAP_MARKER
+from ..tokens import Codec
 from ..types import FIM_KEYS, ContextFile, FIMRequest
 from .jobs import check_room
 
@@ -56,15 +58,21 @@ def add_repo_context(engine: StarCoderEngine, request: FIMRequest, max_tokens: i
 
 def pick_files(engine: StarCoderEngine, index: Any, request: FIMRequest, left: int) -> list[ContextFile]:
     """The index's context for the hole of ``request`` in ``left`` tokens, counted as FIM data."""
-    codec = engine._codec
     with index_lock(index):
         return index.context_files(
             request.file_path,
             request.prefix,
             request.suffix,
             max_tokens=left,
-            count_tokens=lambda text: len(codec.encode_data(text)),
+            count_tokens=data_tokens(engine._codec),
         )
+
+
+@functools.lru_cache(maxsize=16)
+def data_tokens(codec: Codec) -> Callable[[str], int]:
+    """One token counter per tokenizer (as FIM parts: data), so the index keeps its counts between
+    lookups."""
+    return lambda text: len(codec.encode_data(text))
 
 
 def uncovered(files: Sequence[ContextFile], request: FIMRequest) -> tuple[ContextFile, ...]:

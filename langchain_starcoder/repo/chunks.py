@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .symbols import WORD, Definition, Symbols, parse
 
@@ -46,6 +48,7 @@ class FileEntry:
     reaches the file."""
 
     _line_sizes: dict[int, tuple[int, tuple[str, ...]]] = field(default_factory=dict, repr=False)
+    _tokens: dict[Any, dict[int, int]] = field(default_factory=dict, repr=False)
 
     def line_size(self, i: int) -> tuple[int, tuple[str, ...]]:
         """Line ``i``'s UTF-8 size and names, worked out once per file version (lookups reuse them)."""
@@ -54,6 +57,18 @@ class FileEntry:
             line = self.lines[i]
             found = self._line_sizes[i] = (len(line.encode("utf-8")), tuple(WORD.findall(line)))
         return found
+
+    def line_tokens(self, i: int, count_tokens: Callable[[str], int]) -> int:
+        """Line ``i``'s tokens by ``count_tokens`` (line -1: the path's), counted once per file version
+        and counter: packing estimates a text's tokens as its lines' (a newline adds about a quarter)."""
+        try:
+            counts = self._tokens.setdefault(count_tokens, {})
+        except TypeError:  # an unhashable counter: nothing kept
+            counts = {}
+        n = counts.get(i)
+        if n is None:
+            n = counts[i] = count_tokens(self.path if i < 0 else self.lines[i])
+        return n
 
     @classmethod
     def build(cls, path: str, text: str) -> FileEntry:

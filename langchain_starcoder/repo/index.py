@@ -77,7 +77,6 @@ class RepoIndex:
         self._imports: dict[str, frozenset[str]] = {}
         self._modules: dict[str, str] = {}
         self._recent: list[str] = []
-        self._ratios: dict[object, float] = {}
         self._tree.scan()
         self._sync()
 
@@ -143,7 +142,6 @@ class RepoIndex:
         max_tokens: int,
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
-        ratio = self._ratio(count_tokens)
         memo: dict[str, int] = {}
 
         def counted(text: str) -> int:  # the tries share most of their files
@@ -154,13 +152,13 @@ class RepoIndex:
 
         candidates = outline_candidates(hole, self._entries, self._tables, related)
 
-        # Estimated by bytes, checked exactly: a budget missed or underused by the estimate is scaled
+        # Estimated by lines, checked exactly: a budget missed or underused by the estimate is scaled
         # and tried again; the fullest try that fits wins (deterministic for the same request).
         budget = float(max_tokens)
         best: list[ContextFile] = []
         best_spent = -1
         for _ in range(FIT_TRIES):
-            chosen, windowed = select(candidates, windows, self._entries, budget, ratio)
+            chosen, windowed = select(candidates, windows, self._entries, budget, count_tokens)
             files = [
                 ContextFile(path, render(self._entries[path], chosen[path]))
                 for path in order_files(chosen, windowed, related, hole.path)
@@ -178,25 +176,6 @@ class RepoIndex:
                 files.pop(0)
             best = files
         return best
-
-    def _ratio(self, count_tokens: Callable[[str], int]) -> float:
-        """Tokens per byte of this repository's code for ``count_tokens``, measured once on a sample
-        (a fixed estimate keeps the same request picking the same context)."""
-        key = _key(count_tokens)
-        ratio = self._ratios.get(key)
-        if ratio is None:
-            lines = (
-                entry.lines[u.start]
-                for path in sorted(self._entries)[:200]
-                for entry in [self._entries[path]]
-                for u in entry.signatures[:20]
-            )
-            sample = "\n".join(lines)[:20_000]
-            size = len(sample.encode("utf-8"))
-            ratio = max(count_tokens(sample), 1) / size if size else 0.3
-            if key is not None:
-                self._ratios[key] = ratio
-        return ratio
 
     # --- keeping the tables in step with the files ----------------------------------------------
 
@@ -295,14 +274,6 @@ class RepoIndex:
                 msg = f"file_path {str(file_path)!r} is not inside the repository {str(self.root)!r}."
                 raise InvalidParameterError(msg) from None
         return path.as_posix().removeprefix("./")
-
-
-def _key(count_tokens: Callable[[str], int]) -> object:
-    try:
-        hash(count_tokens)
-    except TypeError:
-        return None
-    return count_tokens
 
 
 def _python_modules(entries: dict[str, FileEntry]) -> dict[str, str]:

@@ -37,6 +37,8 @@ NEAR_PREFIX_LINES = 30
 NEAR_SUFFIX_LINES = 10
 #: The share of the budget lexical windows may take before the outline (measured: benchmarks/repo_context).
 WINDOW_SHARE = 0.4
+#: What joining lines adds to their tokens, per line (measured on StarCoder2-sized BPEs: about 0.25).
+NEWLINE_TOKENS = 0.3
 #: Units that do not fit before packing gives up on what is left.
 MAX_MISSES = 200
 #: How much more a name is worth whose word parts all occur near the cursor.
@@ -129,8 +131,11 @@ class Tables:
     """Per class name, the signature units of its methods and fields, by file."""
     parts: Counter[str] = field(default_factory=Counter)
     """Per word part, how many definitions' names hold it."""
+    units: int = 0
+    """How many definitions the repository has."""
     _popular: list[str] | None = None
     _shortest: dict[str, Unit] = field(default_factory=dict)
+    _part_weights: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
 
     def add(self, entry: FileEntry) -> None:
         self.used_once.update(entry.once)
@@ -139,10 +144,12 @@ class Tables:
             assert d is not None
             self.defined.setdefault(d.name, {}).setdefault(entry.path, []).append(unit)
             self.parts.update(name_parts(d.name))
+            self.units += 1
             if d.parent is not None:
                 self.members.setdefault(d.parent, {}).setdefault(entry.path, []).append(unit)
         self._popular = None
         self._shortest.clear()
+        self._part_weights.clear()
 
     def remove(self, entry: FileEntry) -> None:
         self.used_once.subtract(entry.once)
@@ -150,6 +157,7 @@ class Tables:
             d = unit.definition
             assert d is not None
             self.parts.subtract(name_parts(d.name))
+            self.units -= 1
             for table, key in ((self.defined, d.name), (self.members, d.parent)):
                 if key is not None and key in table:
                     table[key].pop(entry.path, None)
@@ -157,6 +165,7 @@ class Tables:
                         del table[key]
         self._popular = None
         self._shortest.clear()
+        self._part_weights.clear()
 
     def shortest(self, name: str) -> Unit:
         """The definition of ``name`` that takes the fewest lines and characters to show."""
@@ -165,6 +174,17 @@ class Tables:
             units = _units(self.defined[name])
             unit = self._shortest[name] = min(units, key=lambda u: (u.end - u.start, len(u.path), u.path))
         return unit
+
+    def part_weights(self, name: str) -> tuple[tuple[str, float], ...]:
+        """The word parts of ``name``, each weighted by its rarity among the repository's definitions
+        (the weights sum to 1)."""
+        found = self._part_weights.get(name)
+        if found is None:
+            parts = name_parts(name)
+            weights = [math.log(1 + max(self.units, 1) / max(self.parts[p], 1)) for p in parts]
+            total = sum(weights)
+            found = self._part_weights[name] = tuple(zip(parts, (w / total for w in weights), strict=True))
+        return found
 
     def popular(self) -> list[str]:
         """The defined names most files use once, most first."""
@@ -203,7 +223,7 @@ def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables
     own_once = own.once if own is not None else frozenset()
     file_weight: dict[str, float] = {}
     part_match: dict[str, float] = {}
-    part_counts, n_parts = tables.parts, max(sum(len(u) for u in tables.defined.values()), 1)
+    part_weights = tables.part_weights
 
     candidates: list[tuple[float, str, int, int, tuple[float, str, Unit]]] = []
 
@@ -236,7 +256,7 @@ def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables
                 value *= 0.5
             match = part_match.get(name)
             if match is None:
-                match = part_match[name] = _part_match(name, near_parts, part_counts, n_parts)
+                match = part_match[name] = sum(w for p, w in part_weights(name) if p in near_parts)
             value *= 1.0 + PART_BOOST * match
             if value > 0:  # keyed best first, then by place; ties keep the order offered
                 candidates.append((-value, path, unit.start, len(candidates), (value, name, unit)))
@@ -266,10 +286,10 @@ def select(
     windows: Sequence[tuple[float, Unit]],
     entries: dict[str, FileEntry],
     budget: float,
-    ratio: float,
+    count_tokens: Callable[[str], int],
 ) -> tuple[dict[str, list[Unit]], set[str]]:
-    """The units to show, by file, whose cost estimated at ``ratio`` tokens per UTF-8 byte fits
-    ``budget``, and the files given windows:
+    """The units to show, by file, whose cost estimated from their lines' tokens fits ``budget``, and
+    the files given windows:
     the outline within ``1 - WINDOW_SHARE`` of it, then the best ``windows`` (lexical matches of the
     code around the cursor), then more outline in what is left. The first part does not depend on the
     windows, so it stays put while the cursor moves."""
@@ -289,17 +309,18 @@ def select(
         lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
         if not lines:
             return None
-        sizes = [entry.line_size(i) for i in lines]
-        need = sum(size for size, _ in sizes) * ratio + len(lines) + (2 if unit.excerpt else 0)
+        need = sum(entry.line_tokens(i, count_tokens) for i in lines) + NEWLINE_TOKENS * len(lines)
+        if unit.excerpt:
+            need += 2  # a gap marker line
         if unit.path not in chosen:
-            need += len(unit.path.encode("utf-8")) * ratio + FRAME_TOKENS
+            need += entry.line_tokens(-1, count_tokens) + FRAME_TOKENS
         if spent + need > limit:
             return False
         spent += need
         taken.update(lines)
         chosen.setdefault(unit.path, []).extend(new)
-        for _, names in sizes:
-            covered.update(names)
+        for i in lines:
+            covered.update(entry.line_size(i)[1])
         return True
 
     def outline(limit: float) -> None:
@@ -327,15 +348,6 @@ def select(
                 break
     outline(budget)
     return chosen, windowed
-
-
-def _part_match(name: str, near: frozenset[str], counts: Counter[str], total: int) -> float:
-    """The share of a name's word parts, weighted by rarity, that occur near the cursor."""
-    parts = name_parts(name)
-    if not parts:
-        return 0.0
-    weights = [math.log(1 + total / max(counts[p], 1)) for p in parts]
-    return sum(w for p, w in zip(parts, weights, strict=True) if p in near) / sum(weights)
 
 
 def _name(unit: Unit) -> str:
