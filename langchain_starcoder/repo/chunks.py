@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .symbols import WORD, Definition, Symbols, parse
+from .symbols import WORD, Definition, Symbols, name_parts, parse
 
 #: A definition longer than this is offered by its signature only, never whole.
 MAX_EXCERPT_LINES = 40
@@ -43,6 +43,8 @@ class FileEntry:
     """Whole definitions short enough to excerpt, by name."""
     classes: dict[str, Unit] = field(default_factory=dict)
     """The signature unit of each class, by name (a method's outline line needs its class's)."""
+    by_part: dict[str, list[Unit]] = field(default_factory=dict)
+    """Per word part of the defined names (``get_repo`` -> get, repo), the signatures holding it."""
     windows: dict[str, list[int]] | None = None
     """Per word, the first lines of its 20-line windows holding it, made at the first search that
     reaches the file."""
@@ -81,6 +83,8 @@ class FileEntry:
             # (recall at 1,024 tokens 0.60 -> 0.66 on rich, 0.52 -> 0.55 on huggingface_hub).
             unit = Unit(path, d.start, d.start, d, excerpt=False)
             entry.signatures.append(unit)
+            for part in name_parts(d.name):
+                entry.by_part.setdefault(part, []).append(unit)
             if d.kind == "class":
                 entry.classes.setdefault(d.name, unit)
             short = d.header_end < d.end < d.start + MAX_EXCERPT_LINES

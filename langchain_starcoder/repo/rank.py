@@ -15,17 +15,15 @@ most related code sits nearest the hole and a cursor moving inside a function ke
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..types import ContextFile
 from .chunks import FileEntry, Unit
-from .symbols import WORD
+from .symbols import WORD, head_lines, name_parts, tail_lines
 
 #: The line standing for left-out lines between an excerpt and the rest of the file's lines.
 GAP_MARKER = "⋮"
@@ -43,6 +41,11 @@ NEWLINE_TOKENS = 0.3
 MAX_MISSES = 200
 #: How much more a name is worth whose word parts all occur near the cursor.
 PART_BOOST = 3.0
+#: The share of the budget packed from what the hole's file says outside the definition the cursor is
+#: in (the same while the cursor moves inside it): the start of the context, which stays put.
+STABLE_SHARE = 0.5
+#: How many signatures of each related file are offered besides those that share a word with the hole.
+FILE_CANDIDATES = 150
 #: How many of the repository's most used names are candidates at each lookup.
 GLOBAL_CANDIDATES = 1000
 
@@ -61,37 +64,15 @@ class Hole:
         if file_words is None:
             file_words = frozenset(WORD.findall(prefix)) | frozenset(WORD.findall(suffix))
         near = tail_lines(prefix, NEAR_PREFIX_LINES) + "\n" + head_lines(suffix, NEAR_SUFFIX_LINES)
+        return cls.outside(path, file_words, near)
+
+    @classmethod
+    def outside(cls, path: str, file_words: frozenset[str], near: str, imported: str = "") -> Hole:
+        """The hole with the file's names ``file_words``, the text ``near`` the cursor, and the file's
+        import statements (names it is about to use: as good as near, but no words to match)."""
         near_words = frozenset(WORD.findall(near))
-        return cls(path, file_words, near_words, frozenset(p for w in near_words for p in name_parts(w)))
-
-
-_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
-
-
-@functools.lru_cache(maxsize=65536)
-def name_parts(name: str) -> tuple[str, ...]:
-    """The lower-case words of a snake_case or CamelCase name, plural ``s`` dropped, short ones left out."""
-    return tuple(dict.fromkeys(p.lower().removesuffix("s") for p in _PART.findall(name) if len(p) > 2))
-
-
-def tail_lines(text: str, n: int) -> str:
-    """The last ``n`` lines of ``text`` (without splitting all of it)."""
-    at = len(text)
-    for _ in range(n):
-        at = text.rfind("\n", 0, at)
-        if at < 0:
-            return text
-    return text[at + 1 :]
-
-
-def head_lines(text: str, n: int) -> str:
-    """The first ``n`` lines of ``text``."""
-    at = -1
-    for _ in range(n):
-        at = text.find("\n", at + 1)
-        if at < 0:
-            return text
-    return text[:at]
+        parts = frozenset(p for w in near_words for p in name_parts(w))
+        return cls(path, file_words, near_words | frozenset(WORD.findall(imported)), parts)
 
 
 @dataclass(frozen=True)
@@ -135,7 +116,10 @@ class Tables:
     """How many definitions the repository has."""
     _popular: list[str] | None = None
     _shortest: dict[str, Unit] = field(default_factory=dict)
-    _part_weights: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    _part_weights: dict[str, tuple[frozenset[str], tuple[tuple[str, float], ...]]] = field(
+        default_factory=dict
+    )
+    _most_used: dict[str, tuple[FileEntry, list[Unit]]] = field(default_factory=dict)
 
     def add(self, entry: FileEntry) -> None:
         self.used_once.update(entry.once)
@@ -150,6 +134,7 @@ class Tables:
         self._popular = None
         self._shortest.clear()
         self._part_weights.clear()
+        self._most_used.clear()
 
     def remove(self, entry: FileEntry) -> None:
         self.used_once.subtract(entry.once)
@@ -166,6 +151,7 @@ class Tables:
         self._popular = None
         self._shortest.clear()
         self._part_weights.clear()
+        self._most_used.clear()
 
     def shortest(self, name: str) -> Unit:
         """The definition of ``name`` that takes the fewest lines and characters to show."""
@@ -175,16 +161,27 @@ class Tables:
             unit = self._shortest[name] = min(units, key=lambda u: (u.end - u.start, len(u.path), u.path))
         return unit
 
-    def part_weights(self, name: str) -> tuple[tuple[str, float], ...]:
-        """The word parts of ``name``, each weighted by its rarity among the repository's definitions
-        (the weights sum to 1)."""
+    def part_weights(self, name: str) -> tuple[frozenset[str], tuple[tuple[str, float], ...]]:
+        """The word parts of ``name``, and each weighted by its rarity among the repository's
+        definitions (the weights sum to 1)."""
         found = self._part_weights.get(name)
         if found is None:
             parts = name_parts(name)
             weights = [math.log(1 + max(self.units, 1) / max(self.parts[p], 1)) for p in parts]
             total = sum(weights)
-            found = self._part_weights[name] = tuple(zip(parts, (w / total for w in weights), strict=True))
+            pairs = tuple(zip(parts, (w / total for w in weights), strict=True))
+            found = self._part_weights[name] = (frozenset(parts), pairs)
         return found
+
+    def most_used(self, entry: FileEntry) -> list[Unit]:
+        """The file's ``FILE_CANDIDATES`` signatures whose names most files use once (all in a short file)."""
+        if len(entry.signatures) <= FILE_CANDIDATES:
+            return entry.signatures
+        found = self._most_used.get(entry.path)
+        if found is None or found[0] is not entry:
+            top = heapq.nlargest(FILE_CANDIDATES, entry.signatures, key=lambda u: self.used_once[_name(u)])
+            found = self._most_used[entry.path] = (entry, top)
+        return found[1]
 
     def popular(self) -> list[str]:
         """The defined names most files use once, most first."""
@@ -217,88 +214,113 @@ class Ranked:
         return bool(self._sorted or self._heap)
 
 
-def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables, related: Related) -> Ranked:
-    """Signature units worth showing for the hole, best first: (value, the name it covers, unit)."""
-    own = entries.get(hole.path)
+def outline_candidates(
+    holes: Sequence[Hole], entries: dict[str, FileEntry], tables: Tables, related: Related
+) -> list[Ranked]:
+    """Per hole (the same file seen by each part of the context), the signature units worth showing
+    for it, best first: (value, the name it covers, unit). What is offered to more than one hole is
+    gathered once (a lookup offers thousands)."""
+    hole_path = holes[0].path
+    own = entries.get(hole_path)
     own_once = own.once if own is not None else frozenset()
-    file_weight: dict[str, float] = {}
-    part_match: dict[str, float] = {}
-    part_weights = tables.part_weights
+    used_once = tables.used_once
+    # Per unit offered: its name and, per hole, its boost (None: not offered to that hole).
+    offers: dict[tuple[str, int], tuple[str, Unit, list[float | None]]] = {}
 
-    candidates: list[tuple[float, str, int, int, tuple[float, str, Unit]]] = []
-
-    def offer(offered: Iterable[tuple[str, Unit]], boost: float) -> None:
-        """Value each (name, unit) offered, in one loop (a lookup offers thousands)."""
-        used_once, file_words, near_words, near_parts, hole_path = (
-            tables.used_once,
-            hole.file_words,
-            hole.near_words,
-            hole.near_parts,
-            hole.path,
-        )
+    def offer(k: int | None, offered: Iterable[tuple[str, Unit]], boost: float) -> None:
+        """Offer to hole ``k`` (None: to all)."""
+        n = len(holes)
         for name, unit in offered:
-            path = unit.path
-            if path == hole_path:
+            key = (unit.path, unit.start)
+            found = offers.get(key)
+            if found is None:
+                if unit.path != hole_path:
+                    boosts: list[float | None] = [boost] * n if k is None else [None] * n
+                    if k is not None:
+                        boosts[k] = boost
+                    offers[key] = (name, unit, boosts)
                 continue
-            # The hole's own file says nothing of itself; a name it shows already is worth its
-            # signature only when used nearby.
-            base = math.sqrt(0.5 + used_once[name] - (name in own_once))
-            if name in file_words:
-                if name not in near_words:
+            boosts = found[2]
+            for h in range(n) if k is None else (k,):
+                b = boosts[h]
+                if b is None or boost > b:
+                    boosts[h] = boost
+
+    popular = tables.popular()  # the repository's most used names, each by its shortest definition
+    offer(None, ((n, tables.shortest(n)) for n in popular if used_once[n] > (n in own_once)), 0.0)
+    # Each related file's most used signatures, and those sharing a word with what a hole sees near
+    # the cursor (a long module offers thousands of signatures that no lookup values highly).
+    near_parts = sorted(set().union(*(h.near_parts for h in holes)))
+    for path in sorted({*related.imported, *related.importers, *related.second_hop, *related.recent}):
+        entry = entries.get(path)
+        if entry is not None:
+            offer(None, ((_name(u), u) for u in tables.most_used(entry)), 0.0)
+            for part in near_parts:
+                offer(None, ((_name(u), u) for u in entry.by_part.get(part, ())), 0.0)
+    for k, hole in enumerate(holes):
+        classes = {name for name in hole.file_words if name in tables.members}  # classes the file mentions
+        for name in sorted(hole.near_words):
+            if name in tables.defined:
+                unit = tables.shortest(name)
+                offer(k, [(name, unit)], 0.0)
+                # The classes its signature names (a returned or annotated type): what the code near
+                # the cursor holds, whose members it is about to use.
+                classes.update(w for w in entries[unit.path].line_size(unit.start)[1] if w in tables.members)
+        for name in sorted(classes):
+            for units in tables.members[name].values():
+                offer(k, ((_name(u), u) for u in units), 2.0)
+
+    file_weight = {path: related.weight(path, hole_path) for path in {p for p, _ in offers}}
+    part_weights = tables.part_weights
+    keyed: list[list[tuple[float, str, int, int, tuple[float, str, Unit]]]] = [[] for _ in holes]
+    for name, unit, boosts in offers.values():
+        # The hole's own file says nothing of itself; a name it shows already is worth its
+        # signature only when used nearby.
+        base = math.sqrt(0.5 + used_once[name] - (name in own_once))
+        if name.startswith("_") and not name.startswith("__"):
+            base *= 0.5
+        parts, weights = part_weights(name)
+        for k, boost in enumerate(boosts):
+            if boost is None:
+                continue
+            hole = holes[k]
+            if name in hole.file_words:
+                if name not in hole.near_words:
                     continue
                 value = base * 0.3
             else:
-                weight = file_weight.get(path)
-                if weight is None:
-                    weight = file_weight[path] = related.weight(path, hole_path)
-                value = base * (1.0 + weight + boost)
-            if name.startswith("_") and not name.startswith("__"):
-                value *= 0.5
-            match = part_match.get(name)
-            if match is None:
-                match = part_match[name] = sum(w for p, w in part_weights(name) if p in near_parts)
-            value *= 1.0 + PART_BOOST * match
-            if value > 0:  # keyed best first, then by place; ties keep the order offered
-                candidates.append((-value, path, unit.start, len(candidates), (value, name, unit)))
-
-    popular = tables.popular()  # the repository's most used names, each by its shortest definition
-    offer(((n, tables.shortest(n)) for n in popular if tables.used_once[n] > (n in own_once)), 0.0)
-    classes = {name for name in hole.file_words if name in tables.members}  # the classes the file mentions
-    for name in hole.near_words:
-        if name in tables.defined:
-            unit = tables.shortest(name)
-            offer([(name, unit)], 0.0)
-            # The classes its signature names (a returned or annotated type): what the code near the
-            # cursor holds, whose members it is about to use.
-            classes.update(w for w in entries[unit.path].line_size(unit.start)[1] if w in tables.members)
-    for name in sorted(classes):
-        for units in tables.members[name].values():
-            offer(((_name(u), u) for u in units), 2.0)
-    for path in {*related.imported, *related.importers, *related.second_hop, *related.recent}:
-        entry = entries.get(path)
-        if entry is not None:
-            offer(((_name(u), u) for u in entry.signatures), 0.0)
-    return Ranked(candidates)
+                value = base * (1.0 + file_weight[unit.path] + boost)
+            near_parts = hole.near_parts
+            if not near_parts.isdisjoint(parts):
+                value *= 1.0 + PART_BOOST * sum(w for p, w in weights if p in near_parts)
+            if value > 0:  # keyed best first, then by place
+                keyed[k].append((-value, unit.path, unit.start, 0, (value, name, unit)))
+    return [Ranked(k) for k in keyed]
 
 
 def select(
-    candidates: Iterable[tuple[float, str, Unit]],
+    stable: Iterable[tuple[float, str, Unit]],
+    near: Iterable[tuple[float, str, Unit]],
     windows: Sequence[tuple[float, Unit]],
     entries: dict[str, FileEntry],
-    budget: float,
+    limits: tuple[float, float],
     count_tokens: Callable[[str], int],
-) -> tuple[dict[str, list[Unit]], set[str]]:
-    """The units to show, by file, whose cost estimated from their lines' tokens fits ``budget``, and
-    the files given windows:
-    the outline within ``1 - WINDOW_SHARE`` of it, then the best ``windows`` (lexical matches of the
-    code around the cursor), then more outline in what is left. The first part does not depend on the
-    windows, so it stays put while the cursor moves."""
-    chosen: dict[str, list[Unit]] = {}
+) -> tuple[dict[str, dict[int, bool]], dict[str, dict[int, bool]], set[str]]:
+    """The lines to show in the context's two parts, by file (each with whether an excerpt holds it),
+    whose cost estimated from their tokens fits the budget, and the files of the second part given
+    windows. ``limits``: the first part's budget and the whole's.
+
+    The first part is the ``stable`` outline (what the hole's file says outside the definition the
+    cursor is in), the same while the cursor moves inside the definition. The second, after it, holds
+    what the code near the cursor asks for: the ``near`` outline within ``1 - WINDOW_SHARE`` of the
+    budget, the best ``windows`` (lexical matches of the code around the cursor), then more outline in
+    what is left. A line is shown once, in either part."""
+    parts: tuple[dict[str, dict[int, bool]], dict[str, dict[int, bool]]] = ({}, {})
     lines_of: dict[str, set[int]] = {}
     covered: set[str] = set()
     windowed: set[str] = set()
     spent = 0.0
-    done: set[int] = set()
+    part = 0
 
     def take(unit: Unit, extra: Sequence[Unit], limit: float) -> bool | None:
         """Add the unit's new lines if they fit: True, False if not, None if it has none."""
@@ -306,24 +328,29 @@ def select(
         entry = entries[unit.path]
         taken = lines_of.setdefault(unit.path, set())
         new = [unit, *extra]
-        lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
+        lines = {i for u in new for i in range(u.start, u.end + 1) if i not in taken}
         if not lines:
             return None
         need = sum(entry.line_tokens(i, count_tokens) for i in lines) + NEWLINE_TOKENS * len(lines)
         if unit.excerpt:
             need += 2  # a gap marker line
+        chosen = parts[part]
         if unit.path not in chosen:
             need += entry.line_tokens(-1, count_tokens) + FRAME_TOKENS
         if spent + need > limit:
             return False
         spent += need
         taken.update(lines)
-        chosen.setdefault(unit.path, []).extend(new)
+        shown = chosen.setdefault(unit.path, {})
+        for u in new:
+            for i in range(u.start, u.end + 1):
+                if i in lines or i in shown:
+                    shown[i] = shown.get(i, False) or u.excerpt
         for i in lines:
             covered.update(entry.line_size(i)[1])
         return True
 
-    def outline(limit: float) -> None:
+    def outline(candidates: Iterable[tuple[float, str, Unit]], done: set[int], limit: float) -> None:
         misses = 0
         for k, (_, name, unit) in enumerate(candidates):
             if k in done or name in covered:
@@ -336,7 +363,11 @@ def select(
                 if misses > MAX_MISSES:
                     return
 
-    outline(budget * (1 - WINDOW_SHARE))
+    first, budget = limits
+    outline(stable, set(), min(first, budget))
+    part = 1
+    near_done: set[int] = set()
+    outline(near, near_done, budget * (1 - WINDOW_SHARE))
     misses = 0
     for _, unit in windows:
         taken = take(unit, (), budget)
@@ -346,8 +377,8 @@ def select(
             misses += 1
             if misses > MAX_MISSES // 10:
                 break
-    outline(budget)
-    return chosen, windowed
+    outline(near, near_done, budget)
+    return parts[0], parts[1], windowed
 
 
 def _name(unit: Unit) -> str:
@@ -368,16 +399,13 @@ def _owner(entry: FileEntry, unit: Unit) -> Unit | None:
     return owner if owner is not None and owner.start < unit.start else None
 
 
-def render(entry: FileEntry, units: Sequence[Unit]) -> str:
-    """The chosen lines of one file in their order, a marker at each gap an excerpt borders."""
-    kinds: dict[int, bool] = {}
-    for unit in units:
-        for i in range(unit.start, min(unit.end, len(entry.lines) - 1) + 1):
-            kinds[i] = kinds.get(i, False) or unit.excerpt
+def render(entry: FileEntry, lines: dict[int, bool]) -> str:
+    """The chosen lines of one file in their order (each with whether an excerpt holds it), a marker
+    at each gap an excerpt borders."""
     out: list[str] = []
     previous = None
-    for i in sorted(kinds):
-        if previous is not None and i > previous + 1 and (kinds[i] or kinds[previous]):
+    for i in sorted(i for i in lines if i < len(entry.lines)):
+        if previous is not None and i > previous + 1 and (lines[i] or lines[previous]):
             out.append(GAP_MARKER)
         out.append(entry.lines[i])
         previous = i
