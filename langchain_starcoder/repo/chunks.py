@@ -14,7 +14,7 @@ from .symbols import WORD, Definition, Symbols, name_parts, parse
 MAX_EXCERPT_LINES = 40
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unit:
     """Lines of one file that go into the prompt together."""
 
@@ -45,7 +45,7 @@ class FileEntry:
     """The signature unit of each class, by name (a method's outline line needs its class's)."""
     by_part: dict[str, list[Unit]] = field(default_factory=dict)
     """Per word part of the defined names (``get_repo`` -> get, repo), the signatures holding it."""
-    windows: dict[str, list[int]] | None = None
+    windows: dict[str, tuple[int, ...]] | None = None
     """Per word, the first lines of its 20-line windows holding it, made at the first search that
     reaches the file."""
 

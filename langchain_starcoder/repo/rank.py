@@ -195,7 +195,9 @@ class Ranked:
     """Candidates best first, sorted only as far as they are read: packing stops long before the tail
     of the thousands a big file's neighbours offer."""
 
-    def __init__(self, keyed: list[tuple[float, str, int, int, tuple[float, str, Unit]]]) -> None:
+    def __init__(self, keyed: list[tuple[float, str, int, str, Unit]]) -> None:
+        """``keyed``: (minus the value, path, first line, name, unit) per candidate (one tuple each:
+        a lookup makes thousands)."""
         heapq.heapify(keyed)
         self._heap = keyed
         self._sorted: list[tuple[float, str, Unit]] = []
@@ -206,7 +208,8 @@ class Ranked:
             if k == len(self._sorted):
                 if not self._heap:
                     return
-                self._sorted.append(heapq.heappop(self._heap)[-1])
+                negated, _, _, name, unit = heapq.heappop(self._heap)
+                self._sorted.append((-negated, name, unit))
             yield self._sorted[k]
             k += 1
 
@@ -272,7 +275,7 @@ def outline_candidates(
 
     file_weight = {path: related.weight(path, hole_path) for path in {p for p, _ in offers}}
     part_weights = tables.part_weights
-    keyed: list[list[tuple[float, str, int, int, tuple[float, str, Unit]]]] = [[] for _ in holes]
+    keyed: list[list[tuple[float, str, int, str, Unit]]] = [[] for _ in holes]
     for name, unit, boosts in offers.values():
         # The hole's own file says nothing of itself; a name it shows already is worth its
         # signature only when used nearby.
@@ -294,7 +297,7 @@ def outline_candidates(
             if not near_parts.isdisjoint(parts):
                 value *= 1.0 + PART_BOOST * sum(w for p, w in weights if p in near_parts)
             if value > 0:  # keyed best first, then by place
-                keyed[k].append((-value, unit.path, unit.start, 0, (value, name, unit)))
+                keyed[k].append((-value, unit.path, unit.start, name, unit))
     return [Ranked(k) for k in keyed]
 
 

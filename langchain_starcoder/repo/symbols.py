@@ -96,7 +96,7 @@ def head_lines(text: str, n: int) -> str:
     return text[:at]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Definition:
     name: str
     kind: str
