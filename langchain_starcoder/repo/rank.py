@@ -253,13 +253,13 @@ def outline_candidates(
     offer(None, ((n, tables.shortest(n)) for n in popular if used_once[n] > (n in own_once)), 0.0)
     # Each related file's most used signatures, and those sharing a word with what a hole sees near
     # the cursor (a long module offers thousands of signatures that no lookup values highly).
-    near_parts = sorted(set().union(*(h.near_parts for h in holes)))
+    near_parts = frozenset().union(*(h.near_parts for h in holes))
     for path in sorted({*related.imported, *related.importers, *related.second_hop, *related.recent}):
         entry = entries.get(path)
         if entry is not None:
             offer(None, ((_name(u), u) for u in tables.most_used(entry)), 0.0)
-            for part in near_parts:
-                offer(None, ((_name(u), u) for u in entry.by_part.get(part, ())), 0.0)
+            for part in sorted(near_parts.intersection(entry.by_part)):
+                offer(None, ((_name(u), u) for u in entry.by_part[part]), 0.0)
     for k, hole in enumerate(holes):
         classes = {name for name in hole.file_words if name in tables.members}  # classes the file mentions
         for name in sorted(hole.near_words):
