@@ -195,11 +195,12 @@ class Ranked:
     """Candidates best first, sorted only as far as they are read: packing stops long before the tail
     of the thousands a big file's neighbours offer."""
 
-    def __init__(self, keyed: list[tuple[float, str, int, str, Unit]]) -> None:
-        """``keyed``: (minus the value, path, first line, name, unit) per candidate (one tuple each:
-        a lookup makes thousands)."""
+    def __init__(self, keyed: list[tuple[float, str, int, int]], units: list[Unit]) -> None:
+        """``keyed``: (minus the value, path, first line, the unit's index in ``units``) per candidate:
+        tuples of plain values, which the garbage collector stops tracking (a lookup makes thousands)."""
         heapq.heapify(keyed)
         self._heap = keyed
+        self._units = units
         self._sorted: list[tuple[float, str, Unit]] = []
 
     def __iter__(self) -> Iterator[tuple[float, str, Unit]]:
@@ -208,8 +209,9 @@ class Ranked:
             if k == len(self._sorted):
                 if not self._heap:
                     return
-                negated, _, _, name, unit = heapq.heappop(self._heap)
-                self._sorted.append((-negated, name, unit))
+                negated, _, _, i = heapq.heappop(self._heap)
+                unit = self._units[i]
+                self._sorted.append((-negated, _name(unit), unit))
             yield self._sorted[k]
             k += 1
 
@@ -227,27 +229,27 @@ def outline_candidates(
     own = entries.get(hole_path)
     own_once = own.once if own is not None else frozenset()
     used_once = tables.used_once
-    # Per unit offered: its name and, per hole, its boost (None: not offered to that hole).
-    offers: dict[tuple[str, int], tuple[str, Unit, list[float | None]]] = {}
+    # The units offered, once each, and per hole the boost of each one offered to it (by index: dicts
+    # of plain numbers, which the garbage collector does not track).
+    index: dict[tuple[str, int], int] = {}
+    offered_units: list[Unit] = []
+    boosts: list[dict[int, float]] = [{} for _ in holes]
 
     def offer(k: int | None, offered: Iterable[tuple[str, Unit]], boost: float) -> None:
         """Offer to hole ``k`` (None: to all)."""
-        n = len(holes)
-        for name, unit in offered:
+        to = boosts if k is None else [boosts[k]]
+        for _, unit in offered:
             key = (unit.path, unit.start)
-            found = offers.get(key)
-            if found is None:
-                if unit.path != hole_path:
-                    boosts: list[float | None] = [boost] * n if k is None else [None] * n
-                    if k is not None:
-                        boosts[k] = boost
-                    offers[key] = (name, unit, boosts)
-                continue
-            boosts = found[2]
-            for h in range(n) if k is None else (k,):
-                b = boosts[h]
+            i = index.get(key)
+            if i is None:
+                if unit.path == hole_path:
+                    continue
+                i = index[key] = len(offered_units)
+                offered_units.append(unit)
+            for given in to:
+                b = given.get(i)
                 if b is None or boost > b:
-                    boosts[h] = boost
+                    given[i] = boost
 
     popular = tables.popular()  # the repository's most used names, each by its shortest definition
     offer(None, ((n, tables.shortest(n)) for n in popular if used_once[n] > (n in own_once)), 0.0)
@@ -273,20 +275,21 @@ def outline_candidates(
             for units in tables.members[name].values():
                 offer(k, ((_name(u), u) for u in units), 2.0)
 
-    file_weight = {path: related.weight(path, hole_path) for path in {p for p, _ in offers}}
+    file_weight = {path: related.weight(path, hole_path) for path in {u.path for u in offered_units}}
     part_weights = tables.part_weights
-    keyed: list[list[tuple[float, str, int, str, Unit]]] = [[] for _ in holes]
-    for name, unit, boosts in offers.values():
+    keyed: list[list[tuple[float, str, int, int]]] = [[] for _ in holes]
+    for i, unit in enumerate(offered_units):
+        name = _name(unit)
         # The hole's own file says nothing of itself; a name it shows already is worth its
         # signature only when used nearby.
         base = math.sqrt(0.5 + used_once[name] - (name in own_once))
         if name.startswith("_") and not name.startswith("__"):
             base *= 0.5
         parts, weights = part_weights(name)
-        for k, boost in enumerate(boosts):
+        for k, hole in enumerate(holes):
+            boost = boosts[k].get(i)
             if boost is None:
                 continue
-            hole = holes[k]
             if name in hole.file_words:
                 if name not in hole.near_words:
                     continue
@@ -297,8 +300,8 @@ def outline_candidates(
             if not near_parts.isdisjoint(parts):
                 value *= 1.0 + PART_BOOST * sum(w for p, w in weights if p in near_parts)
             if value > 0:  # keyed best first, then by place
-                keyed[k].append((-value, unit.path, unit.start, name, unit))
-    return [Ranked(k) for k in keyed]
+                keyed[k].append((-value, unit.path, unit.start, i))
+    return [Ranked(k, offered_units) for k in keyed]
 
 
 def select(
