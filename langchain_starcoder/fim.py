@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,7 +195,21 @@ def _layout(codec: Codec) -> str:
     return "starcoder2"
 
 
-def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
+def build_fim_prompt_adding(
+    tokenizer: Any, request: FIMRequest, more_files: Callable[[int], Sequence[ContextFile]]
+) -> FIMPrompt:
+    """:func:`build_fim_prompt` of ``request`` with, after its own context files, those that
+    ``more_files(tokens)`` picks for the tokens the hole and those files leave (the hole is measured
+    once: a repository index fills the rest of the budget)."""
+    window = getattr(tokenizer, "context_window", None)
+    if request.max_prompt_tokens is None and window is not None:
+        request = dataclasses.replace(request, max_prompt_tokens=max(1, window - DEFAULT_MAX_TOKENS))
+    return _build(codec_for(_tokenizer_of(tokenizer)), request, more_files)
+
+
+def _build(
+    codec: Codec, request: FIMRequest, more_files: Callable[[int], Sequence[ContextFile]] | None = None
+) -> FIMPrompt:
     prefix, suffix, files, mode = request.prefix, request.suffix, request.context_files, request.mode
     repo_name, file_path, limit = (
         request.repo_name or None,
@@ -284,13 +298,20 @@ def _build(codec: Codec, request: FIMRequest) -> FIMPrompt:
 
     left = None if room is None else room - len(prefix_ids) - len(suffix_ids)
     kept_files: list[tuple[ContextFile, list[int]]] = []
-    for file in files:
-        head, overhead = _file_frame(layout, file, repo_name, len(repo_ids))
-        kept = _fit_file(encode, file, left, head, overhead)
-        if kept is not None:
-            kept_files.append(kept)
-            if left is not None:
-                left -= overhead + len(kept[1])
+
+    def fit(files: Sequence[ContextFile]) -> None:
+        nonlocal left
+        for file in files:
+            head, overhead = _file_frame(layout, file, repo_name, len(repo_ids))
+            kept = _fit_file(encode, file, left, head, overhead)
+            if kept is not None:
+                kept_files.append(kept)
+                if left is not None:
+                    left -= overhead + len(kept[1])
+
+    fit(files)
+    if more_files is not None and repo_level and left is not None and left > 0:
+        fit(more_files(left))
 
     parts: list[tuple[str, Any]] = []  # ("control", token) or ("data", (text, ids))
     hole_prefix = ("data", (header + prefix[len(prefix) - prefix_kept :], prefix_ids))

@@ -7,16 +7,19 @@ the index picks context files in the budget it leaves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import fim
 from ..errors import ContextLengthError, InvalidParameterError
-from ..types import FIM_KEYS, FIMRequest
+from ..repo.rank import GAP_MARKER
+from ..tokens import Codec
+from ..types import FIM_KEYS, ContextFile, FIMRequest
 from .jobs import check_room
 
 if TYPE_CHECKING:
@@ -26,54 +29,88 @@ if TYPE_CHECKING:
 def fim_prompt(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
     """:meth:`StarCoderEngine.fim_prompt <langchain_starcoder.StarCoderEngine.fim_prompt>`."""
     check_room(engine, max_tokens)
-    if request.repo is not None:
-        request = with_repo_context(engine, request, max_tokens)
-    return build_fim(engine, request, max_tokens)
+    if request.repo is None:
+        return build_fim(engine, request, max_tokens)
+    index = request.repo
+    request = dataclasses.replace(request, file_path=repo_relative_path(index, request.file_path), repo=None)
+    if request.context_files:  # the caller's own files win
+        return build_fim(engine, request, max_tokens)
+    return build_fim(engine, request, max_tokens, lambda left: pick_files(engine, index, request, left))
 
 
 def add_repo_context(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> FIMRequest:
-    """:meth:`StarCoderEngine.add_repo_context <langchain_starcoder.StarCoderEngine.add_repo_context>`."""
+    """:meth:`StarCoderEngine.add_repo_context <langchain_starcoder.StarCoderEngine.add_repo_context>`:
+    ``request`` with a repository-relative ``file_path`` and, after its own context files, those its
+    index picks in the budget the hole and they leave (less what its own files hold already)."""
     check_room(engine, max_tokens)
-    return (
-        request if request.repo is None else with_repo_context(engine, request, max_tokens, keep_given=True)
-    )
-
-
-def with_repo_context(
-    engine: StarCoderEngine, request: FIMRequest, max_tokens: int, *, keep_given: bool = False
-) -> FIMRequest:
-    """``request`` with a repository-relative ``file_path`` and, unless it has context files
-    (which win, or with ``keep_given`` come first), the files its index picks in the budget the
-    hole's part leaves."""
-    index, codec = request.repo, engine._codec
-    file_path = repo_relative_path(index, request.file_path)
-    request = dataclasses.replace(request, file_path=file_path, repo=None)
-    if request.context_files and not keep_given:
+    index = request.repo
+    if index is None:
         return request
+    request = dataclasses.replace(request, file_path=repo_relative_path(index, request.file_path), repo=None)
     hole = build_fim(engine, request, max_tokens)
     assert hole.max_prompt_tokens is not None  # an engine's prompt always has a budget
     left = hole.max_prompt_tokens - len(hole.token_ids)
     if left <= 0:
         return request
+    files = pick_files(engine, index, request, left)
+    return dataclasses.replace(request, context_files=request.context_files + uncovered(files, request))
+
+
+def pick_files(engine: StarCoderEngine, index: Any, request: FIMRequest, left: int) -> list[ContextFile]:
+    """The index's context for the hole of ``request`` in ``left`` tokens, counted as FIM data."""
     with index_lock(index):
-        files = index.context_files(
+        return index.context_files(
             request.file_path,
             request.prefix,
             request.suffix,
             max_tokens=left,
-            count_tokens=lambda text: len(codec.encode_data(text)),  # as FIM parts: data
+            count_tokens=data_tokens(engine._codec),
         )
-    return dataclasses.replace(request, context_files=request.context_files + tuple(files))
 
 
-def build_fim(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
-    """The prompt of ``request`` (its context files as given) within the engine's budget."""
+@functools.lru_cache(maxsize=16)
+def data_tokens(codec: Codec) -> Callable[[str], int]:
+    """One token counter per tokenizer (as FIM parts: data), so the index keeps its counts between
+    lookups."""
+    return lambda text: len(codec.encode_data(text))
+
+
+def uncovered(files: Sequence[ContextFile], request: FIMRequest) -> tuple[ContextFile, ...]:
+    """``files`` less those whose every line a context file of ``request`` for the same path holds
+    already (a client's chunk of a file need not come again as repository context)."""
+    given: dict[str, set[str]] = {}
+    for chunk in request.context_files:
+        given.setdefault(_normal(chunk.path), set()).update(chunk.text.splitlines())
+    kept = []
+    for file in files:
+        lines = given.get(_normal(file.path))
+        if lines is None or not all(line in lines for line in file.text.splitlines() if line != GAP_MARKER):
+            kept.append(file)
+    return tuple(kept)
+
+
+def _normal(path: str) -> str:
+    return os.path.normpath(path).replace(os.sep, "/").removeprefix("./") if path else ""
+
+
+def build_fim(
+    engine: StarCoderEngine,
+    request: FIMRequest,
+    max_tokens: int,
+    more_files: Callable[[int], Sequence[ContextFile]] | None = None,
+) -> fim.FIMPrompt:
+    """The prompt of ``request`` (its context files as given, then those ``more_files(tokens left)``
+    picks) within the engine's budget."""
+
+    def build(tokenizer: Any, request: FIMRequest) -> fim.FIMPrompt:
+        if more_files is None:
+            return fim.build_fim_prompt(tokenizer, request)
+        return fim.build_fim_prompt_adding(tokenizer, request, more_files)
+
     if request.max_prompt_tokens is None:
         room = engine.context_window - max_tokens
         try:
-            prompt = fim.build_fim_prompt(
-                engine.tokenizer, dataclasses.replace(request, max_prompt_tokens=room)
-            )
+            prompt = build(engine.tokenizer, dataclasses.replace(request, max_prompt_tokens=room))
         except ContextLengthError:
             prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
         if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
@@ -90,7 +127,7 @@ def build_fim(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> 
             f"the model's context window of {engine.context_window}. Lower one of them."
         )
         raise ContextLengthError(msg)
-    return fim.build_fim_prompt(engine.tokenizer, request)
+    return build(engine.tokenizer, request)
 
 
 _locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()

@@ -472,7 +472,8 @@ class StarCoderEngine:
     ) -> FIMRequest:
         """``request`` with its ``repo``'s context files after its own ``context_files`` (which stay
         first), in the budget its hole and its own files leave when generating ``max_tokens``, and
-        ``file_path`` relative to the repository. (:meth:`infill` instead lets given files win.)"""
+        ``file_path`` relative to the repository; a repository excerpt whose every line a given file
+        of the same path holds is left out. (:meth:`infill` instead lets given files win.)"""
         return fim_prompts.add_repo_context(self, request, max_tokens)
 
 

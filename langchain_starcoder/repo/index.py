@@ -14,6 +14,7 @@ from .chunks import FileEntry, Unit
 from .files import FileTree, read_text
 from .lexical import WordIndex
 from .rank import (
+    STABLE_SHARE,
     Hole,
     Related,
     Tables,
@@ -27,6 +28,8 @@ from .rank import (
 )
 from .symbols import WORD, parse
 
+#: A definition longer than this is too broad to stand for the code near the cursor.
+MAX_NEAR_LINES = 200
 #: How many recently requested files count as "recently seen".
 RECENT_FILES = 10
 #: How many times a lookup packs to fit the exact budget.
@@ -77,7 +80,6 @@ class RepoIndex:
         self._imports: dict[str, frozenset[str]] = {}
         self._modules: dict[str, str] = {}
         self._recent: list[str] = []
-        self._ratios: dict[object, float] = {}
         self._tree.scan()
         self._sync()
 
@@ -98,7 +100,7 @@ class RepoIndex:
         if rel in self._recent:
             self._recent.remove(rel)
         self._recent.append(rel)
-        del self._recent[:-RECENT_FILES]
+        del self._recent[: -RECENT_FILES - 1]  # one more: the others stay the same after the hole's
 
     def context_files(
         self,
@@ -126,24 +128,25 @@ class RepoIndex:
         rel = self._relative(file_path)
         self.refresh()
         on_disk = self._on_disk(rel, prefix, suffix)
-        hole = Hole.of(rel, prefix, suffix, self._hole_words(on_disk, prefix, suffix))
+        outside, near = self._holes(rel, prefix, suffix, on_disk)
         related = self._related(rel, prefix, suffix, on_disk)
         self.touch(rel)
         query = tail_lines(prefix, WINDOW_QUERY_LINES) + "\n" + head_lines(suffix, WINDOW_QUERY_LINES // 2)
         windows = self._words.windows(query, self._entries, rel)
-        return self._fit(hole, related, windows, max_tokens, count_tokens)
+        stable, around = outline_candidates((outside, near), self._entries, self._tables, related)
+        return self._fit(rel, (stable, around), related, windows, max_tokens, count_tokens)
 
     # --- packing to the exact budget ------------------------------------------------------------
 
     def _fit(
         self,
-        hole: Hole,
+        hole_path: str,
+        candidates: tuple[Iterable[tuple[float, str, Unit]], Iterable[tuple[float, str, Unit]]],
         related: Related,
         windows: list[tuple[float, Unit]],
         max_tokens: int,
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
-        ratio = self._ratio(count_tokens)
         memo: dict[str, int] = {}
 
         def counted(text: str) -> int:  # the tries share most of their files
@@ -152,23 +155,25 @@ class RepoIndex:
                 n = memo[text] = count_tokens(text)
             return n
 
-        candidates = outline_candidates(hole, self._entries, self._tables, related)
-
-        # Estimated by bytes, checked exactly: a budget missed or underused by the estimate is scaled
+        stable, near = candidates
+        # Estimated by lines, checked exactly: a budget missed or underused by the estimate is scaled
         # and tried again; the fullest try that fits wins (deterministic for the same request).
         budget = float(max_tokens)
         best: list[ContextFile] = []
         best_spent = -1
         for _ in range(FIT_TRIES):
-            chosen, windowed = select(candidates, windows, self._entries, budget, ratio)
+            limits = (STABLE_SHARE * max_tokens, budget)  # the first part's is the same at every try
+            first, second, windowed = select(stable, near, windows, self._entries, limits, count_tokens)
             files = [
-                ContextFile(path, render(self._entries[path], chosen[path]))
-                for path in order_files(chosen, windowed, related, hole.path)
-            ]
+                ContextFile(path, render(self._entries[path], part[path]))
+                for part, paths in ((first, order_files(first, set(), related, hole_path)),
+                                    (second, order_files(second, windowed, related, hole_path)))
+                for path in paths
+            ]  # fmt: skip
             spent = sum(file_cost(f, counted) for f in files)
             if best_spent < spent <= max_tokens:
                 best, best_spent = files, spent
-            if not chosen and not candidates and not windows:
+            if not first and not second and not stable and not near and not windows:
                 break
             if 0.95 * max_tokens <= spent <= max_tokens:
                 break
@@ -178,25 +183,6 @@ class RepoIndex:
                 files.pop(0)
             best = files
         return best
-
-    def _ratio(self, count_tokens: Callable[[str], int]) -> float:
-        """Tokens per byte of this repository's code for ``count_tokens``, measured once on a sample
-        (a fixed estimate keeps the same request picking the same context)."""
-        key = _key(count_tokens)
-        ratio = self._ratios.get(key)
-        if ratio is None:
-            lines = (
-                entry.lines[u.start]
-                for path in sorted(self._entries)[:200]
-                for entry in [self._entries[path]]
-                for u in entry.signatures[:20]
-            )
-            sample = "\n".join(lines)[:20_000]
-            size = len(sample.encode("utf-8"))
-            ratio = max(count_tokens(sample), 1) / size if size else 0.3
-            if key is not None:
-                self._ratios[key] = ratio
-        return ratio
 
     # --- keeping the tables in step with the files ----------------------------------------------
 
@@ -238,8 +224,51 @@ class RepoIndex:
         imported = self._resolve(rel, self._hole_imports(rel, prefix, suffix, on_disk)) - {rel}
         importers = frozenset(p for p, deps in self._imports.items() if rel in deps and p != rel)
         second = frozenset(q for p in imported for q in self._imports.get(p, ())) - imported - {rel}
-        recent = [p for p in self._recent if p != rel]
+        # The most recent others: which the hole's own file, seen or not, does not change.
+        recent = [p for p in self._recent if p != rel][-RECENT_FILES:]
         return Related(imported, importers, second, recent)
+
+    def _holes(self, rel: str, prefix: str, suffix: str, on_disk: FileEntry | None) -> tuple[Hole, Hole]:
+        """The hole as the context's two parts see it. The first part's: the names of the file outside
+        the definition the cursor is in, and as the names "near" the cursor those of its signature and
+        the file's imports (the same for every cursor position inside the definition). The second
+        part's: the names of the whole file and, as near, of the definition's code the editor shows
+        and the imports (or of the lines around the cursor, outside a definition or in a long one)."""
+        file_words = self._hole_words(on_disk, prefix, suffix)
+        around = Hole.of(rel, prefix, suffix, file_words)
+        first = prefix.count("\n")  # the cursor's line
+        inner = None
+        if on_disk is not None:
+            text = on_disk.text
+            last = first + text.count("\n", len(prefix), len(text) - len(suffix))  # the hole's last line
+            for d in on_disk.symbols.definitions:  # sorted by start: the last that holds the hole
+                if d.start > first:
+                    break
+                if d.kind in ("function", "class") and d.end >= last:
+                    inner = d
+        if inner is None or on_disk is None:
+            # No definition known around the cursor: the top-level block it is in, by indentation.
+            start = _block_start(prefix)
+            head = prefix[start : prefix.find("\n", start)] if prefix.count("\n", start) else ""
+            words = frozenset(WORD.findall(prefix[:start])) | frozenset(
+                WORD.findall(suffix[_block_end(suffix) :])
+            )
+            return Hole.outside(rel, words, head), around
+        inside = Counter(WORD.findall("\n".join(on_disk.lines[inner.start : inner.end + 1])))
+        words = frozenset(w for w, n in on_disk.counts.items() if n > inside.get(w, 0))
+        head = on_disk.lines[inner.start : inner.header_end + 1] if inner.header_end < first else []
+        # What the file imports is about to be used: as good as near, for both parts.
+        imports = [
+            line
+            for _, a, b in on_disk.symbols.imports
+            if b < inner.start or a > inner.end
+            for line in on_disk.lines[a : b + 1]
+        ]
+        outside = Hole.outside(rel, words, "\n".join(head), "\n".join(imports))
+        if inner.end - inner.start > MAX_NEAR_LINES:
+            return outside, around
+        near = tail_lines(prefix, first - inner.start + 1) + "\n" + head_lines(suffix, inner.end - last + 1)
+        return outside, Hole.outside(rel, around.file_words, near, "\n".join(imports))
 
     def _on_disk(self, rel: str, prefix: str, suffix: str) -> FileEntry | None:
         """The indexed hole's file if it starts with the prefix and ends with the suffix (an editor's
@@ -297,12 +326,22 @@ class RepoIndex:
         return path.as_posix().removeprefix("./")
 
 
-def _key(count_tokens: Callable[[str], int]) -> object:
-    try:
-        hash(count_tokens)
-    except TypeError:
-        return None
-    return count_tokens
+def _block_start(prefix: str) -> int:
+    """Where the last line of ``prefix`` that starts with code, not indentation, starts (0 if none)."""
+    start = prefix.rfind("\n") + 1  # the cursor's line
+    while start > 0 and (start == len(prefix) or prefix[start].isspace()):
+        start = prefix.rfind("\n", 0, start - 1) + 1
+    return start
+
+
+def _block_end(suffix: str) -> int:
+    """Where the first line after the cursor's in ``suffix`` that starts without indentation starts."""
+    at = suffix.find("\n")
+    while 0 <= at < len(suffix) - 1:
+        if not suffix[at + 1].isspace():
+            return at + 1
+        at = suffix.find("\n", at + 1)
+    return len(suffix)
 
 
 def _python_modules(entries: dict[str, FileEntry]) -> dict[str, str]:

@@ -24,20 +24,21 @@ COMMON_SHARE = 0.3
 class WordIndex:
     """Which files use each word."""
 
-    files_with: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    files_with: defaultdict[str, dict[str, None]] = field(default_factory=lambda: defaultdict(dict))
+    """Per word, the files using it (a dict of plain strings: the garbage collector skips it)."""
     files: int = 0
 
     def add(self, entry: FileEntry) -> None:
         self.files += 1
         for word in entry.words:
-            self.files_with[word].add(entry.path)
+            self.files_with[word][entry.path] = None
 
     def remove(self, entry: FileEntry) -> None:
         self.files -= 1
         for word in entry.words:
             paths = self.files_with.get(word)
             if paths is not None:
-                paths.discard(entry.path)
+                paths.pop(entry.path, None)
                 if not paths:
                     del self.files_with[word]
 
@@ -70,7 +71,7 @@ class WordIndex:
         return found
 
 
-def _postings(entry: FileEntry) -> dict[str, list[int]]:
+def _postings(entry: FileEntry) -> dict[str, tuple[int, ...]]:
     """Per word, the first lines of the file's windows that hold it (made once per file version, at the
     first search that reaches the file; a window is lines ``start .. start + WINDOW_LINES - 1``)."""
     if entry.windows is None:
@@ -89,5 +90,5 @@ def _postings(entry: FileEntry) -> dict[str, list[int]]:
                 for s in mine:
                     if not held or held[-1] < s:
                         held.append(s)
-        entry.windows = dict(postings)
+        entry.windows = {word: tuple(starts) for word, starts in postings.items()}  # tuples: left by the GC
     return entry.windows

@@ -2,25 +2,28 @@
 
 What a hole needs from other files are the names its file does not already show: the methods, functions
 and constants of other modules it is about to use. So the context is an outline (signature lines) chosen
-to cover such names, best first: a name's worth is how many files of the repository use it exactly once
-(a name files use in passing, the way a hole would), raised when its file is imported by the hole's file,
-imports it or was seen recently, when its class is mentioned in the hole's file, and when it is used
-near the cursor. Each name is covered once (a line covers every name on it), and never the same line twice.
-Each file's chosen lines are written in their order; files are ordered by how related they are to the
-hole's file (which the cursor's position does not change), least first, so the most related code sits
-nearest the hole and a cursor moving inside a function keeps the prompt's start.
+to cover such names, best first. A name's worth starts from how many files of the repository use it
+exactly once (a name files use in passing, the way a hole would; its square root, so that relatedness
+outweighs popularity), raised when its file is imported by the hole's file, imports it or was seen
+recently, when its class is mentioned in the hole's file or named in the signature of a name used near
+the cursor (the type of what the code there holds), and by how much of its words (``delete_tag``: delete,
+tag) the code near the cursor uses. Each name is covered once (a line covers every name on it), and never
+the same line twice. Each file's chosen lines are written in their order; files are ordered by how
+related they are to the hole's file (which the cursor's position does not change), least first, so the
+most related code sits nearest the hole and a cursor moving inside a function keeps the prompt's start.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..types import ContextFile
 from .chunks import FileEntry, Unit
-from .symbols import WORD
+from .symbols import WORD, head_lines, name_parts, tail_lines
 
 #: The line standing for left-out lines between an excerpt and the rest of the file's lines.
 GAP_MARKER = "⋮"
@@ -32,8 +35,17 @@ NEAR_PREFIX_LINES = 30
 NEAR_SUFFIX_LINES = 10
 #: The share of the budget lexical windows may take before the outline (measured: benchmarks/repo_context).
 WINDOW_SHARE = 0.4
+#: What joining lines adds to their tokens, per line (measured on StarCoder2-sized BPEs: about 0.25).
+NEWLINE_TOKENS = 0.3
 #: Units that do not fit before packing gives up on what is left.
 MAX_MISSES = 200
+#: How much more a name is worth whose word parts all occur near the cursor.
+PART_BOOST = 3.0
+#: The share of the budget packed from what the hole's file says outside the definition the cursor is
+#: in (the same while the cursor moves inside it): the start of the context, which stays put.
+STABLE_SHARE = 0.5
+#: How many signatures of each related file are offered besides those that share a word with the hole.
+FILE_CANDIDATES = 150
 #: How many of the repository's most used names are candidates at each lookup.
 GLOBAL_CANDIDATES = 1000
 
@@ -43,6 +55,8 @@ class Hole:
     path: str
     file_words: frozenset[str]
     near_words: frozenset[str]
+    near_parts: frozenset[str] = frozenset()
+    """The word parts (``get_repo_info`` -> get, repo, info) of the names near the cursor."""
 
     @classmethod
     def of(cls, path: str, prefix: str, suffix: str, file_words: frozenset[str] | None = None) -> Hole:
@@ -50,27 +64,15 @@ class Hole:
         if file_words is None:
             file_words = frozenset(WORD.findall(prefix)) | frozenset(WORD.findall(suffix))
         near = tail_lines(prefix, NEAR_PREFIX_LINES) + "\n" + head_lines(suffix, NEAR_SUFFIX_LINES)
-        return cls(path, file_words, frozenset(WORD.findall(near)))
+        return cls.outside(path, file_words, near)
 
-
-def tail_lines(text: str, n: int) -> str:
-    """The last ``n`` lines of ``text`` (without splitting all of it)."""
-    at = len(text)
-    for _ in range(n):
-        at = text.rfind("\n", 0, at)
-        if at < 0:
-            return text
-    return text[at + 1 :]
-
-
-def head_lines(text: str, n: int) -> str:
-    """The first ``n`` lines of ``text``."""
-    at = -1
-    for _ in range(n):
-        at = text.find("\n", at + 1)
-        if at < 0:
-            return text
-    return text[:at]
+    @classmethod
+    def outside(cls, path: str, file_words: frozenset[str], near: str, imported: str = "") -> Hole:
+        """The hole with the file's names ``file_words``, the text ``near`` the cursor, and the file's
+        import statements (names it is about to use: as good as near, but no words to match)."""
+        near_words = frozenset(WORD.findall(near))
+        parts = frozenset(p for w in near_words for p in name_parts(w))
+        return cls(path, file_words, near_words | frozenset(WORD.findall(imported)), parts)
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,16 @@ class Tables:
     """Per name, the signature units defining it, by file."""
     members: dict[str, dict[str, list[Unit]]] = field(default_factory=dict)
     """Per class name, the signature units of its methods and fields, by file."""
+    parts: Counter[str] = field(default_factory=Counter)
+    """Per word part, how many definitions' names hold it."""
+    units: int = 0
+    """How many definitions the repository has."""
     _popular: list[str] | None = None
     _shortest: dict[str, Unit] = field(default_factory=dict)
+    _part_weights: dict[str, tuple[frozenset[str], tuple[tuple[str, float], ...]]] = field(
+        default_factory=dict
+    )
+    _most_used: dict[str, tuple[FileEntry, list[Unit]]] = field(default_factory=dict)
 
     def add(self, entry: FileEntry) -> None:
         self.used_once.update(entry.once)
@@ -117,16 +127,22 @@ class Tables:
             d = unit.definition
             assert d is not None
             self.defined.setdefault(d.name, {}).setdefault(entry.path, []).append(unit)
+            self.parts.update(name_parts(d.name))
+            self.units += 1
             if d.parent is not None:
                 self.members.setdefault(d.parent, {}).setdefault(entry.path, []).append(unit)
         self._popular = None
         self._shortest.clear()
+        self._part_weights.clear()
+        self._most_used.clear()
 
     def remove(self, entry: FileEntry) -> None:
         self.used_once.subtract(entry.once)
         for unit in entry.signatures:
             d = unit.definition
             assert d is not None
+            self.parts.subtract(name_parts(d.name))
+            self.units -= 1
             for table, key in ((self.defined, d.name), (self.members, d.parent)):
                 if key is not None and key in table:
                     table[key].pop(entry.path, None)
@@ -134,6 +150,8 @@ class Tables:
                         del table[key]
         self._popular = None
         self._shortest.clear()
+        self._part_weights.clear()
+        self._most_used.clear()
 
     def shortest(self, name: str) -> Unit:
         """The definition of ``name`` that takes the fewest lines and characters to show."""
@@ -142,6 +160,28 @@ class Tables:
             units = _units(self.defined[name])
             unit = self._shortest[name] = min(units, key=lambda u: (u.end - u.start, len(u.path), u.path))
         return unit
+
+    def part_weights(self, name: str) -> tuple[frozenset[str], tuple[tuple[str, float], ...]]:
+        """The word parts of ``name``, and each weighted by its rarity among the repository's
+        definitions (the weights sum to 1)."""
+        found = self._part_weights.get(name)
+        if found is None:
+            parts = name_parts(name)
+            weights = [math.log(1 + max(self.units, 1) / max(self.parts[p], 1)) for p in parts]
+            total = sum(weights)
+            pairs = tuple(zip(parts, (w / total for w in weights), strict=True))
+            found = self._part_weights[name] = (frozenset(parts), pairs)
+        return found
+
+    def most_used(self, entry: FileEntry) -> list[Unit]:
+        """The file's ``FILE_CANDIDATES`` signatures whose names most files use once (all in a short file)."""
+        if len(entry.signatures) <= FILE_CANDIDATES:
+            return entry.signatures
+        found = self._most_used.get(entry.path)
+        if found is None or found[0] is not entry:
+            top = heapq.nlargest(FILE_CANDIDATES, entry.signatures, key=lambda u: self.used_once[_name(u)])
+            found = self._most_used[entry.path] = (entry, top)
+        return found[1]
 
     def popular(self) -> list[str]:
         """The defined names most files use once, most first."""
@@ -155,9 +195,12 @@ class Ranked:
     """Candidates best first, sorted only as far as they are read: packing stops long before the tail
     of the thousands a big file's neighbours offer."""
 
-    def __init__(self, keyed: list[tuple[float, str, int, int, tuple[float, str, Unit]]]) -> None:
+    def __init__(self, keyed: list[tuple[float, str, int, int]], units: list[Unit]) -> None:
+        """``keyed``: (minus the value, path, first line, the unit's index in ``units``) per candidate:
+        tuples of plain values, which the garbage collector stops tracking (a lookup makes thousands)."""
         heapq.heapify(keyed)
         self._heap = keyed
+        self._units = units
         self._sorted: list[tuple[float, str, Unit]] = []
 
     def __iter__(self) -> Iterator[tuple[float, str, Unit]]:
@@ -166,7 +209,9 @@ class Ranked:
             if k == len(self._sorted):
                 if not self._heap:
                     return
-                self._sorted.append(heapq.heappop(self._heap)[-1])
+                negated, _, _, i = heapq.heappop(self._heap)
+                unit = self._units[i]
+                self._sorted.append((-negated, _name(unit), unit))
             yield self._sorted[k]
             k += 1
 
@@ -174,75 +219,114 @@ class Ranked:
         return bool(self._sorted or self._heap)
 
 
-def outline_candidates(hole: Hole, entries: dict[str, FileEntry], tables: Tables, related: Related) -> Ranked:
-    """Signature units worth showing for the hole, best first: (value, the name it covers, unit)."""
-    own = entries.get(hole.path)
+def outline_candidates(
+    holes: Sequence[Hole], entries: dict[str, FileEntry], tables: Tables, related: Related
+) -> list[Ranked]:
+    """Per hole (the same file seen by each part of the context), the signature units worth showing
+    for it, best first: (value, the name it covers, unit). What is offered to more than one hole is
+    gathered once (a lookup offers thousands)."""
+    hole_path = holes[0].path
+    own = entries.get(hole_path)
     own_once = own.once if own is not None else frozenset()
-    file_weight: dict[str, float] = {}
+    used_once = tables.used_once
+    # The units offered, once each, and per hole the boost of each one offered to it (by index: dicts
+    # of plain numbers, which the garbage collector does not track).
+    index: dict[tuple[str, int], int] = {}
+    offered_units: list[Unit] = []
+    boosts: list[dict[int, float]] = [{} for _ in holes]
 
-    candidates: list[tuple[float, str, int, int, tuple[float, str, Unit]]] = []
+    def offer(k: int | None, offered: Iterable[tuple[str, Unit]], boost: float) -> None:
+        """Offer to hole ``k`` (None: to all)."""
+        to = boosts if k is None else [boosts[k]]
+        for _, unit in offered:
+            key = (unit.path, unit.start)
+            i = index.get(key)
+            if i is None:
+                if unit.path == hole_path:
+                    continue
+                i = index[key] = len(offered_units)
+                offered_units.append(unit)
+            for given in to:
+                b = given.get(i)
+                if b is None or boost > b:
+                    given[i] = boost
 
-    def offer(offered: Iterable[tuple[str, Unit]], boost: float) -> None:
-        """Value each (name, unit) offered, in one loop (a lookup offers thousands)."""
-        used_once, file_words, near_words, hole_path = (
-            tables.used_once,
-            hole.file_words,
-            hole.near_words,
-            hole.path,
-        )
-        for name, unit in offered:
-            path = unit.path
-            if path == hole_path:
+    popular = tables.popular()  # the repository's most used names, each by its shortest definition
+    offer(None, ((n, tables.shortest(n)) for n in popular if used_once[n] > (n in own_once)), 0.0)
+    # Each related file's most used signatures, and those sharing a word with what a hole sees near
+    # the cursor (a long module offers thousands of signatures that no lookup values highly).
+    near_parts = frozenset().union(*(h.near_parts for h in holes))
+    for path in sorted({*related.imported, *related.importers, *related.second_hop, *related.recent}):
+        entry = entries.get(path)
+        if entry is not None:
+            offer(None, ((_name(u), u) for u in tables.most_used(entry)), 0.0)
+            for part in sorted(near_parts.intersection(entry.by_part)):
+                offer(None, ((_name(u), u) for u in entry.by_part[part]), 0.0)
+    for k, hole in enumerate(holes):
+        classes = {name for name in hole.file_words if name in tables.members}  # classes the file mentions
+        for name in sorted(hole.near_words):
+            if name in tables.defined:
+                unit = tables.shortest(name)
+                offer(k, [(name, unit)], 0.0)
+                # The classes its signature names (a returned or annotated type): what the code near
+                # the cursor holds, whose members it is about to use.
+                classes.update(w for w in entries[unit.path].line_size(unit.start)[1] if w in tables.members)
+        for name in sorted(classes):
+            for units in tables.members[name].values():
+                offer(k, ((_name(u), u) for u in units), 2.0)
+
+    file_weight = {path: related.weight(path, hole_path) for path in {u.path for u in offered_units}}
+    part_weights = tables.part_weights
+    keyed: list[list[tuple[float, str, int, int]]] = [[] for _ in holes]
+    for i, unit in enumerate(offered_units):
+        name = _name(unit)
+        # The hole's own file says nothing of itself; a name it shows already is worth its
+        # signature only when used nearby.
+        base = math.sqrt(0.5 + used_once[name] - (name in own_once))
+        if name.startswith("_") and not name.startswith("__"):
+            base *= 0.5
+        parts, weights = part_weights(name)
+        for k, hole in enumerate(holes):
+            boost = boosts[k].get(i)
+            if boost is None:
                 continue
-            # The hole's own file says nothing of itself; a name it shows already is worth its
-            # signature only when used nearby.
-            base = 0.5 + used_once[name] - (name in own_once)
-            if name in file_words:
-                if name not in near_words:
+            if name in hole.file_words:
+                if name not in hole.near_words:
                     continue
                 value = base * 0.3
             else:
-                weight = file_weight.get(path)
-                if weight is None:
-                    weight = file_weight[path] = related.weight(path, hole_path)
-                value = base * (1.0 + weight + boost)
-            if name.startswith("_") and not name.startswith("__"):
-                value *= 0.5
-            if value > 0:  # keyed best first, then by place; ties keep the order offered
-                candidates.append((-value, path, unit.start, len(candidates), (value, name, unit)))
-
-    popular = tables.popular()  # the repository's most used names, each by its shortest definition
-    offer(((n, tables.shortest(n)) for n in popular if tables.used_once[n] > (n in own_once)), 0.0)
-    for name in hole.file_words:
-        for units in tables.members.get(name, {}).values():  # members of the classes the file mentions
-            offer(((_name(u), u) for u in units), 2.0)
-        if name in hole.near_words and name in tables.defined:
-            offer([(name, tables.shortest(name))], 0.0)
-    for path in {*related.imported, *related.importers, *related.second_hop, *related.recent}:
-        entry = entries.get(path)
-        if entry is not None:
-            offer(((_name(u), u) for u in entry.signatures), 0.0)
-    return Ranked(candidates)
+                value = base * (1.0 + file_weight[unit.path] + boost)
+            near_parts = hole.near_parts
+            if not near_parts.isdisjoint(parts):
+                value *= 1.0 + PART_BOOST * sum(w for p, w in weights if p in near_parts)
+            if value > 0:  # keyed best first, then by place
+                keyed[k].append((-value, unit.path, unit.start, i))
+    return [Ranked(k, offered_units) for k in keyed]
 
 
 def select(
-    candidates: Iterable[tuple[float, str, Unit]],
+    stable: Iterable[tuple[float, str, Unit]],
+    near: Iterable[tuple[float, str, Unit]],
     windows: Sequence[tuple[float, Unit]],
     entries: dict[str, FileEntry],
-    budget: float,
-    ratio: float,
-) -> tuple[dict[str, list[Unit]], set[str]]:
-    """The units to show, by file, whose cost estimated at ``ratio`` tokens per UTF-8 byte fits
-    ``budget``, and the files given windows:
-    the outline within ``1 - WINDOW_SHARE`` of it, then the best ``windows`` (lexical matches of the
-    code around the cursor), then more outline in what is left. The first part does not depend on the
-    windows, so it stays put while the cursor moves."""
-    chosen: dict[str, list[Unit]] = {}
+    limits: tuple[float, float],
+    count_tokens: Callable[[str], int],
+) -> tuple[dict[str, dict[int, bool]], dict[str, dict[int, bool]], set[str]]:
+    """The lines to show in the context's two parts, by file (each with whether an excerpt holds it),
+    whose cost estimated from their tokens fits the budget, and the files of the second part given
+    windows. ``limits``: the first part's budget and the whole's.
+
+    The first part is the ``stable`` outline (what the hole's file says outside the definition the
+    cursor is in), the same while the cursor moves inside the definition. The second, after it, holds
+    what the code near the cursor asks for: the ``near`` outline within ``1 - WINDOW_SHARE`` of the
+    budget, the best ``windows`` (lexical matches of the code around the cursor), then more outline in
+    what is left. A line is shown once, in either part."""
+    parts: tuple[dict[str, dict[int, bool]], dict[str, dict[int, bool]]] = ({}, {})
     lines_of: dict[str, set[int]] = {}
     covered: set[str] = set()
     windowed: set[str] = set()
     spent = 0.0
-    done: set[int] = set()
+    part = 0
 
     def take(unit: Unit, extra: Sequence[Unit], limit: float) -> bool | None:
         """Add the unit's new lines if they fit: True, False if not, None if it has none."""
@@ -250,23 +334,29 @@ def select(
         entry = entries[unit.path]
         taken = lines_of.setdefault(unit.path, set())
         new = [unit, *extra]
-        lines = [i for u in new for i in range(u.start, u.end + 1) if i not in taken]
+        lines = {i for u in new for i in range(u.start, u.end + 1) if i not in taken}
         if not lines:
             return None
-        sizes = [entry.line_size(i) for i in lines]
-        need = sum(size for size, _ in sizes) * ratio + len(lines) + (2 if unit.excerpt else 0)
+        need = sum(entry.line_tokens(i, count_tokens) for i in lines) + NEWLINE_TOKENS * len(lines)
+        if unit.excerpt:
+            need += 2  # a gap marker line
+        chosen = parts[part]
         if unit.path not in chosen:
-            need += len(unit.path.encode("utf-8")) * ratio + FRAME_TOKENS
+            need += entry.line_tokens(-1, count_tokens) + FRAME_TOKENS
         if spent + need > limit:
             return False
         spent += need
         taken.update(lines)
-        chosen.setdefault(unit.path, []).extend(new)
-        for _, names in sizes:
-            covered.update(names)
+        shown = chosen.setdefault(unit.path, {})
+        for u in new:
+            for i in range(u.start, u.end + 1):
+                if i in lines or i in shown:
+                    shown[i] = shown.get(i, False) or u.excerpt
+        for i in lines:
+            covered.update(entry.line_size(i)[1])
         return True
 
-    def outline(limit: float) -> None:
+    def outline(candidates: Iterable[tuple[float, str, Unit]], done: set[int], limit: float) -> None:
         misses = 0
         for k, (_, name, unit) in enumerate(candidates):
             if k in done or name in covered:
@@ -279,7 +369,11 @@ def select(
                 if misses > MAX_MISSES:
                     return
 
-    outline(budget * (1 - WINDOW_SHARE))
+    first, budget = limits
+    outline(stable, set(), min(first, budget))
+    part = 1
+    near_done: set[int] = set()
+    outline(near, near_done, budget * (1 - WINDOW_SHARE))
     misses = 0
     for _, unit in windows:
         taken = take(unit, (), budget)
@@ -289,8 +383,8 @@ def select(
             misses += 1
             if misses > MAX_MISSES // 10:
                 break
-    outline(budget)
-    return chosen, windowed
+    outline(near, near_done, budget)
+    return parts[0], parts[1], windowed
 
 
 def _name(unit: Unit) -> str:
@@ -311,16 +405,13 @@ def _owner(entry: FileEntry, unit: Unit) -> Unit | None:
     return owner if owner is not None and owner.start < unit.start else None
 
 
-def render(entry: FileEntry, units: Sequence[Unit]) -> str:
-    """The chosen lines of one file in their order, a marker at each gap an excerpt borders."""
-    kinds: dict[int, bool] = {}
-    for unit in units:
-        for i in range(unit.start, min(unit.end, len(entry.lines) - 1) + 1):
-            kinds[i] = kinds.get(i, False) or unit.excerpt
+def render(entry: FileEntry, lines: dict[int, bool]) -> str:
+    """The chosen lines of one file in their order (each with whether an excerpt holds it), a marker
+    at each gap an excerpt borders."""
     out: list[str] = []
     previous = None
-    for i in sorted(kinds):
-        if previous is not None and i > previous + 1 and (kinds[i] or kinds[previous]):
+    for i in sorted(i for i in lines if i < len(entry.lines)):
+        if previous is not None and i > previous + 1 and (lines[i] or lines[previous]):
             out.append(GAP_MARKER)
         out.append(entry.lines[i])
         previous = i

@@ -67,7 +67,36 @@ WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _STRING = re.compile(r"""^['"`]|['"`]$""")
 
 
-@dataclass(frozen=True)
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+
+
+@functools.lru_cache(maxsize=65536)
+def name_parts(name: str) -> tuple[str, ...]:
+    """The lower-case words of a snake_case or CamelCase name, plural ``s`` dropped, short ones left out."""
+    return tuple(dict.fromkeys(p.lower().removesuffix("s") for p in _PART.findall(name) if len(p) > 2))
+
+
+def tail_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text`` (without splitting all of it)."""
+    at = len(text)
+    for _ in range(n):
+        at = text.rfind("\n", 0, at)
+        if at < 0:
+            return text
+    return text[at + 1 :]
+
+
+def head_lines(text: str, n: int) -> str:
+    """The first ``n`` lines of ``text``."""
+    at = -1
+    for _ in range(n):
+        at = text.find("\n", at + 1)
+        if at < 0:
+            return text
+    return text[:at]
+
+
+@dataclass(frozen=True, slots=True)
 class Definition:
     name: str
     kind: str

@@ -104,6 +104,24 @@ def test_infill_adds_repository_context_after_input_extra(
     assert events[-1]["stop"] is True and fed == [expected]
 
 
+def test_infill_does_not_repeat_an_input_extra_chunk_as_repository_context(
+    server: str, tiny_engine: StarCoderEngine, repo: Path, backend_spy: Any
+) -> None:
+    alone = RepoIndex(repo).context_files(
+        "pkg/app.py", PREFIX, SUFFIX, max_tokens=500, count_tokens=lambda s: len(data(tiny_engine, s))
+    )
+    assert "pkg/geometry.py" in [f.path for f in alone], "precondition: the index picks geometry.py"
+    extra = [{"filename": "pkg/geometry.py", "text": GEOMETRY}]  # the client sends that file itself
+    fed = backend_spy(tiny_engine).prompts
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra, "n_predict": N,
+            "temperature": 0.0, "file_path": "pkg/app.py"}  # fmt: skip
+    assert httpx.post(f"{server}/infill", json=body, timeout=60).status_code == 200
+    (prompt,) = fed
+    geometry = data(tiny_engine, "pkg/geometry.py\n")
+    starts = [i for i in range(len(prompt)) if prompt[i : i + len(geometry)] == geometry]
+    assert len(starts) == 1  # the client's chunk, and no repository excerpt of the same lines
+
+
 def test_infill_without_file_path_has_no_repository_context(
     server: str, tiny_engine: StarCoderEngine, backend_spy: Any
 ) -> None:

@@ -32,6 +32,7 @@ from langchain_starcoder import (
     StarCoderEngine,
     StarCoderLLM,
     cli,
+    fim,
 )
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.repo import GAP_MARKER
@@ -231,6 +232,51 @@ def test_add_repo_context_keeps_given_files_first_and_fills_what_they_leave(
     assert len(prompt.token_ids) <= budget
     plain = FIMRequest(prefix, suffix)
     assert tiny_engine.add_repo_context(plain) is plain  # no repo: nothing to add
+
+
+def test_fim_prompt_with_a_repo_encodes_the_hole_once(
+    tiny_engine: StarCoderEngine, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix, suffix = hole(repo)
+    encoded: list[str] = []
+    real = fim.codec_for
+
+    def counting(tokenizer: Any) -> Any:
+        codec = real(tokenizer)
+
+        def encode(text: str) -> Any:
+            encoded.append(text)
+            return codec.encode(text)
+
+        return dataclasses.replace(codec, encode=encode)
+
+    monkeypatch.setattr(fim, "codec_for", counting)
+    picked = tiny_engine.fim_prompt(
+        FIMRequest(prefix, suffix, file_path="pkg/app.py", repo=RepoIndex(repo)), 8
+    )
+    with_repo = sum(prefix in text for text in encoded)
+    encoded.clear()
+    given = FIMRequest(prefix, suffix, file_path="pkg/app.py", context_files=picked.files_kept)
+    plain = tiny_engine.fim_prompt(given, 8)
+    assert picked.files_kept and plain.token_ids == picked.token_ids
+    assert with_repo == sum(prefix in text for text in encoded) == 1  # as often as without a repo
+
+
+def test_add_repo_context_leaves_out_what_a_given_chunk_holds(
+    tiny_engine: StarCoderEngine, repo: Path
+) -> None:
+    prefix, suffix = hole(repo)
+    index = RepoIndex(repo)
+    request = FIMRequest(prefix, suffix, file_path="pkg/app.py", repo=index)
+    alone = tiny_engine.add_repo_context(request, 8).context_files
+    assert "pkg/geometry.py" in [f.path for f in alone], "precondition: the index picks geometry.py"
+    chunk = ContextFile("./pkg/geometry.py", GEOMETRY)  # the client's whole copy of it
+    added = tiny_engine.add_repo_context(dataclasses.replace(request, context_files=(chunk,)), 8)
+    assert added.context_files[0] == chunk
+    assert [f.path for f in added.context_files[1:]] == [f.path for f in alone if f.path != "pkg/geometry.py"]
+    part = ContextFile("pkg/geometry.py", "PI = 3.14159\n")  # a chunk holding only part of it
+    kept = tiny_engine.add_repo_context(dataclasses.replace(request, context_files=(part,)), 8)
+    assert "pkg/geometry.py" in [f.path for f in kept.context_files[1:]]
 
 
 def test_llm_wrappers_infill_with_a_repo(tiny_engine: StarCoderEngine, repo: Path, backend_spy: Any) -> None:

@@ -6,6 +6,7 @@ import os
 import re
 import time
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,15 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 
 def check_own_lines(root: Path, files: list[ContextFile], hole_path: str) -> None:
-    """Each text is its file's own lines in order; a marker only between two kept lines."""
+    """Each text is its file's own lines in order; a marker only between two kept lines; a file comes
+    at most once in each of the context's two parts (the part that stays put and the one near the
+    cursor), never with the same line twice."""
     paths = [f.path for f in files]
-    assert len(paths) == len(set(paths))
+    assert all(n <= 2 for n in Counter(paths).values())
+    for path in set(paths):
+        shown = [line for f in files if f.path == path for line in f.text.split("\n") if line != GAP_MARKER]
+        source = (root / path).read_text().splitlines()
+        assert all(shown.count(line) <= source.count(line) for line in shown)
     for f in files:
         assert f.path != hole_path
         assert not Path(f.path).is_absolute()
@@ -178,6 +185,33 @@ def test_file_order_does_not_depend_on_the_cursor(repo: Path) -> None:
         for b in orders:
             common = [p for p in a if p in b]
             assert common == [p for p in b if p in a]
+
+
+VERBS = ("fetch", "store", "parse", "render", "check", "merge", "split", "count", "clear", "build")
+NOUNS = ("record", "ledger", "invoice", "token", "header", "column", "bucket", "window", "cursor")
+
+
+def test_the_context_start_stays_put_while_the_cursor_moves_inside_a_function(tmp_path: Path) -> None:
+    """What a prompt cache reuses: the context's first files stay the same at every line of a function's
+    body and while a line is typed, though each line asks for other names (and so other context after)."""
+    lib = "".join(f"def {v}_{n}(value, limit=10):\n    return value\n\n\n" for v in VERBS for n in NOUNS)
+    helpers = "".join(f"def {n}_summary(total):\n    return total\n\n\n" for n in NOUNS)
+    body = [f"    {n}_total = lib.fetch_{n}(request)\n" for n in NOUNS]
+    app = "from pkg import helpers, lib\n\n\ndef handle(request):\n" + "".join(body) + "    return request\n"
+    write(tmp_path, {"pkg/__init__.py": "", "pkg/lib.py": lib, "pkg/helpers.py": helpers, "pkg/app.py": app})
+    index = RepoIndex(tmp_path)
+    lines = app.splitlines(keepends=True)
+    layouts = []
+    for i in range(4, 4 + len(NOUNS)):  # every line of handle()'s body, and each typed halfway
+        for typed in (0, 8):
+            prefix = "".join(lines[:i]) + lines[i][: 4 + typed]
+            suffix = lines[i][4 + typed :] + "".join(lines[i + 1 :])
+            files = index.context_files("pkg/app.py", prefix, suffix, max_tokens=100, count_tokens=words)
+            check_own_lines(tmp_path, files, "pkg/app.py")
+            layouts.append("".join(f"<file_sep>{f.path}\n{f.text}" for f in files))
+    assert len(set(layouts)) > 1, "precondition: the context follows the cursor"
+    common = os.path.commonprefix(layouts)  # noqa: RUF071 (the layouts' common start, by characters)
+    assert len(common) >= 0.3 * max(map(len, layouts))
 
 
 def test_a_changed_added_or_deleted_file_is_seen_by_the_next_lookup(repo: Path) -> None:
