@@ -126,6 +126,7 @@ class MLXBackend:
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
+        self._disk: DiskPromptCache | None = None  # (set once the weights are loaded; close() reads it)
         # The weights' digest (for the disk cache's key) is hashed while the worker loads them.
         hashing = _hash_weights(path, prompt_cache_dir) if prompt_cache_dir is not None else None
         self.num_draft_tokens = num_draft_tokens
@@ -145,7 +146,6 @@ class MLXBackend:
         self.vocab_size = self.config.vocab_size
         self.sliding_window = self.config.sliding_window
         self._prefill_chunk = prefill_step_size or _prefill_chunk(self.model)
-        self._disk: DiskPromptCache | None = None
         if prompt_cache_dir is not None:
             try:
                 weights = hashing.result() if hashing is not None else name

@@ -246,3 +246,73 @@ def _token_bytes(tokenizer: Any) -> dict[bytes, int] | None:
         if i not in special and all(c in decoder for c in token):
             table.setdefault(bytes(decoder[c] for c in token), i)
     return table
+
+
+def mlx_backend(
+    model: str | os.PathLike[str],
+    *,
+    quantize: int | None,
+    group_size: int,
+    dtype: str,
+    kv_bits: int | None,
+    revision: str | None,
+    max_prompt_caches: int,
+    max_prompt_cache_bytes: int | None,
+    prefill_step_size: int | None,
+    gguf_file: str | None,
+    sliding_window: int | None,
+    prompt_cache_dir: str | os.PathLike[str] | None,
+    max_prompt_cache_dir_bytes: int,
+    draft_model: str | os.PathLike[str] | None,
+    num_draft_tokens: int | None,
+) -> tuple[Backend, Any]:
+    """The in-process MLX backend of a checkpoint (and of its draft model) and its tokenizer."""
+    from ..backends.mlx import MLXBackend, kv_group_size
+    from ..loading import model_args, validate_load_options
+
+    validate_load_options(quantize, group_size, dtype, kv_bits)
+    cache_dir = _prompt_cache_dir(prompt_cache_dir, max_prompt_cache_dir_bytes)
+    check_draft_tokens(num_draft_tokens)
+    settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
+    name, path, config, make_tokenizer, loader = open_checkpoint(
+        model, gguf_file, revision, sliding_window, settings
+    )
+    kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
+    tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
+    front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
+    draft = None
+    if draft_model is not None:
+        draft_settings = {**settings, "quantize": None}
+        draft_name, _, draft_config, make_draft_tokenizer, draft = open_checkpoint(
+            draft_model, None, None, None, draft_settings
+        )
+        sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
+        check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
+    backend = MLXBackend(
+        loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
+        max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
+        prompt_cache_dir=cache_dir, max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
+        prompt_cache_key=front_key, draft=draft, num_draft_tokens=num_draft_tokens,
+    )  # fmt: skip
+    return backend, tokenizer
+
+
+def _prompt_cache_dir(folder: str | os.PathLike[str] | None, max_bytes: Any) -> Path | None:
+    """The prompt-cache folder as an absolute path; a path that is a file, or a bad limit, is refused."""
+    if not is_int(max_bytes) or max_bytes < 0:
+        msg = f"max_prompt_cache_dir_bytes must be an integer >= 0, not {max_bytes!r}."
+        raise InvalidParameterError(msg)
+    if folder is None:
+        return None
+    path = Path(folder).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        msg = f"prompt_cache_dir={os.fspath(folder)!r} is a file; give a folder (it is made if missing)."
+        raise InvalidParameterError(msg)
+    return path
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    """What shapes the token ids a kept cache is keyed by: the vocabulary and the end ids."""
+    from ..backends.prompt_cache import vocab_fingerprint
+
+    return vocab_fingerprint(tokenizer.get_vocab(), sorted(tokenizer.eos_token_ids))

@@ -11,25 +11,18 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import fim
 from ..backends import Backend
-from ..errors import ContextLengthError, InvalidParameterError
+from ..errors import ContextLengthError
 from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
-from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, is_int, join_chunks
+from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
-from .building import (
-    check_draft_tokens,
-    check_same_vocabulary,
-    connect_backend,
-    llama_cpp_backend,
-    open_checkpoint,
-)
+from .building import connect_backend, llama_cpp_backend, mlx_backend
 from .jobs import Prompt
 
 
@@ -189,34 +182,15 @@ class StarCoderEngine:
                 model, backend, revision=revision, gguf_file=gguf_file, options=llama_cpp, mlx_only=mlx_only
             )
             return cls(managed, tokenizer, name=str(model))
-        from ..backends.mlx import MLXBackend, kv_group_size
-        from ..loading import model_args, validate_load_options
-
-        validate_load_options(quantize, group_size, dtype, kv_bits)
-        cache_dir = _prompt_cache_dir(prompt_cache_dir, max_prompt_cache_dir_bytes)
-        check_draft_tokens(num_draft_tokens)
-        settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
-        name, path, config, make_tokenizer, loader = open_checkpoint(
-            model, gguf_file, revision, sliding_window, settings
-        )
-        kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
-        tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
-        front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
-        draft = None
-        if draft_model is not None:
-            draft_settings = {**settings, "quantize": None}
-            draft_name, _, draft_config, make_draft_tokenizer, draft = open_checkpoint(
-                draft_model, None, None, None, draft_settings
-            )
-            sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
-            check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
-        backend = MLXBackend(
-            loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
+        backend_, tokenizer = mlx_backend(
+            model, quantize=quantize, group_size=group_size, dtype=dtype, kv_bits=kv_bits,
+            revision=revision, max_prompt_caches=max_prompt_caches,
             max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
-            prompt_cache_dir=cache_dir, max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
-            prompt_cache_key=front_key, draft=draft, num_draft_tokens=num_draft_tokens,
+            gguf_file=gguf_file, sliding_window=sliding_window, prompt_cache_dir=prompt_cache_dir,
+            max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes, draft_model=draft_model,
+            num_draft_tokens=num_draft_tokens,
         )  # fmt: skip
-        return cls(backend, tokenizer)
+        return cls(backend_, tokenizer)
 
     @classmethod
     def connect(
@@ -475,24 +449,3 @@ class StarCoderEngine:
         ``file_path`` relative to the repository; a repository excerpt whose every line a given file
         of the same path holds is left out. (:meth:`infill` instead lets given files win.)"""
         return fim_prompts.add_repo_context(self, request, max_tokens)
-
-
-def _prompt_cache_dir(folder: str | os.PathLike[str] | None, max_bytes: Any) -> Path | None:
-    """The prompt-cache folder as an absolute path; a path that is a file, or a bad limit, is refused."""
-    if not is_int(max_bytes) or max_bytes < 0:
-        msg = f"max_prompt_cache_dir_bytes must be an integer >= 0, not {max_bytes!r}."
-        raise InvalidParameterError(msg)
-    if folder is None:
-        return None
-    path = Path(folder).expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        msg = f"prompt_cache_dir={os.fspath(folder)!r} is a file; give a folder (it is made if missing)."
-        raise InvalidParameterError(msg)
-    return path
-
-
-def _tokenizer_fingerprint(tokenizer: Any) -> str:
-    """What shapes the token ids a kept cache is keyed by: the vocabulary and the end ids."""
-    from ..backends.prompt_cache import vocab_fingerprint
-
-    return vocab_fingerprint(tokenizer.get_vocab(), sorted(tokenizer.eos_token_ids))

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..backends.remote.backend import OUR_SERVER
 from ..chat import chat_prompt_ids, resolve_chat_template
 from ..engine import StarCoderEngine
 from ..fim import fim_stop_token_ids
@@ -42,7 +43,7 @@ async def models(server: ServerState, request: Request) -> Response:
         "id": server.name,
         "object": "model",
         "created": server.created,
-        "owned_by": "langchain-starcoder",
+        "owned_by": OUR_SERVER,
         "context_window": engine.context_window,
         # llama.cpp's fields, which StarCoderEngine.connect checks against its tokenizer.
         "meta": {"n_vocab": engine.vocab_size, "n_ctx_train": engine.context_window},

@@ -24,6 +24,9 @@ from .transport import Clock, Transport
 from .validation import Validator
 from .vllm import VLLM
 
+#: ``owned_by`` in this package's own server's ``/v1/models`` (it runs StarCoder2's window exactly).
+OUR_SERVER = "langchain-starcoder"
+
 
 class ServerProtocol(Protocol):
     """How one kind of server takes a generation: its path, its request body, the reading of its stream."""
@@ -169,8 +172,10 @@ class RemoteBackend:
                     f"tokenizer's checkpoint has {ours}: they are not the same model."
                 )
                 raise ServerError(msg)
-        # a request may use a slot's context (llama-server -c / -np), within the window llama.cpp ignores
-        context = n_ctx if self._exact_window is None else min(n_ctx, self._exact_window)
+        # A request may use a slot's context (llama-server -c / -np), within the window llama.cpp ignores;
+        # this package's own server speaks the same protocol and computes the window exactly.
+        exact = None if card.get("owned_by") == OUR_SERVER else self._exact_window
+        context = n_ctx if exact is None else min(n_ctx, exact)
         return n_vocab, context, LlamaCpp(self._transport, n_vocab, token_bytes)
 
     def _check_vllm(self, max_model_len: int, context_length: int | None) -> None:
