@@ -97,7 +97,9 @@ class VLLMServer:
             "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
         ]  # fmt: skip
         self.env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-                    "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
+                    "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
+                    # one core kept from its compute threads: its front answers while it generates
+                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}  # fmt: skip
         self.proc: subprocess.Popen | None = None
         self.ready_seconds: float | None = None
         atexit.register(self.stop)
