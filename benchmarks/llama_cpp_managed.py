@@ -63,11 +63,11 @@ def bench_llama_cpp_managed(ctx: Context) -> Section:
     section.data.update(mlx=mlx, llama_cpp=llama, gguf_bytes=Path(gguf).stat().st_size)
     for metric, label in (("decode", "decode tokens/s"), ("prefill", "prefill tokens/s")):
         section.rows.append(
-            Row(14, "llama.cpp managed", label, "llama.cpp managed", "MLX in-process",
+            Row(15, "llama.cpp managed", label, "llama.cpp managed", "MLX in-process",
                 llama[metric], mlx[metric], "tok/s", shape.describe(), (">=", 20.0))
         )  # fmt: skip
     section.rows.append(
-        Row(14, "llama.cpp managed", "time to first token, cold", "llama.cpp managed", "MLX in-process",
+        Row(15, "llama.cpp managed", "time to first token, cold", "llama.cpp managed", "MLX in-process",
             llama["ttft"], mlx["ttft"], "s", shape.describe())
     )  # fmt: skip
     section.notes.append(

@@ -317,18 +317,18 @@ def section(results: dict[str, Any], shape: str) -> Section:
     s = Section("speculative", 17, "Speculative decoding: prompt lookup and a draft model, same output")
     edits, open_ = results["sets"]["edits"], results["sets"]["open"]
     s.rows = [
-        Row(24, "prompt lookup on code edits", "decode tok/s", "prompt lookup (default)", "plain",
+        Row(17, "prompt lookup on code edits", "decode tok/s", "prompt lookup (default)", "plain",
             edits["rates"]["lookup"], edits["rates"]["plain"], "tok/s", shape, (">=", 2.0),
             f"{results['edits']} edits from this repository's history"),
-        Row(24, "prompt lookup on open-ended prompts", "decode tok/s", "prompt lookup (default)", "plain",
+        Row(17, "prompt lookup on open-ended prompts", "decode tok/s", "prompt lookup (default)", "plain",
             open_["rates"]["lookup"], open_["rates"]["plain"], "tok/s", shape, (">=", 0.95)),
-        Row(24, "prompt lookup, always up to 10 drafted, on code edits", "decode tok/s", "prompt lookup (10)",
+        Row(17, "prompt lookup, always up to 10 drafted, on code edits", "decode tok/s", "prompt lookup (10)",
             "plain", edits["rates"]["lookup10"], edits["rates"]["plain"], "tok/s", shape, None),
-        Row(24, "8-bit draft model on code edits", "decode tok/s", "draft model (default)", "plain",
+        Row(17, "8-bit draft model on code edits", "decode tok/s", "draft model (default)", "plain",
             edits["rates"]["draft"], edits["rates"]["plain"], "tok/s", shape, None),
-        Row(24, "8-bit draft model on open-ended prompts", "decode tok/s", "draft model (default)", "plain",
+        Row(17, "8-bit draft model on open-ended prompts", "decode tok/s", "draft model (default)", "plain",
             open_["rates"]["draft"], open_["rates"]["plain"], "tok/s", shape, None),
-        Row(24, "8-bit draft model, always 4 drafted, on code edits", "decode tok/s", "draft model (4)",
+        Row(17, "8-bit draft model, always 4 drafted, on code edits", "decode tok/s", "draft model (4)",
             "plain", edits["rates"]["draft4"], edits["rates"]["plain"], "tok/s", shape, None),
     ]  # fmt: skip
     o, t = results["oracle"], results["training"]

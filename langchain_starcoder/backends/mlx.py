@@ -6,7 +6,6 @@ callers reach it through a job queue (see :mod:`langchain_starcoder.backends` fo
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import weakref
@@ -20,14 +19,14 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt_cache
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
-from ..types import PENALTY_CONTEXT, GenerationParams, is_int
+from ..types import GenerationParams, is_int
 from . import Generation
-from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, weights_fingerprint
+from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, hash_weights_aside
 from .prompt_cache.disk import MIN_GAIN_TOKENS
+from .settings import check_cache_bounds, kv_group_size, logits_processors_for, prefill_chunk, sampler_for
 from .speculative import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_LOOKUP_TOKENS,
@@ -36,39 +35,9 @@ from .speculative import (
     PromptLookup,
     decode,
 )
+from .workers import retire_worker, start_worker
 
 T = TypeVar("T")
-
-
-# MLX aborts the process at exit if a thread that ran MLX work has ended, or is woken while Python
-# shuts down. So worker threads never end and are never woken at exit: a closed backend's worker
-# waits on its retired queue until a new backend hands it a queue of its own.
-_pool_lock = threading.Lock()
-_idle_queues: list[queue.SimpleQueue] = []
-
-
-def _serve(jobs: queue.SimpleQueue) -> None:
-    while True:
-        job = jobs.get()
-        if isinstance(job, queue.SimpleQueue):  # handed over to a new backend
-            jobs = job
-        else:
-            job()
-        del job  # hold no reference to the backend between jobs, so it can be collected
-
-
-def _start_worker(jobs: queue.SimpleQueue) -> None:
-    """Serve ``jobs`` on an idle worker thread, or on a new one."""
-    with _pool_lock:
-        if _idle_queues:
-            _idle_queues.pop().put(jobs)
-            return
-    threading.Thread(target=_serve, args=(jobs,), name="starcoder-engine", daemon=True).start()
-
-
-def _retire(jobs: queue.SimpleQueue) -> None:
-    with _pool_lock:
-        _idle_queues.append(jobs)
 
 
 class _Cancelled(Exception):
@@ -84,7 +53,7 @@ class MLXBackend:
         kv_bits: 4 or 8 to keep the KV cache quantized, from the first token on, so a reused
             cache gives exactly what a fresh one would.
         max_prompt_caches, max_prompt_cache_bytes: Bounds of the prompt-cache store.
-        prefill_step_size: Prompt tokens per prefill step (None: see :func:`_prefill_chunk`).
+        prefill_step_size: Prompt tokens per prefill step (None: see :func:`.settings.prefill_chunk`).
         prompt_cache_dir, max_prompt_cache_dir_bytes: A folder that keeps long prompt caches across
             processes, and its byte limit (see :mod:`.prompt_cache.disk`).
         prompt_cache_key: What the front knows that a kept cache must match (the tokenizer, the
@@ -110,7 +79,7 @@ class MLXBackend:
         draft: Callable[[], LoadedModel] | None = None,
         num_draft_tokens: int | None = None,
     ):
-        _check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
+        check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
             msg = f"prefill_step_size must be a positive integer or None, not {prefill_step_size!r}."
             raise InvalidParameterError(msg)
@@ -118,17 +87,17 @@ class MLXBackend:
         self.path = path
         self.kv_bits = kv_bits
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        _start_worker(self._jobs)
+        start_worker(self._jobs)
         self._closed = False
         self._lock = threading.Lock()
         # A backend dropped unclosed frees its worker; at exit nothing is done (see _serve).
-        self._retire_worker = weakref.finalize(self, _retire, self._jobs)
+        self._retire_worker = weakref.finalize(self, retire_worker, self._jobs)
         self._retire_worker.atexit = False
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
         self._disk: DiskPromptCache | None = None  # (set once the weights are loaded; close() reads it)
         # The weights' digest (for the disk cache's key) is hashed while the worker loads them.
-        hashing = _hash_weights(path, prompt_cache_dir) if prompt_cache_dir is not None else None
+        hashing = hash_weights_aside(path, prompt_cache_dir) if prompt_cache_dir is not None else None
         self.num_draft_tokens = num_draft_tokens
         # What passes cost here, learned per way of drafting: a draft model's drafts cost more.
         self._costs = {"lookup": PassCosts(), "draft": PassCosts()}
@@ -145,7 +114,7 @@ class MLXBackend:
         self.context_window = self.config.max_position_embeddings
         self.vocab_size = self.config.vocab_size
         self.sliding_window = self.config.sliding_window
-        self._prefill_chunk = prefill_step_size or _prefill_chunk(self.model)
+        self._prefill_chunk = prefill_step_size or prefill_chunk(self.model)
         if prompt_cache_dir is not None:
             try:
                 weights = hashing.result() if hashing is not None else name
@@ -374,7 +343,7 @@ class MLXBackend:
         # pass past the end (a whole decode step of waiting for the next request): ask for one token
         # less and take the last one from the sampler.
         sampled: list[mx.array] = []
-        sampler = _sampler(params)
+        sampler = sampler_for(params)
 
         def sample(logprobs: mx.array) -> mx.array:
             sampled[:] = [sampler(logprobs)]
@@ -385,7 +354,7 @@ class MLXBackend:
             self.model,
             max_tokens=params.max_tokens - 1,
             sampler=sample,
-            logits_processors=_logits_processors(params, ids[:cached]),
+            logits_processors=logits_processors_for(params, ids[:cached]),
             prompt_cache=cache,
             prefill_step_size=self._prefill_chunk,
             prompt_progress_callback=check_cancel,
@@ -428,8 +397,8 @@ class MLXBackend:
             mx.random.seed(params.seed)
         generator = BatchGenerator(  # each row ends when its sink says so, or at its max_tokens
             self.model,
-            sampler=_sampler(params),
-            logits_processors=_logits_processors(params, ()),
+            sampler=sampler_for(params),
+            logits_processors=logits_processors_for(params, ()),
             prefill_batch_size=len(gens),
             completion_batch_size=len(gens),
             prefill_step_size=self._prefill_chunk,
@@ -461,75 +430,3 @@ class MLXBackend:
                     gen.sink.finish()
         finally:
             generator.close()
-
-
-def _sampler(params: GenerationParams) -> Any:
-    return make_sampler(
-        params.temperature,
-        top_p=params.top_p if params.top_p < 1.0 else 0.0,
-        min_p=params.min_p,
-        top_k=params.top_k,
-    )
-
-
-def _logits_processors(params: GenerationParams, cached: Sequence[int]) -> list[Any] | None:
-    """mlx-lm's processors; with a reused cache they also see the cached tail of the prompt."""
-    if params.repetition_penalty is None:
-        return None
-    processors = make_logits_processors(
-        repetition_penalty=params.repetition_penalty, repetition_context_size=PENALTY_CONTEXT
-    )
-    if not cached:
-        return processors
-    head = mx.array(list(cached[-PENALTY_CONTEXT:]))
-    return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors]
-
-
-def _prefill_chunk(model: Any) -> int:
-    """Prompt tokens per prefill step: a cancel takes effect between steps.
-
-    On a GPU mlx-lm's 2048. On the CPU about 4 GFLOP a step (seconds with the bundled BLAS), so a
-    cancelled long prompt on a 3b model stops within a step instead of after the whole prompt.
-    """
-    if mx.default_device() != mx.cpu:
-        return 2048
-    params = sum(a.size for _, a in tree_flatten(model.parameters()))
-    return int(min(2048, max(16, 2e9 // max(params, 1))))
-
-
-def kv_group_size(config: Any, kv_bits: int | None) -> int:
-    """MLX quantizes in groups of 32, 64 or 128 along the head dimension."""
-    group = next((g for g in (64, 32) if config.head_dim % g == 0), None)
-    if kv_bits is not None and group is None:
-        msg = f"kv_bits needs a head dimension divisible by 32; this model's is {config.head_dim}."
-        raise InvalidParameterError(msg)
-    return group or 64
-
-
-def _check_cache_bounds(entries: Any, nbytes: Any) -> None:
-    if not is_int(entries) or entries < 0:
-        msg = f"max_prompt_caches must be an integer >= 0 (0 keeps none), not {entries!r}."
-        raise InvalidParameterError(msg)
-    if nbytes is not None and (not is_int(nbytes) or nbytes < 0):
-        msg = f"max_prompt_cache_bytes must be an integer >= 0 or None (no bound), not {nbytes!r}."
-        raise InvalidParameterError(msg)
-
-
-def _hash_weights(path: Path | None, folder: Path) -> Future[str] | None:
-    """The digest of the checkpoint's weight files, hashed on a thread of its own (no MLX there);
-    ``folder`` remembers digests across processes (made here, if it can be)."""
-    if path is None:
-        return None
-    with contextlib.suppress(OSError):  # a folder that cannot be made gets its notice later
-        folder.mkdir(parents=True, exist_ok=True)
-    memo = folder if folder.is_dir() else None
-    future: Future[str] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(weights_fingerprint(path, memo))
-        except BaseException as e:  # an unreadable weight file: the load reports it first
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="starcoder-weights-digest", daemon=True).start()
-    return future

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..errors import ModelNotFoundError
 from ..loading import is_hub_id
-from ..loading.hub import download_errors
+from ..loading.hub import download_error
 
 
 def is_gguf(model: str | os.PathLike[str], gguf_file: str | None) -> bool:
@@ -40,6 +40,8 @@ def resolve_gguf_file(model: str | os.PathLike[str], gguf_file: str | None, revi
 def _download(repo_id: str, filename: str, revision: str | None) -> Path:
     from huggingface_hub import hf_hub_download
 
-    with download_errors(repo_id, revision, filename):
+    try:
         file = hf_hub_download(repo_id, filename, revision=revision)
+    except Exception as e:  # raised "from None", as loading's: the hub's chained errors bury it
+        raise download_error(e, repo_id, revision, filename) from None
     return Path(file)

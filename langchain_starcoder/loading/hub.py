@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
@@ -44,17 +42,17 @@ def is_hub_id(name: str) -> bool:
 def _download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
-    with download_errors(repo_id, revision):
+    try:
         folder = snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS)
+    except Exception as e:  # raised "from None": the hub's chained errors (50 lines of httpx) bury it
+        raise download_error(e, repo_id, revision) from None
     return Path(folder)
 
 
-@contextlib.contextmanager
-def download_errors(repo_id: str, revision: str | None, filename: str | None = None) -> Iterator[None]:
-    """Turn the hub client's errors into one ModelNotFoundError that says what to do.
-
-    Raised "from None": the hub's chained errors (50 lines of httpx) would bury the message.
-    """
+def download_error(
+    error: Exception, repo_id: str, revision: str | None, filename: str | None = None
+) -> Exception:
+    """The hub client's ``error`` as one ModelNotFoundError that says what to do (others as they are)."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -65,30 +63,24 @@ def download_errors(repo_id: str, revision: str | None, filename: str | None = N
     )
 
     what = repr(repo_id) if filename is None else f"{filename} of {repo_id!r}"
-    try:
-        yield
-    except RevisionNotFoundError:
+    if isinstance(error, RevisionNotFoundError):
         msg = f"Hub model {repo_id!r} has no revision {revision!r}; check the branch, tag or commit."
-        raise ModelNotFoundError(msg) from None
-    except GatedRepoError:
+    elif isinstance(error, GatedRepoError):
         msg = f"Hub model {repo_id!r} is gated: accept its licence on the hub and log in (`hf auth login`)."
-        raise ModelNotFoundError(msg) from None
-    except RepositoryNotFoundError:
+    elif isinstance(error, RepositoryNotFoundError):
         msg = f"Hub model {repo_id!r} does not exist (or is private: log in with `hf auth login`)."
-        raise ModelNotFoundError(msg) from None
-    except HFValidationError as e:
-        msg = f"{repo_id!r} is neither a local folder nor a valid hub id: {e}"
-        raise ModelNotFoundError(msg) from None
-    except LocalEntryNotFoundError:  # (before EntryNotFoundError: it is one)
+    elif isinstance(error, HFValidationError):
+        msg = f"{repo_id!r} is neither a local folder nor a valid hub id: {error}"
+    elif isinstance(error, LocalEntryNotFoundError):  # (before EntryNotFoundError: it is one)
         msg = (
             f"Could not download {what}: the hub cannot be reached (or HF_HUB_OFFLINE is set) "
             "and it is not in the local cache. Connect once to download it, or pass a local "
             "folder (`langchain-starcoder build-test-model DST` builds one offline)."
         )
-        raise ModelNotFoundError(msg) from None
-    except EntryNotFoundError:
+    elif isinstance(error, EntryNotFoundError):
         msg = f"Hub model {repo_id!r} has no file {filename!r}; check the name (case matters)."
-        raise ModelNotFoundError(msg) from None
-    except (OSError, ValueError) as e:
-        msg = f"Download of {what} failed: {e}. Nothing was loaded; run again to resume it."
-        raise ModelNotFoundError(msg) from None
+    elif isinstance(error, (OSError, ValueError)):
+        msg = f"Download of {what} failed: {error}. Nothing was loaded; run again to resume it."
+    else:
+        return error
+    return ModelNotFoundError(msg)

@@ -5,7 +5,7 @@ processes (:mod:`.files` is their file format, :mod:`.fingerprint` what they are
 """
 
 from .disk import CacheLayout, DiskPromptCache, PromptCacheNotice
-from .fingerprint import cache_key, vocab_fingerprint, weights_fingerprint
+from .fingerprint import cache_key, hash_weights_aside, vocab_fingerprint, weights_fingerprint
 from .memory import PromptCacheStore, prefix_copy
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "PromptCacheNotice",
     "PromptCacheStore",
     "cache_key",
+    "hash_weights_aside",
     "prefix_copy",
     "vocab_fingerprint",
     "weights_fingerprint",

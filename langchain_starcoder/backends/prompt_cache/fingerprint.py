@@ -9,6 +9,7 @@ import json
 import os
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,23 @@ def _write_memo(memo_dir: Path | None, stored: dict[str, Any]) -> None:
     except OSError:  # a read-only or missing folder: the digests are hashed again next time
         with contextlib.suppress(OSError):
             temp.unlink(missing_ok=True)
+
+
+def hash_weights_aside(path: Path | None, folder: Path) -> Future[str] | None:
+    """The digest of the checkpoint's weight files, hashed on a thread of its own (no MLX there);
+    ``folder`` remembers digests across processes (made here, if it can be)."""
+    if path is None:
+        return None
+    with contextlib.suppress(OSError):  # a folder that cannot be made gets its notice later
+        folder.mkdir(parents=True, exist_ok=True)
+    memo = folder if folder.is_dir() else None
+    future: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(weights_fingerprint(path, memo))
+        except BaseException as e:  # an unreadable weight file: the load reports it first
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="starcoder-weights-digest", daemon=True).start()
+    return future
