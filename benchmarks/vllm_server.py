@@ -12,7 +12,6 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +34,7 @@ def bench_vllm(ctx: Context) -> Section:
     from langchain_starcoder.testing import vllm_install
     from langchain_starcoder.testing.vllm_server import VLLMServer
 
-    from .cases.common import code_ids
+    from .cases.common import code_ids, total_rate
 
     section = Section("vllm", 16, TITLE)
     venv = REPO / ".venv-vllm"
@@ -60,15 +59,6 @@ def bench_vllm(ctx: Context) -> Section:
                 if line.startswith("data: {"):
                     count += sum(len(c.get("token_ids") or []) for c in json.loads(line[6:])["choices"])
         return count
-
-    def total_rate(run: Callable[[list[int]], int], prompts: list[list[int]], together: bool) -> float:
-        start = time.perf_counter()
-        if together:
-            with ThreadPoolExecutor(len(prompts)) as pool:
-                tokens = sum(pool.map(run, prompts))
-        else:
-            tokens = sum(map(run, prompts))
-        return tokens / (time.perf_counter() - start)
 
     server = VLLMServer(folder, name="bench", venv=venv, log=folder.parent / f"{folder.name}-vllm.log")
     ctx.log(f"  starting vLLM on {folder.name}")

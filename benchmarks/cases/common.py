@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,14 @@ def param_bytes(module: Any) -> int:
     from mlx.utils import tree_flatten
 
     return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+def total_rate(run: Callable[[list[int]], int], prompts: list[list[int]], together: bool) -> float:
+    """Generated tokens/s of ``run`` over ``prompts``: all at once on threads, or one after another."""
+    start = time.perf_counter()
+    if together:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            tokens = sum(pool.map(run, prompts))
+    else:
+        tokens = sum(map(run, prompts))
+    return tokens / (time.perf_counter() - start)

@@ -23,6 +23,7 @@ from .common import (
     load_engine,
     param_bytes,
     rate_of,
+    total_rate,
 )
 
 
@@ -173,7 +174,6 @@ def bench_remote(ctx: Context) -> Section:
     8 concurrent requests against 8 sequential (float32 and Q4_0, with raw requests as the server's own
     ceiling), decode against the same Q4_0 file in-process on MLX, and the wrapper against raw
     /completion requests."""
-    from concurrent.futures import ThreadPoolExecutor
 
     import httpx
     from langchain_core.callbacks import BaseCallbackHandler
@@ -203,15 +203,6 @@ def bench_remote(ctx: Context) -> Section:
                 if line.startswith("data:"):
                     count += len(json.loads(line[5:]).get("tokens", []))
         return count
-
-    def total_rate(run: Callable[[list[int]], int], prompts: list[list[int]], together: bool) -> float:
-        start = time.perf_counter()
-        if together:
-            with ThreadPoolExecutor(len(prompts)) as pool:
-                tokens = sum(pool.map(run, prompts))
-        else:
-            tokens = sum(map(run, prompts))
-        return tokens / (time.perf_counter() - start)
 
     class TokenCount(BaseCallbackHandler):  # the generated tokens, from a stream's last chunk
         tokens = 0
