@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..types import ContextFile
 from .chunks import FileEntry, Unit
+from .lexical import Window, window_unit
 from .symbols import WORD, head_lines, name_parts, tail_lines
 
 #: The line standing for left-out lines between an excerpt and the rest of the file's lines.
@@ -201,7 +202,8 @@ class Ranked:
         heapq.heapify(keyed)
         self._heap = keyed
         self._units = units
-        self._sorted: list[tuple[float, str, Unit]] = []
+        self._sorted: list[tuple[float, str, int, int]] = []
+        """Popped from the heap: kept as plain tuples too (a tuple holding a unit would stay tracked)."""
 
     def __iter__(self) -> Iterator[tuple[float, str, Unit]]:
         k = 0
@@ -209,10 +211,10 @@ class Ranked:
             if k == len(self._sorted):
                 if not self._heap:
                     return
-                negated, _, _, i = heapq.heappop(self._heap)
-                unit = self._units[i]
-                self._sorted.append((-negated, _name(unit), unit))
-            yield self._sorted[k]
+                self._sorted.append(heapq.heappop(self._heap))
+            negated, _, _, i = self._sorted[k]
+            unit = self._units[i]
+            yield -negated, _name(unit), unit
             k += 1
 
     def __bool__(self) -> bool:
@@ -309,7 +311,7 @@ def outline_candidates(
 def select(
     stable: Iterable[tuple[float, str, Unit]],
     near: Iterable[tuple[float, str, Unit]],
-    windows: Sequence[tuple[float, Unit]],
+    windows: Sequence[Window],
     entries: dict[str, FileEntry],
     limits: tuple[float, float],
     count_tokens: Callable[[str], int],
@@ -377,7 +379,8 @@ def select(
     near_done: set[int] = set()
     outline(near, near_done, budget * (1 - WINDOW_SHARE))
     misses = 0
-    for _, unit in windows:
+    for window in windows:
+        unit = window_unit(window)
         taken = take(unit, (), budget)
         if taken:
             windowed.add(unit.path)
