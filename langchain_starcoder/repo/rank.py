@@ -341,7 +341,7 @@ def select(
         lines = {i for u in new for i in range(u.start, u.end + 1) if i not in taken}
         if not lines:
             return None
-        need = sum(entry.line_tokens(i, count_tokens) for i in lines) + NEWLINE_TOKENS * len(lines)
+        need = entry.lines_tokens(lines, count_tokens) + NEWLINE_TOKENS * len(lines)
         if unit.excerpt:
             need += 2  # a gap marker line
         chosen = parts[part]
