@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,20 @@ class FileEntry:
         if n is None:
             n = counts[i] = count_tokens(self.path if i < 0 else self.lines[i])
         return n
+
+    def lines_tokens(self, lines: Iterable[int], count_tokens: Callable[[str], int]) -> int:
+        """``line_tokens`` summed over ``lines`` (packing sums thousands per lookup)."""
+        try:
+            counts = self._tokens.setdefault(count_tokens, {})
+        except TypeError:
+            return sum(self.line_tokens(i, count_tokens) for i in lines)
+        total = 0
+        for i in lines:
+            n = counts.get(i)
+            if n is None:
+                n = counts[i] = count_tokens(self.lines[i])
+            total += n
+        return total
 
     @classmethod
     def build(cls, path: str, text: str) -> FileEntry:

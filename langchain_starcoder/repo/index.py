@@ -12,7 +12,7 @@ from ..errors import InvalidParameterError
 from ..types import ContextFile
 from .chunks import FileEntry, Unit
 from .files import FileTree, read_text
-from .lexical import WordIndex
+from .lexical import Window, WordIndex
 from .rank import (
     STABLE_SHARE,
     Hole,
@@ -143,7 +143,7 @@ class RepoIndex:
         hole_path: str,
         candidates: tuple[Iterable[tuple[float, str, Unit]], Iterable[tuple[float, str, Unit]]],
         related: Related,
-        windows: list[tuple[float, Unit]],
+        windows: list[Window],
         max_tokens: int,
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:

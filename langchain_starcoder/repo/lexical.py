@@ -18,6 +18,8 @@ WINDOW_STRIDE = 10
 TOP_FILES = 6
 #: A word in more than this share of the files says nothing about relatedness.
 COMMON_SHARE = 0.3
+#: A window: its score, file, first and last line (plain values, which the garbage collector leaves).
+Window = tuple[float, str, int, int]
 
 
 @dataclass
@@ -42,8 +44,8 @@ class WordIndex:
                 if not paths:
                     del self.files_with[word]
 
-    def windows(self, query: str, entries: dict[str, FileEntry], exclude: str) -> list[tuple[float, Unit]]:
-        """The windows of other files best matching ``query``, best first, with their scores."""
+    def windows(self, query: str, entries: dict[str, FileEntry], exclude: str) -> list[Window]:
+        """The windows of other files best matching ``query``, best first."""
         n = max(self.files, 1)
         weights = {}
         for word in set(WORD.findall(query)):
@@ -66,9 +68,15 @@ class WordIndex:
             last = len(entry.lines) - 1
             for start, score in by_start.items():
                 end = min(start + WINDOW_LINES - 1, last)
-                found.append((score, Unit(path, start, end, None, excerpt=True)))
-        found.sort(key=lambda su: (-su[0], su[1].path, su[1].start))
+                found.append((score, path, start, end))
+        found.sort(key=lambda w: (-w[0], w[1], w[2]))
         return found
+
+
+def window_unit(window: Window) -> Unit:
+    """The excerpt a window shows (made only when packing reaches it: a lookup finds thousands)."""
+    _, path, start, end = window
+    return Unit(path, start, end, None, excerpt=True)
 
 
 def _postings(entry: FileEntry) -> dict[str, tuple[int, ...]]:

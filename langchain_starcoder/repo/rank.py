@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ..types import ContextFile
 from .chunks import FileEntry, Unit
+from .lexical import Window, window_unit
 from .symbols import WORD, head_lines, name_parts, tail_lines
 
 #: The line standing for left-out lines between an excerpt and the rest of the file's lines.
@@ -201,7 +202,8 @@ class Ranked:
         heapq.heapify(keyed)
         self._heap = keyed
         self._units = units
-        self._sorted: list[tuple[float, str, Unit]] = []
+        self._sorted: list[tuple[float, str, int, int]] = []
+        """Popped from the heap: kept as plain tuples too (a tuple holding a unit would stay tracked)."""
 
     def __iter__(self) -> Iterator[tuple[float, str, Unit]]:
         k = 0
@@ -209,10 +211,10 @@ class Ranked:
             if k == len(self._sorted):
                 if not self._heap:
                     return
-                negated, _, _, i = heapq.heappop(self._heap)
-                unit = self._units[i]
-                self._sorted.append((-negated, _name(unit), unit))
-            yield self._sorted[k]
+                self._sorted.append(heapq.heappop(self._heap))
+            negated, _, _, i = self._sorted[k]
+            unit = self._units[i]
+            yield -negated, _name(unit), unit
             k += 1
 
     def __bool__(self) -> bool:
@@ -235,10 +237,10 @@ def outline_candidates(
     offered_units: list[Unit] = []
     boosts: list[dict[int, float]] = [{} for _ in holes]
 
-    def offer(k: int | None, offered: Iterable[tuple[str, Unit]], boost: float) -> None:
+    def offer(k: int | None, offered: Iterable[Unit], boost: float) -> None:
         """Offer to hole ``k`` (None: to all)."""
         to = boosts if k is None else [boosts[k]]
-        for _, unit in offered:
+        for unit in offered:
             key = (unit.path, unit.start)
             i = index.get(key)
             if i is None:
@@ -252,32 +254,34 @@ def outline_candidates(
                     given[i] = boost
 
     popular = tables.popular()  # the repository's most used names, each by its shortest definition
-    offer(None, ((n, tables.shortest(n)) for n in popular if used_once[n] > (n in own_once)), 0.0)
+    offer(None, [tables.shortest(n) for n in popular if used_once[n] > (n in own_once)], 0.0)
     # Each related file's most used signatures, and those sharing a word with what a hole sees near
     # the cursor (a long module offers thousands of signatures that no lookup values highly).
     near_parts = frozenset().union(*(h.near_parts for h in holes))
     for path in sorted({*related.imported, *related.importers, *related.second_hop, *related.recent}):
         entry = entries.get(path)
         if entry is not None:
-            offer(None, ((_name(u), u) for u in tables.most_used(entry)), 0.0)
+            offer(None, tables.most_used(entry), 0.0)
             for part in sorted(near_parts.intersection(entry.by_part)):
-                offer(None, ((_name(u), u) for u in entry.by_part[part]), 0.0)
+                offer(None, entry.by_part[part], 0.0)
     for k, hole in enumerate(holes):
         classes = {name for name in hole.file_words if name in tables.members}  # classes the file mentions
         for name in sorted(hole.near_words):
             if name in tables.defined:
                 unit = tables.shortest(name)
-                offer(k, [(name, unit)], 0.0)
+                offer(k, [unit], 0.0)
                 # The classes its signature names (a returned or annotated type): what the code near
                 # the cursor holds, whose members it is about to use.
                 classes.update(w for w in entries[unit.path].line_size(unit.start)[1] if w in tables.members)
         for name in sorted(classes):
             for units in tables.members[name].values():
-                offer(k, ((_name(u), u) for u in units), 2.0)
+                offer(k, units, 2.0)
 
     file_weight = {path: related.weight(path, hole_path) for path in {u.path for u in offered_units}}
     part_weights = tables.part_weights
     keyed: list[list[tuple[float, str, int, int]]] = [[] for _ in holes]
+    # What each hole's loop reads, looked up once (the loop runs thousands of times per lookup).
+    views = [(boosts[k], h.file_words, h.near_words, h.near_parts, keyed[k]) for k, h in enumerate(holes)]
     for i, unit in enumerate(offered_units):
         name = _name(unit)
         # The hole's own file says nothing of itself; a name it shows already is worth its
@@ -286,28 +290,28 @@ def outline_candidates(
         if name.startswith("_") and not name.startswith("__"):
             base *= 0.5
         parts, weights = part_weights(name)
-        for k, hole in enumerate(holes):
-            boost = boosts[k].get(i)
+        weight = file_weight[unit.path]
+        for given, file_words, near_words, near_parts, out in views:
+            boost = given.get(i)
             if boost is None:
                 continue
-            if name in hole.file_words:
-                if name not in hole.near_words:
+            if name in file_words:
+                if name not in near_words:
                     continue
                 value = base * 0.3
             else:
-                value = base * (1.0 + file_weight[unit.path] + boost)
-            near_parts = hole.near_parts
+                value = base * (1.0 + weight + boost)
             if not near_parts.isdisjoint(parts):
                 value *= 1.0 + PART_BOOST * sum(w for p, w in weights if p in near_parts)
             if value > 0:  # keyed best first, then by place
-                keyed[k].append((-value, unit.path, unit.start, i))
+                out.append((-value, unit.path, unit.start, i))
     return [Ranked(k, offered_units) for k in keyed]
 
 
 def select(
     stable: Iterable[tuple[float, str, Unit]],
     near: Iterable[tuple[float, str, Unit]],
-    windows: Sequence[tuple[float, Unit]],
+    windows: Sequence[Window],
     entries: dict[str, FileEntry],
     limits: tuple[float, float],
     count_tokens: Callable[[str], int],
@@ -337,7 +341,7 @@ def select(
         lines = {i for u in new for i in range(u.start, u.end + 1) if i not in taken}
         if not lines:
             return None
-        need = sum(entry.line_tokens(i, count_tokens) for i in lines) + NEWLINE_TOKENS * len(lines)
+        need = entry.lines_tokens(lines, count_tokens) + NEWLINE_TOKENS * len(lines)
         if unit.excerpt:
             need += 2  # a gap marker line
         chosen = parts[part]
@@ -375,7 +379,8 @@ def select(
     near_done: set[int] = set()
     outline(near, near_done, budget * (1 - WINDOW_SHARE))
     misses = 0
-    for _, unit in windows:
+    for window in windows:
+        unit = window_unit(window)
         taken = take(unit, (), budget)
         if taken:
             windowed.add(unit.path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 
 from langchain_starcoder import ContextFile, InvalidParameterError, RepoIndex
 from langchain_starcoder.repo import FRAME_TOKENS, GAP_MARKER
+from langchain_starcoder.repo.chunks import FileEntry
+from langchain_starcoder.repo.lexical import WordIndex, window_unit
 
 
 def words(text: str) -> int:
@@ -364,3 +367,23 @@ def test_file_count_and_total_size_caps_bound_what_is_held(tmp_path: Path) -> No
     write(tmp_path, {f"m{i}.py": f"x_{i} = {'1' * 40}\n" for i in range(10)})  # 47 bytes each
     assert len(RepoIndex(tmp_path, max_files=3).files) == 3
     assert len(RepoIndex(tmp_path, max_total_bytes=100).files) == 2
+
+
+def test_lexical_windows_are_plain_values_the_garbage_collector_stops_tracking() -> None:
+    """A lookup finds thousands of windows: objects the collector tracks would make every lookup
+    promote them into the old generation, and full collections (tens of ms on a big index) frequent."""
+    entries = {
+        f"m{i}.py": FileEntry.build(
+            f"m{i}.py", "\n".join(f"def f_{i}_{j}(x):\n    return x" for j in range(100))
+        )
+        for i in range(16)
+    }
+    words = WordIndex()
+    for entry in entries.values():
+        words.add(entry)
+    query = " ".join(f"f_{i}_{j}" for i in range(5) for j in range(100))
+    found = words.windows(query, entries, "m0.py")
+    assert len(found) > 50
+    gc.collect()
+    assert not any(gc.is_tracked(w) for w in found)
+    assert window_unit(found[0]).excerpt and window_unit(found[0]).path != "m0.py"
