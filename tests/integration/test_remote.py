@@ -497,13 +497,29 @@ def test_server_killed_mid_stream_then_back(served: Served) -> None:
     )
     try:
         # Read on another thread; kill when the server says it generates (on 2 busy cores vLLM's
-        # front process may send its first chunk only when its engine has nearly finished).
+        # front process may send its first chunk only when its engine has nearly finished, and a
+        # whole generation may end between two looks: then the stream is started again, 3 times).
+        first = threading.Event()
+
+        def read_all() -> list[Any]:
+            chunks = []
+            for chunk in engine.stream(PROMPTS[1], max_tokens=1800):
+                chunks.append(chunk)
+                first.set()
+            return chunks
+
         with ThreadPoolExecutor(1) as reader:
-            read = reader.submit(list, engine.stream(PROMPTS[1], max_tokens=1800))
-            deadline = time.monotonic() + 30
-            while not served.generating():
-                assert time.monotonic() < deadline and not read.done(), "the server never generated"
-                time.sleep(0.02)
+            for _ in range(3):
+                first.clear()
+                read = reader.submit(read_all)
+                deadline = time.monotonic() + 30
+                while not (first.is_set() or served.generating()) and not read.done():
+                    assert time.monotonic() < deadline, "the server never generated"
+                    time.sleep(0.02)
+                if not read.done():
+                    break
+            else:
+                pytest.fail("each of 3 generations ended before the server was seen generating")
             served.kill()
             with pytest.raises(ServerError, match="broke after"):
                 read.result(60)
