@@ -10,6 +10,7 @@ Run alone: ``python -m benchmarks.disk_cache``; in the suite: ``--only disk_cach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +84,6 @@ def task_stall(args: dict[str, Any]) -> dict[str, Any]:
     engine = StarCoderEngine.load(args["checkpoint"], prompt_cache_dir=args.get("folder"))
     engine.generate("def warm_up():\n    return 1\n", max_tokens=2)
     texts = args["texts"]
-    short = [engine.encode(f"x_{i} = {i}\n") for i in range(4)]
-    spans: list[tuple[float, float]] = []  # (start, end) of each short request
-    stop = threading.Event()
-
-    def hammer() -> None:
-        i = 0
-        while not stop.is_set():
-            start = time.perf_counter()
-            engine.generate(short[i % 4], max_tokens=1)
-            spans.append((start, time.perf_counter()))
-            i += 1
-
     _infill(engine, texts, texts["tails"][0])
     if engine.backend._disk is not None:
         engine.backend._disk.flush()
@@ -101,16 +91,13 @@ def task_stall(args: dict[str, Any]) -> dict[str, Any]:
     entry = max(engine.backend._prompt_caches._entries, key=lambda e: len(e.tokens))
     copy = engine.backend.call(lambda: _time(lambda: _snapshot(entry.cache, len(entry.tokens))))
     _infill(engine, texts, texts["tails"][0], "other_context")  # with a folder its write is now queued
-    thread = threading.Thread(target=hammer)
-    thread.start()
-    write_started = time.perf_counter()
-    if engine.backend._disk is not None:
-        engine.backend._disk.flush()
-    write_ended = time.perf_counter()
-    write_seconds = write_ended - write_started
-    time.sleep(max(0.0, 1.0 - write_seconds))  # short requests for at least a second in all
-    stop.set()
-    thread.join()
+    with _short_requests(engine) as spans:
+        write_started = time.perf_counter()
+        if engine.backend._disk is not None:
+            engine.backend._disk.flush()
+        write_ended = time.perf_counter()
+        write_seconds = write_ended - write_started
+        time.sleep(max(0.0, 1.0 - write_seconds))  # short requests for at least a second in all
     files = sorted(Path(args["folder"]).glob("*.safetensors")) if args.get("folder") else []
     engine.close()
     latencies = [end - start for start, end in spans]
@@ -147,6 +134,25 @@ def task_stall_3b(args: dict[str, Any]) -> dict[str, Any]:
         return cache
 
     cache = engine.backend.call(make)
+    with _short_requests(engine) as spans:
+        time.sleep(1.0)  # short requests alone first
+        started = time.perf_counter()
+        copy = engine.backend.call(lambda: _time(lambda: disk.offer(list(range(n)), cache)))
+        disk.flush()
+        ended = time.perf_counter()
+        time.sleep(0.5)
+    nbytes = sum(p.stat().st_size for p in Path(args["folder"]).glob("*.safetensors"))
+    disk.close()
+    engine.close()
+    before = [e - s for s, e in spans if e < started]
+    during = [e - s for s, e in spans if e >= started and s <= ended]
+    return {"before": before, "during": during, "copy_seconds": copy, "write_seconds": ended - started,
+            "file_bytes": nbytes}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _short_requests(engine: Any) -> Iterator[list[tuple[float, float]]]:
+    """Short requests back to back on a thread while the block runs; the (start, end) of each."""
     short = [engine.encode(f"x_{i} = {i}\n") for i in range(4)]
     spans: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -161,21 +167,11 @@ def task_stall_3b(args: dict[str, Any]) -> dict[str, Any]:
 
     thread = threading.Thread(target=hammer)
     thread.start()
-    time.sleep(1.0)  # short requests alone first
-    started = time.perf_counter()
-    copy = engine.backend.call(lambda: _time(lambda: disk.offer(list(range(n)), cache)))
-    disk.flush()
-    ended = time.perf_counter()
-    time.sleep(0.5)
-    stop.set()
-    thread.join()
-    nbytes = sum(p.stat().st_size for p in Path(args["folder"]).glob("*.safetensors"))
-    disk.close()
-    engine.close()
-    before = [e - s for s, e in spans if e < started]
-    during = [e - s for s, e in spans if e >= started and s <= ended]
-    return {"before": before, "during": during, "copy_seconds": copy, "write_seconds": ended - started,
-            "file_bytes": nbytes}  # fmt: skip
+    try:
+        yield spans
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _time(fn: Any) -> float:
