@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -14,6 +15,9 @@ import pytest
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
 from langchain_starcoder.testing.vllm_server import VLLMServer
+
+#: The context of the checkpoint vLLM serves (the small preset's is 2,048).
+VLLM_CONTEXT = 16384
 
 # Tests never touch the network: the hub client must fail fast instead of trying.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,8 +99,12 @@ def clean_path(tiny_path: Path, checkpoints: Path) -> Path:
 @pytest.fixture(scope="session")
 def vllm_path(small_path: Path, checkpoints: Path) -> Path:
     """The small checkpoint, cleaned (:func:`clean_copy`): what the real vLLM serves (its CPU attention
-    takes head size 64, not the tiny preset's 16, which kills its engine on the first request)."""
-    return clean_copy(small_path, checkpoints / "small-clean")
+    takes head size 64, not the tiny preset's 16, which kills its engine on the first request), with a
+    context of VLLM_CONTEXT tokens: a generation of thousands outlasts a slow first chunk there."""
+    path = clean_copy(small_path, checkpoints / "small-clean")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": VLLM_CONTEXT}))
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +112,7 @@ def vllm_launched(
     vllm_path: Path, pytestconfig: pytest.Config, request: pytest.FixtureRequest
 ) -> Iterator[VLLMServer]:
     """A real vLLM server (the CPU build in .venv-vllm), launched once per session: stopped at the end."""
-    server = VLLMServer(vllm_path, venv=pytestconfig.rootpath / ".venv-vllm")
+    server = VLLMServer(vllm_path, venv=pytestconfig.rootpath / ".venv-vllm", max_model_len=VLLM_CONTEXT)
     server.launch()
     request.session.vllm_server = server  # for the failure reports
     yield server

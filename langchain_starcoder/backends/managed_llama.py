@@ -287,6 +287,10 @@ class ManagedLlamaBackend:
                 done.set_result(None)
                 return
             proc = self.server.proc
+            if proc is not None and isinstance(error, ConnectionError):
+                # A killed child's sockets close a moment before it can be reaped.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2)
             if proc is not None and proc.poll() is not None:  # the child died under the request
                 msg = (
                     f"llama-server (pid {proc.pid}) exited with code {proc.returncode} during the request; "

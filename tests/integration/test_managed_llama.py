@@ -344,6 +344,7 @@ def test_cli_base_url_generate_and_serve_in_front(
 ) -> None:
     """``--base-url`` runs on a server elsewhere (here the managed child, with its key); ``serve
     --base-url`` puts our server (FIM layouts, /infill) in front of it."""
+    remote.generate("x", max_tokens=1)  # starts the child again if a fault test left it stopped
     server = remote.backend.server
     target = ["--base-url", server.url, "--model", server.alias, "--tokenizer", full_path,
               "--remote-api-key", server.api_key]  # fmt: skip

@@ -11,8 +11,15 @@ retries, bounded reading, errors) and the checks of the numbers a server sends (
 """
 
 from .backend import RemoteBackend
-from .errors import ServerError, ServerTimeoutError, ServerUnavailableError
+from .errors import ServerDisconnectedError, ServerError, ServerTimeoutError, ServerUnavailableError
 from .llama_cpp import MAX_WITHHELD
 from .llama_cpp import _split as _split  # the tests check it against plain backtracking
 
-__all__ = ["MAX_WITHHELD", "RemoteBackend", "ServerError", "ServerTimeoutError", "ServerUnavailableError"]
+__all__ = [
+    "MAX_WITHHELD",
+    "RemoteBackend",
+    "ServerDisconnectedError",
+    "ServerError",
+    "ServerTimeoutError",
+    "ServerUnavailableError",
+]

@@ -13,5 +13,9 @@ class ServerUnavailableError(ServerError, ConnectionError):
     """The server could not be reached (or stayed busy) after the retries."""
 
 
+class ServerDisconnectedError(ServerError, ConnectionError):
+    """The connection broke while the server answered (it closed, crashed or was killed)."""
+
+
 class ServerTimeoutError(ServerError, TimeoutError):
     """The server sent no token for ``timeout`` seconds, or a request ran past its ``deadline``."""

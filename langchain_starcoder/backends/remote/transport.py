@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from .errors import ServerError, ServerTimeoutError, ServerUnavailableError
+from .errors import ServerDisconnectedError, ServerError, ServerTimeoutError, ServerUnavailableError
 
 _BACKOFF = 0.25  # seconds before the first retry; doubled for each next one
 _MAX_LINE = 1 << 24  # bytes of one server-sent line, or of an answer's body, before it is refused
@@ -141,7 +141,7 @@ class Transport:
                 raise self._timeout(path, clock.which(e), 0) from None
             except httpx.TransportError as e:
                 msg = f"The connection to {self.base_url} broke before the first token ({e!r})."
-                raise ServerError(msg) from None
+                raise ServerDisconnectedError(msg) from None
             if cancelled.wait(min(_BACKOFF * 2**attempt, clock.left())):  # a cancel ends the wait
                 return
 
@@ -154,7 +154,7 @@ class Transport:
             raise self._timeout(path, clock.which(e), count()) from None
         except httpx.TransportError as e:
             msg = f"The connection to {self.base_url} broke after {count()} generated tokens ({e!r})."
-            raise ServerError(msg) from None
+            raise ServerDisconnectedError(msg) from None
 
     def events(self, response: httpx.Response, path: str, clock: Clock) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent-event stream (``data: {...}`` lines)."""
