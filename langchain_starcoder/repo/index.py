@@ -4,7 +4,7 @@ of a hole."""
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -34,6 +34,9 @@ MAX_NEAR_LINES = 200
 RECENT_FILES = 10
 #: How many times a lookup packs to fit the exact budget.
 FIT_TRIES = 3
+#: The latest texts (paths, whole context files) whose token counts are kept between lookups: the
+#: files that stay the same while the cursor moves are not counted again.
+COUNTS_KEPT = 4096
 #: The lexical query: the prefix's last lines and half as many of the suffix's first.
 WINDOW_QUERY_LINES = 20
 _JS_ENDINGS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", "/index.ts", "/index.js")
@@ -80,6 +83,7 @@ class RepoIndex:
         self._imports: dict[str, frozenset[str]] = {}
         self._modules: dict[str, str] = {}
         self._recent: list[str] = []
+        self._counts: OrderedDict[tuple[Callable[[str], int], str], int] = OrderedDict()
         self._tree.scan()
         self._sync()
 
@@ -147,12 +151,18 @@ class RepoIndex:
         max_tokens: int,
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
-        memo: dict[str, int] = {}
+        kept = self._counts
+        try:
+            hash(count_tokens)
+        except TypeError:  # an unhashable counter: counts kept for this lookup only
+            kept = OrderedDict()
 
-        def counted(text: str) -> int:  # the tries share most of their files
-            n = memo.get(text)
+        def counted(text: str) -> int:  # the tries share most of their files, and lookups many
+            n = kept.get((count_tokens, text))
             if n is None:
-                n = memo[text] = count_tokens(text)
+                n = kept[(count_tokens, text)] = count_tokens(text)
+                if len(kept) > COUNTS_KEPT:
+                    kept.popitem(last=False)  # the oldest
             return n
 
         stable, near = candidates

@@ -48,7 +48,7 @@ class WordIndex:
         """The windows of other files best matching ``query``, best first."""
         n = max(self.files, 1)
         weights = {}
-        for word in set(WORD.findall(query)):
+        for word in dict.fromkeys(WORD.findall(query)):  # in order: scores summed the same each run
             df = len(self.files_with.get(word, ()))
             if 0 < df <= max(1, COMMON_SHARE * n):
                 weights[word] = math.log(1 + n / df)

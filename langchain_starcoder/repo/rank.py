@@ -26,6 +26,9 @@ from .chunks import FileEntry, Unit
 from .lexical import Window, window_unit
 from .symbols import WORD, head_lines, name_parts, tail_lines
 
+#: Per name: base value, base value where the hole's file shows it, word parts, parts' weights.
+NameValues = tuple[float, float, frozenset[str], tuple[tuple[str, float], ...]]
+
 #: The line standing for left-out lines between an excerpt and the rest of the file's lines.
 GAP_MARKER = "⋮"
 #: Tokens a context file costs besides ``count_tokens(path) + count_tokens(text)``: StarCoder2's
@@ -115,11 +118,9 @@ class Tables:
     """Per word part, how many definitions' names hold it."""
     units: int = 0
     """How many definitions the repository has."""
-    _popular: list[str] | None = None
+    _popular: list[tuple[str, Unit]] | None = None
     _shortest: dict[str, Unit] = field(default_factory=dict)
-    _part_weights: dict[str, tuple[frozenset[str], tuple[tuple[str, float], ...]]] = field(
-        default_factory=dict
-    )
+    _values: dict[str, NameValues] = field(default_factory=dict)
     _most_used: dict[str, tuple[FileEntry, list[Unit]]] = field(default_factory=dict)
 
     def add(self, entry: FileEntry) -> None:
@@ -134,7 +135,7 @@ class Tables:
                 self.members.setdefault(d.parent, {}).setdefault(entry.path, []).append(unit)
         self._popular = None
         self._shortest.clear()
-        self._part_weights.clear()
+        self._values.clear()
         self._most_used.clear()
 
     def remove(self, entry: FileEntry) -> None:
@@ -151,7 +152,7 @@ class Tables:
                         del table[key]
         self._popular = None
         self._shortest.clear()
-        self._part_weights.clear()
+        self._values.clear()
         self._most_used.clear()
 
     def shortest(self, name: str) -> Unit:
@@ -162,16 +163,22 @@ class Tables:
             unit = self._shortest[name] = min(units, key=lambda u: (u.end - u.start, len(u.path), u.path))
         return unit
 
-    def part_weights(self, name: str) -> tuple[frozenset[str], tuple[tuple[str, float], ...]]:
-        """The word parts of ``name``, and each weighted by its rarity among the repository's
-        definitions (the weights sum to 1)."""
-        found = self._part_weights.get(name)
+    def name_values(self, name: str) -> NameValues:
+        """What ranking a signature of ``name`` reads (cached per name until the files change): its
+        base value, the same where the hole's file shows the name, its word parts, and each part
+        weighted by its rarity among the repository's definitions (the weights sum to 1)."""
+        found = self._values.get(name)
         if found is None:
+            used = self.used_once[name]
+            # where the hole's file shows the name, its one use there is not counted
+            plain, shown = math.sqrt(0.5 + used), math.sqrt(max(0.5 + used - 1, 0.0))
+            if name.startswith("_") and not name.startswith("__"):
+                plain, shown = plain * 0.5, shown * 0.5
             parts = name_parts(name)
             weights = [math.log(1 + max(self.units, 1) / max(self.parts[p], 1)) for p in parts]
             total = sum(weights)
             pairs = tuple(zip(parts, (w / total for w in weights), strict=True))
-            found = self._part_weights[name] = (frozenset(parts), pairs)
+            found = self._values[name] = (plain, shown, frozenset(parts), pairs)
         return found
 
     def most_used(self, entry: FileEntry) -> list[Unit]:
@@ -184,11 +191,12 @@ class Tables:
             found = self._most_used[entry.path] = (entry, top)
         return found[1]
 
-    def popular(self) -> list[str]:
-        """The defined names most files use once, most first."""
+    def popular(self) -> list[tuple[str, Unit]]:
+        """The defined names most files use once, most first, each with its shortest definition."""
         if self._popular is None:
             names = [n for n in self.defined if self.used_once[n] > 0]
-            self._popular = heapq.nlargest(GLOBAL_CANDIDATES, names, key=lambda n: (self.used_once[n], n))
+            top = heapq.nlargest(GLOBAL_CANDIDATES, names, key=lambda n: (self.used_once[n], n))
+            self._popular = [(n, self.shortest(n)) for n in top]
         return self._popular
 
 
@@ -214,7 +222,7 @@ class Ranked:
                 self._sorted.append(heapq.heappop(self._heap))
             negated, _, _, i = self._sorted[k]
             unit = self._units[i]
-            yield -negated, _name(unit), unit
+            yield -negated, unit.definition.name, unit  # type: ignore[union-attr] (signatures have one)
             k += 1
 
     def __bool__(self) -> bool:
@@ -231,15 +239,22 @@ def outline_candidates(
     own = entries.get(hole_path)
     own_once = own.once if own is not None else frozenset()
     used_once = tables.used_once
-    # The units offered, once each, and per hole the boost of each one offered to it (by index: dicts
-    # of plain numbers, which the garbage collector does not track).
+    # The units offered, once each: first those offered to every hole (boost 0), then per hole the
+    # boost of each one offered to it (by index: dicts of plain numbers, which the garbage collector
+    # does not track).
     index: dict[tuple[str, int], int] = {}
     offered_units: list[Unit] = []
     boosts: list[dict[int, float]] = [{} for _ in holes]
 
-    def offer(k: int | None, offered: Iterable[Unit], boost: float) -> None:
-        """Offer to hole ``k`` (None: to all)."""
-        to = boosts if k is None else [boosts[k]]
+    def offer_all(offered: Iterable[Unit]) -> None:
+        for unit in offered:
+            key = (unit.path, unit.start)
+            if key not in index and unit.path != hole_path:
+                index[key] = len(offered_units)
+                offered_units.append(unit)
+
+    def offer(k: int, offered: Iterable[Unit], boost: float) -> None:
+        given = boosts[k]
         for unit in offered:
             key = (unit.path, unit.start)
             i = index.get(key)
@@ -248,22 +263,22 @@ def outline_candidates(
                     continue
                 i = index[key] = len(offered_units)
                 offered_units.append(unit)
-            for given in to:
-                b = given.get(i)
-                if b is None or boost > b:
-                    given[i] = boost
+            b = given.get(i)
+            if b is None or boost > b:
+                given[i] = boost
 
-    popular = tables.popular()  # the repository's most used names, each by its shortest definition
-    offer(None, [tables.shortest(n) for n in popular if used_once[n] > (n in own_once)], 0.0)
+    # The repository's most used names, each by its shortest definition.
+    offer_all([unit for n, unit in tables.popular() if used_once[n] > (n in own_once)])
     # Each related file's most used signatures, and those sharing a word with what a hole sees near
     # the cursor (a long module offers thousands of signatures that no lookup values highly).
     near_parts = frozenset().union(*(h.near_parts for h in holes))
     for path in sorted({*related.imported, *related.importers, *related.second_hop, *related.recent}):
         entry = entries.get(path)
         if entry is not None:
-            offer(None, tables.most_used(entry), 0.0)
+            offer_all(tables.most_used(entry))
             for part in sorted(near_parts.intersection(entry.by_part)):
-                offer(None, entry.by_part[part], 0.0)
+                offer_all(entry.by_part[part])
+    to_all = len(offered_units)
     for k, hole in enumerate(holes):
         classes = {name for name in hole.file_words if name in tables.members}  # classes the file mentions
         for name in sorted(hole.near_words):
@@ -278,23 +293,23 @@ def outline_candidates(
                 offer(k, units, 2.0)
 
     file_weight = {path: related.weight(path, hole_path) for path in {u.path for u in offered_units}}
-    part_weights = tables.part_weights
+    cached, name_values = tables._values, tables.name_values
     keyed: list[list[tuple[float, str, int, int]]] = [[] for _ in holes]
     # What each hole's loop reads, looked up once (the loop runs thousands of times per lookup).
     views = [(boosts[k], h.file_words, h.near_words, h.near_parts, keyed[k]) for k, h in enumerate(holes)]
     for i, unit in enumerate(offered_units):
-        name = _name(unit)
+        name = unit.definition.name  # type: ignore[union-attr] (signature units define a name)
+        plain, shown, parts, weights = cached.get(name) or name_values(name)
         # The hole's own file says nothing of itself; a name it shows already is worth its
         # signature only when used nearby.
-        base = math.sqrt(0.5 + used_once[name] - (name in own_once))
-        if name.startswith("_") and not name.startswith("__"):
-            base *= 0.5
-        parts, weights = part_weights(name)
+        base = shown if name in own_once else plain
         weight = file_weight[unit.path]
         for given, file_words, near_words, near_parts, out in views:
             boost = given.get(i)
             if boost is None:
-                continue
+                if i >= to_all:
+                    continue
+                boost = 0.0
             if name in file_words:
                 if name not in near_words:
                     continue
@@ -302,7 +317,11 @@ def outline_candidates(
             else:
                 value = base * (1.0 + weight + boost)
             if not near_parts.isdisjoint(parts):
-                value *= 1.0 + PART_BOOST * sum(w for p, w in weights if p in near_parts)
+                near_weight = 0.0
+                for p, w in weights:  # (a plain loop: a generator costs more for 2 or 3 parts)
+                    if p in near_parts:
+                        near_weight += w
+                value *= 1.0 + PART_BOOST * near_weight
             if value > 0:  # keyed best first, then by place
                 out.append((-value, unit.path, unit.start, i))
     return [Ranked(k, offered_units) for k in keyed]
