@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from .symbols import WORD, Definition, Symbols, name_parts, parse
 
 #: A definition longer than this is offered by its signature only, never whole.
 MAX_EXCERPT_LINES = 40
+#: Distinct lines, and whole texts, whose token counts a counter keeps (memory stays bounded).
+MAX_COUNTED_LINES, MAX_COUNTED_TEXTS = 500_000, 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,46 @@ class Unit:
     definition: Definition | None
     excerpt: bool
     """True for a run of code (a gap next to it gets a marker), False for signature lines."""
+
+
+class TokenCounts:
+    """One counter's token counts, kept by text: lines and paths (always valid, and shared by the files
+    that repeat a line: about half of a repository's lines are repeats) and the latest whole texts.
+    Packing estimates a text's tokens as its lines' (a newline adds about a quarter)."""
+
+    def __init__(self, count_tokens: Callable[[str], int]) -> None:
+        self.count_tokens = count_tokens
+        self._lines: dict[str, int] = {}
+        self._texts: OrderedDict[str, int] = OrderedDict()
+
+    def line(self, text: str) -> int:
+        n = self._lines.get(text)
+        if n is None:
+            if len(self._lines) >= MAX_COUNTED_LINES:
+                self._lines.clear()
+            n = self._lines[text] = self.count_tokens(text)
+        return n
+
+    def lines(self, entry: FileEntry, lines: Iterable[int]) -> int:
+        """The tokens of ``entry``'s ``lines``, summed (packing sums thousands per lookup)."""
+        known, texts = self._lines, entry.lines
+        total = 0
+        for i in lines:
+            n = known.get(texts[i])
+            total += self.line(texts[i]) if n is None else n
+        return total
+
+    def text(self, text: str) -> int:
+        """A whole text's tokens (the files that stay the same while the cursor moves are not counted
+        again)."""
+        if "\n" not in text:
+            return self.line(text)
+        n = self._texts.get(text)
+        if n is None:
+            n = self._texts[text] = self.count_tokens(text)
+            if len(self._texts) > MAX_COUNTED_TEXTS:
+                self._texts.popitem(last=False)  # the oldest
+        return n
 
 
 @dataclass
@@ -46,11 +87,9 @@ class FileEntry:
     by_part: dict[str, list[Unit]] = field(default_factory=dict)
     """Per word part of the defined names (``get_repo`` -> get, repo), the signatures holding it."""
     windows: dict[str, tuple[int, ...]] | None = None
-    """Per word, the first lines of its 20-line windows holding it, made at the first search that
-    reaches the file."""
+    """Per word, the first lines of its 20-line windows holding it (made when the file is indexed)."""
 
     _line_sizes: dict[int, tuple[int, tuple[str, ...]]] = field(default_factory=dict, repr=False)
-    _tokens: dict[Any, dict[int, int]] = field(default_factory=dict, repr=False)
 
     def line_size(self, i: int) -> tuple[int, tuple[str, ...]]:
         """Line ``i``'s UTF-8 size and names, worked out once per file version (lookups reuse them)."""
@@ -59,32 +98,6 @@ class FileEntry:
             line = self.lines[i]
             found = self._line_sizes[i] = (len(line.encode("utf-8")), tuple(WORD.findall(line)))
         return found
-
-    def line_tokens(self, i: int, count_tokens: Callable[[str], int]) -> int:
-        """Line ``i``'s tokens by ``count_tokens`` (line -1: the path's), counted once per file version
-        and counter: packing estimates a text's tokens as its lines' (a newline adds about a quarter)."""
-        try:
-            counts = self._tokens.setdefault(count_tokens, {})
-        except TypeError:  # an unhashable counter: nothing kept
-            counts = {}
-        n = counts.get(i)
-        if n is None:
-            n = counts[i] = count_tokens(self.path if i < 0 else self.lines[i])
-        return n
-
-    def lines_tokens(self, lines: Iterable[int], count_tokens: Callable[[str], int]) -> int:
-        """``line_tokens`` summed over ``lines`` (packing sums thousands per lookup)."""
-        try:
-            counts = self._tokens.setdefault(count_tokens, {})
-        except TypeError:
-            return sum(self.line_tokens(i, count_tokens) for i in lines)
-        total = 0
-        for i in lines:
-            n = counts.get(i)
-            if n is None:
-                n = counts[i] = count_tokens(self.lines[i])
-            total += n
-        return total
 
     @classmethod
     def build(cls, path: str, text: str) -> FileEntry:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import InvalidParameterError
 from ..types import ContextFile
-from .chunks import FileEntry, Unit
+from .chunks import FileEntry, TokenCounts, Unit
 from .files import FileTree, read_text
 from .lexical import Window, WordIndex
 from .rank import (
@@ -34,9 +34,8 @@ MAX_NEAR_LINES = 200
 RECENT_FILES = 10
 #: How many times a lookup packs to fit the exact budget.
 FIT_TRIES = 3
-#: The latest texts (paths, whole context files) whose token counts are kept between lookups: the
-#: files that stay the same while the cursor moves are not counted again.
-COUNTS_KEPT = 4096
+#: Counters whose token counts are kept between lookups (the latest).
+COUNTERS_KEPT = 4
 #: The lexical query: the prefix's last lines and half as many of the suffix's first.
 WINDOW_QUERY_LINES = 20
 _JS_ENDINGS = ("", ".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", "/index.ts", "/index.js")
@@ -83,7 +82,7 @@ class RepoIndex:
         self._imports: dict[str, frozenset[str]] = {}
         self._modules: dict[str, str] = {}
         self._recent: list[str] = []
-        self._counts: OrderedDict[tuple[Callable[[str], int], str], int] = OrderedDict()
+        self._counters: OrderedDict[Callable[[str], int], TokenCounts] = OrderedDict()
         self._tree.scan()
         self._sync()
 
@@ -151,20 +150,7 @@ class RepoIndex:
         max_tokens: int,
         count_tokens: Callable[[str], int],
     ) -> list[ContextFile]:
-        kept = self._counts
-        try:
-            hash(count_tokens)
-        except TypeError:  # an unhashable counter: counts kept for this lookup only
-            kept = OrderedDict()
-
-        def counted(text: str) -> int:  # the tries share most of their files, and lookups many
-            n = kept.get((count_tokens, text))
-            if n is None:
-                n = kept[(count_tokens, text)] = count_tokens(text)
-                if len(kept) > COUNTS_KEPT:
-                    kept.popitem(last=False)  # the oldest
-            return n
-
+        counts = self._token_counts(count_tokens)
         stable, near = candidates
         # Estimated by lines, checked exactly: a budget missed or underused by the estimate is scaled
         # and tried again; the fullest try that fits wins (deterministic for the same request).
@@ -173,14 +159,14 @@ class RepoIndex:
         best_spent = -1
         for _ in range(FIT_TRIES):
             limits = (STABLE_SHARE * max_tokens, budget)  # the first part's is the same at every try
-            first, second, windowed = select(stable, near, windows, self._entries, limits, count_tokens)
+            first, second, windowed = select(stable, near, windows, self._entries, limits, counts)
             files = [
                 ContextFile(path, render(self._entries[path], part[path]))
                 for part, paths in ((first, order_files(first, set(), related, hole_path)),
                                     (second, order_files(second, windowed, related, hole_path)))
                 for path in paths
             ]  # fmt: skip
-            spent = sum(file_cost(f, counted) for f in files)
+            spent = sum(file_cost(f, counts) for f in files)
             if best_spent < spent <= max_tokens:
                 best, best_spent = files, spent
             if not first and not second and not stable and not near and not windows:
@@ -189,10 +175,21 @@ class RepoIndex:
                 break
             budget *= 1.5 if not spent else max_tokens / spent * (0.98 if spent > max_tokens else 1.0)
         if best_spent <= 0:  # every try missed: the last one without its least related files
-            while files and sum(file_cost(f, counted) for f in files) > max_tokens:
+            while files and sum(file_cost(f, counts) for f in files) > max_tokens:
                 files.pop(0)
             best = files
         return best
+
+    def _token_counts(self, count_tokens: Callable[[str], int]) -> TokenCounts:
+        """The counts ``count_tokens`` gave so far (none kept for an unhashable counter)."""
+        try:
+            counts = self._counters.pop(count_tokens, None) or TokenCounts(count_tokens)
+        except TypeError:
+            return TokenCounts(count_tokens)
+        self._counters[count_tokens] = counts  # the latest last
+        if len(self._counters) > COUNTERS_KEPT:
+            self._counters.popitem(last=False)
+        return counts
 
     # --- keeping the tables in step with the files ----------------------------------------------
 

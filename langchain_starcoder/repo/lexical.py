@@ -34,6 +34,7 @@ class WordIndex:
         self.files += 1
         for word in entry.words:
             self.files_with[word][entry.path] = None
+        _postings(entry)  # made now: the first lookups that reach a big file do not pay for it
 
     def remove(self, entry: FileEntry) -> None:
         self.files -= 1
@@ -80,8 +81,8 @@ def window_unit(window: Window) -> Unit:
 
 
 def _postings(entry: FileEntry) -> dict[str, tuple[int, ...]]:
-    """Per word, the first lines of the file's windows that hold it (made once per file version, at the
-    first search that reaches the file; a window is lines ``start .. start + WINDOW_LINES - 1``)."""
+    """Per word, the first lines of the file's windows that hold it (made once per file version; a
+    window is lines ``start .. start + WINDOW_LINES - 1``)."""
     if entry.windows is None:
         lines = entry.lines
         starts = range(0, max(len(lines) - WINDOW_LINES + WINDOW_STRIDE, 1), WINDOW_STRIDE)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..types import ContextFile
-from .chunks import FileEntry, Unit
+from .chunks import FileEntry, TokenCounts, Unit
 from .lexical import Window, window_unit
 from .symbols import WORD, head_lines, name_parts, tail_lines
 
@@ -333,7 +333,7 @@ def select(
     windows: Sequence[Window],
     entries: dict[str, FileEntry],
     limits: tuple[float, float],
-    count_tokens: Callable[[str], int],
+    counts: TokenCounts,
 ) -> tuple[dict[str, dict[int, bool]], dict[str, dict[int, bool]], set[str]]:
     """The lines to show in the context's two parts, by file (each with whether an excerpt holds it),
     whose cost estimated from their tokens fits the budget, and the files of the second part given
@@ -360,12 +360,12 @@ def select(
         lines = {i for u in new for i in range(u.start, u.end + 1) if i not in taken}
         if not lines:
             return None
-        need = entry.lines_tokens(lines, count_tokens) + NEWLINE_TOKENS * len(lines)
+        need = counts.lines(entry, lines) + NEWLINE_TOKENS * len(lines)
         if unit.excerpt:
             need += 2  # a gap marker line
         chosen = parts[part]
         if unit.path not in chosen:
-            need += entry.line_tokens(-1, count_tokens) + FRAME_TOKENS
+            need += counts.line(entry.path) + FRAME_TOKENS
         if spent + need > limit:
             return False
         spent += need
@@ -448,6 +448,6 @@ def order_files(paths: Iterable[str], windowed: set[str], related: Related, hole
     return sorted(paths, key=lambda p: (p in windowed, related.weight(p, hole_path), p))
 
 
-def file_cost(file: ContextFile, count_tokens: Callable[[str], int]) -> int:
+def file_cost(file: ContextFile, counts: TokenCounts) -> int:
     """What a context file spends of the budget: its path, its text and its frame."""
-    return count_tokens(file.path) + count_tokens(file.text) + FRAME_TOKENS
+    return counts.line(file.path) + counts.text(file.text) + FRAME_TOKENS

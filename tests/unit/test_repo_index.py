@@ -387,3 +387,44 @@ def test_lexical_windows_are_plain_values_the_garbage_collector_stops_tracking()
     gc.collect()
     assert not any(gc.is_tracked(w) for w in found)
     assert window_unit(found[0]).excerpt and window_unit(found[0]).path != "m0.py"
+
+
+def test_token_counts_are_kept_by_text_between_lookups_and_bounded(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line, path or whole file is counted once per counter however many files and lookups show it;
+    the kept counts stay within their bounds; an unhashable counter gets the same context uncached."""
+    from langchain_starcoder.repo import chunks
+
+    for i in range(3):  # three files repeating the same lines
+        write(repo, {f"pkg/copy{i}.py": "def shared_helper_function(key):\n    return key\n"})
+    index = RepoIndex(repo)
+    seen: Counter[str] = Counter()
+
+    def counting(text: str) -> int:
+        seen[text] += 1
+        return words(text)
+
+    def ask(count_tokens) -> list[ContextFile]:
+        prefix = "from .models import Response\n\ndef f():\n    shared_helper_function(Response(1))\n    x = "
+        return index.context_files("pkg/client.py", prefix, "", max_tokens=400, count_tokens=count_tokens)
+
+    first = ask(counting)
+    assert first and max(seen.values()) == 1
+    assert ask(counting) == first and max(seen.values()) == 1  # nothing counted again
+
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, text: str) -> int:
+            return words(text)
+
+    assert ask(Unhashable()) == first
+    monkeypatch.setattr(chunks, "MAX_COUNTED_LINES", 3)
+    monkeypatch.setattr(chunks, "MAX_COUNTED_TEXTS", 2)
+    counts = chunks.TokenCounts(words)
+    for i in range(10):
+        counts.line(f"line {i}")
+        counts.text(f"text {i}\nmore")
+    assert len(counts._lines) <= 3 and len(counts._texts) <= 2
+    assert counts.line("line 9") == 2 and counts.text("text 9\nmore") == 3
