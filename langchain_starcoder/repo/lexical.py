@@ -88,13 +88,13 @@ def _postings(entry: FileEntry) -> dict[str, tuple[int, ...]]:
         starts = range(0, max(len(lines) - WINDOW_LINES + WINDOW_STRIDE, 1), WINDOW_STRIDE)
         last = starts[-1]
         postings: defaultdict[str, list[int]] = defaultdict(list)
-        for i, line in enumerate(lines):
-            # Line i lies in the windows starting at its stride block and the block before (the last
-            # window runs to the file's end).
-            block = min(i // WINDOW_STRIDE * WINDOW_STRIDE, last)
+        for b in range(0, len(lines), WINDOW_STRIDE):
+            # A stride block's lines lie in the windows starting at it and the block before (the
+            # last window runs to the file's end).
+            block = min(b, last)
             first = block - WINDOW_LINES + WINDOW_STRIDE
-            mine = [s for s in range(first, block + 1, WINDOW_STRIDE) if s >= 0 and s + WINDOW_LINES > i]
-            for word in set(WORD.findall(line)):
+            mine = [s for s in range(first, block + 1, WINDOW_STRIDE) if s >= 0 and s + WINDOW_LINES > b]
+            for word in set(WORD.findall("\n".join(lines[b : b + WINDOW_STRIDE]))):
                 held = postings[word]
                 for s in mine:
                     if not held or held[-1] < s:
