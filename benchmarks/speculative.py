@@ -59,7 +59,7 @@ TRAIN_SECONDS = 900
 #: (until this share of the training time, rows of n tokens, rows per step): short rows first, where
 #: induction forms fast, then long ones, so that it copies from as far back as the edit prompts need.
 PHASES = ((0.35, 64, 32), (0.6, 256, 8), (1.0, 1024, 2))
-LEARNING_RATE, MAX_COPY = 3e-3, 400
+LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS = 3e-3, 700, 1 / 3, 0.03
 EDITS, OPEN_PROMPTS, MAX_TOKENS = 12, 12, 160
 HEADER, SEPARATOR = "# Before:\n", "\n# After:\n"
 _PACKAGE = "langchain_starcoder/"
@@ -171,7 +171,7 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
 
     corpus = training_functions()
     key = hashlib.sha256(
-        json.dumps([corpus, seconds, PHASES, LEARNING_RATE, MAX_COPY, 8]).encode()
+        json.dumps([corpus, seconds, PHASES, LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS, 9]).encode()
     ).hexdigest()[:12]
     folder = Path(workdir) / f"copier-{key}"
     done = folder / "training.json"
@@ -182,7 +182,12 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     config = json.loads((folder / "config.json").read_text())
     write_tokenizer(folder, config["vocab_size"], None, corpus=corpus)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    functions_ids = [ids for ids in (tokenizer.encode(f).ids for f in corpus) if 4 <= len(ids) <= MAX_COPY]
+    # Each function as an edit prompt tokenized whole (as the benchmark's are) and its copy.
+    examples = [
+        (tokenizer.encode(edit_prompt(f)).ids, tokenizer.encode(f).ids)
+        for f in corpus
+        if 4 <= len(tokenizer.encode(f).ids) <= MAX_COPY
+    ]
     head, sep = tokenizer.encode(HEADER).ids, tokenizer.encode(SEPARATOR).ids
     vocab, first = config["vocab_size"], len(SPECIAL_TOKENS)
     torch.manual_seed(0)
@@ -192,21 +197,26 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     model = Starcoder2ForCausalLM(Starcoder2Config(**hf_config))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.0)
 
-    def row(length: int) -> tuple[list[int], list[bool]]:
+    def row(length: int) -> tuple[list[int], list[int], list[bool]]:
         """Copy examples laid end to end: ``# Before:\\n{x}\\n# After:\\n{x}<|endoftext|>``, the loss on the
-        copy and its end only; half of them random tokens (only copying predicts them), half code."""
+        copy and its end only; a third random tokens (only copying predicts them), the rest code.
+        Inputs only: a few copied tokens are wrong (as a model's slips are), so that it learns to
+        go on copying after one."""
         ids: list[int] = []
         mask: list[bool] = []
         while len(ids) <= length:
-            if rng.random() < 0.5:
+            if rng.random() < RANDOM_SHARE:
                 n = int(rng.integers(4, max(8, min(MAX_COPY, length // 2 - 8))))
                 x = rng.integers(first, vocab, n).tolist()
+                prompt = head + x + sep
             else:
-                x = functions_ids[int(rng.integers(len(functions_ids)))]
-            prompt = head + x + sep
+                prompt, x = examples[int(rng.integers(len(examples)))]
             ids += [*prompt, *x, 0]
             mask += [False] * len(prompt) + [True] * (len(x) + 1)
-        return ids[: length + 1], mask[1 : length + 1]
+        ids, mask = ids[: length + 1], mask[1 : length + 1]
+        slips = (rng.random(length) < SLIPS) & np.array(mask)
+        inputs = np.where(slips, rng.integers(first, vocab, length), ids[:-1]).tolist()
+        return inputs, ids[1:], mask
 
     started, steps, losses = time.process_time(), 0, []
     while (spent := time.process_time() - started) < seconds:
@@ -216,9 +226,9 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
         for group in optimizer.param_groups:
             group["lr"] = LEARNING_RATE * min(1.0, (steps + 1) / 100) * decay  # warm up, then decay
         rows = [row(length) for _ in range(batch)]
-        ids, mask = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
-        hidden = model.model(input_ids=ids[:, :-1]).last_hidden_state[mask]  # the scored positions only
-        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), ids[:, 1:][mask])
+        inputs, targets, mask = (torch.tensor([r[i] for r in rows]) for i in range(3))
+        hidden = model.model(input_ids=inputs).last_hidden_state[mask]  # the scored positions only
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), targets[mask])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -230,8 +240,9 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     info = {
         "steps": steps, "cpu_seconds": round(time.process_time() - started, 1),
-        "corpus_tokens": sum(map(len, functions_ids)), "final_loss": round(statistics.mean(losses[-100:]), 4),
-        "learning_rate": LEARNING_RATE, "phases": PHASES,
+        "corpus_tokens": sum(len(x) for _, x in examples),
+        "final_loss": round(statistics.mean(losses[-100:]), 4), "learning_rate": LEARNING_RATE,
+        "phases": PHASES,
     }  # fmt: skip
     done.write_text(json.dumps(info))
     return folder, info
