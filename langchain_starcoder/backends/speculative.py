@@ -33,6 +33,9 @@ _EMA = 0.2  # weight of the newest timing in a running mean
 _GAIN = 1.03  # draft only when it is expected to be at least this much faster than plain steps
 _PROBE_EVERY = 12  # plain-step choices (of _REPLAN_EVERY passes) between re-probes of a draft model
 _REPLAN_EVERY = 4
+#: Choices against drafting (passes planned, or requests) before the first re-check of that
+#: verdict, and the most between two: the interval doubles each time, so re-checks cost little.
+_RECHECK_FIRST, _RECHECK_LAST = 128, 4096
 #: Draft passes a model's costs are measured over before they decide (a few, once per model).
 PROBES = 16
 
@@ -138,50 +141,80 @@ class PassCosts:
     waits for its token (what a draft needs); ``per_draft``: seconds each drafted token adds
     (drafting it and verifying it). Verifying k tokens costs about k steps where a pass is bound by
     compute (MLX's CPU build with its reference BLAS) and about one where it is bound by memory.
-    Each is the median of its last timings (robust to the first passes' cold kernels and to a busy
-    machine); none decides before :data:`PROBES` timings of each.
+
+    The choice is about throughput, so each cost is a mean (of its latest timings, the slowest
+    eighth left out: a pause that is no pass's cost), not a median, which hides the share of slow
+    passes, and which on a busy machine put a waited step at twice a pipelined one. A verdict
+    against drafting is re-checked now and then (:meth:`recheck`): it is only as good as the
+    timings it came from (cold kernels, a moment's load), and without drafts it would never change.
     """
 
     def __init__(
         self, plain: float | None = None, single: float | None = None, per_draft: float | None = None
     ):
         self._times: dict[str, deque[float]] = {
-            k: deque(maxlen=4 * PROBES) for k in ("plain", "single", "draft")
+            k: deque(maxlen=2 * PROBES) for k in ("plain", "single", "draft")
         }
         for kind, value in (("plain", plain), ("single", single), ("draft", per_draft)):
             if value is not None:
                 self._times[kind].extend([value] * PROBES)
+        self.needed = PROBES
+        """Timings of each kind the costs wait for before they decide."""
+        self._means: dict[str, float | None] = {}  # (computed when asked for, kept until a note)
+        self._recheck_every = self._recheck_in = _RECHECK_FIRST
 
     def note(self, drafted: int, seconds: float, pipelined: bool) -> None:
+        self._means.clear()
         if pipelined:
             self._times["plain"].append(seconds)
         elif drafted == 0:
             self._times["single"].append(seconds)
         elif self.single is not None:
-            self._times["draft"].append(max(seconds - self.single, 0.0) / drafted)
+            self._times["draft"].append((seconds - self.single) / drafted)
 
-    def _median(self, kind: str) -> float | None:
-        times = self._times[kind]
-        return statistics.median(times) if times else None
+    def _mean(self, kind: str) -> float | None:
+        if kind not in self._means:
+            times = sorted(self._times[kind])
+            kept = times[: len(times) - len(times) // 8]
+            self._means[kind] = max(statistics.fmean(kept), 0.0) if kept else None
+        return self._means[kind]
 
     @property
     def plain(self) -> float | None:
-        return self._median("plain")
+        return self._mean("plain")
 
     @property
     def single(self) -> float | None:
-        return self._median("single")
+        return self._mean("single")
 
     @property
     def per_draft(self) -> float | None:
-        return self._median("draft")
+        return self._mean("draft")
 
     def count(self, kind: str) -> int:
         return len(self._times[kind])
 
     @property
     def known(self) -> bool:
-        return all(len(t) >= PROBES for t in self._times.values())
+        return all(len(t) >= self.needed for t in self._times.values())
+
+    def recheck(self) -> bool:
+        """Count a choice against drafting; True (every so often, then ever more rarely) when the
+        waited-pass timings are dropped so that they are probed afresh."""
+        self._recheck_in -= 1
+        if self._recheck_in > 0:
+            return False
+        self._recheck_every = min(2 * self._recheck_every, _RECHECK_LAST)
+        self._recheck_in = self._recheck_every
+        self._times["single"].clear()
+        self._times["draft"].clear()
+        self.needed = PROBES // 2
+        self._means.clear()
+        return True
+
+    def drafting(self) -> None:
+        """A choice for drafting: the next verdict against it is re-checked soon again."""
+        self._recheck_every = self._recheck_in = _RECHECK_FIRST
 
     def __repr__(self) -> str:
         return f"PassCosts(plain={self.plain}, single={self.single}, per_draft={self.per_draft})"
@@ -195,8 +228,11 @@ class PassCosts:
         return tokens * self.plain / max(seconds, 1e-12)
 
     def never_pays(self, k_max: int) -> bool:
-        """Even a draft that is almost always right would not be faster (a compute-bound pass)."""
-        return self.known and max(self.gain(k, 0.95, 1.0) for k in range(1, k_max + 1)) < _GAIN
+        """Even a draft that is almost always right would not be faster (a compute-bound pass);
+        asked once a request, and re-checked as :meth:`recheck` says."""
+        if not self.known or max(self.gain(k, 0.95, 1.0) for k in range(1, k_max + 1)) >= _GAIN:
+            return False
+        return not self.recheck()
 
 
 def _run_length(k: int, accept: float) -> float:
@@ -285,10 +321,11 @@ def decode(
         nonlocal since_probe
         if costs is None:
             return k_max
-        if not costs.known:  # probe, once per model: plain steps, waited steps, drafts of 4, in turn
-            if costs.count("plain") < PROBES:
+        if not costs.known:  # probe (once per model, again at a re-check): plain, waited, drafts of 4
+            need = costs.needed
+            if costs.count("plain") < need:
                 return 0
-            return -1 if costs.count("single") < min(PROBES, costs.count("draft") + 1) else min(4, k_max)
+            return -1 if costs.count("single") < min(need, costs.count("draft") + 1) else min(4, k_max)
         if chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
             chosen[1] -= 1
             return chosen[0]
@@ -298,7 +335,12 @@ def decode(
             if gain > best:
                 best_k, best = k, gain
         chosen[:] = [best_k, _REPLAN_EVERY - 1]
-        if best_k == 0 and not drafter.virtual:  # a draft model's acceptance is seen only by drafting
+        if best_k > 0:
+            costs.drafting()
+        elif drafter.virtual:
+            if costs.recheck():  # its timings are dropped: the probes above run again
+                chosen[1] = 0
+        else:  # a draft model's acceptance is seen only by drafting
             since_probe += 1
             if since_probe >= _PROBE_EVERY:
                 since_probe, best_k = 0, min(2, k_max)

@@ -337,3 +337,59 @@ def test_shadow_scores_drafts_while_decoding_plainly() -> None:
         lookup.extend([token])
         shadow.see(token)
     assert stats.right > 3.0 and stats.rate > 0.7
+
+
+def test_a_verdict_against_drafting_is_probed_again(engine: StarCoderEngine) -> None:
+    """Costs that say drafts never pay (a drafted token at 1 s) are re-timed after enough plain
+    choices: drafts are verified again, the fresh timings replace the stale verdict, same tokens."""
+    ids = engine.encode(EDIT)
+    model = engine.backend.model
+
+    def run(costs: PassCosts | None, k: int) -> tuple[list[int], int]:
+        def go():
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(model)
+            model(mx.array(ids[:-1])[None], cache=cache)
+            out, _, drafted = decode(
+                model, cache, ids, max_tokens=640, drafter=PromptLookup(ids), k_max=k, costs=costs,
+                emit=lambda token: False,
+            )  # fmt: skip
+            return out, drafted
+
+        return engine.backend.call(go)
+
+    stale = PassCosts(plain=1e-3, single=1e-3, per_draft=1.0)
+    assert stale.known and stale.gain(10, accept=1.0, match=1.0) < 0.01
+    plain, _ = run(None, 0)
+    out, drafted = run(stale, 10)
+    assert out == plain
+    assert drafted > 0 and stale.known and stale.per_draft < 0.5  # timed afresh: far below 1 s
+
+
+def test_a_verdict_against_speculation_expires_ever_more_rarely() -> None:
+    """never_pays (asked once a request) lets a request through to be probed afresh now and then,
+    with gaps that double; until the fresh timings are in, requests go through."""
+    costs = PassCosts(plain=1.0, single=1.02, per_draft=1.0)  # k tokens cost k steps
+
+    def requests_until_one_goes_through() -> int:
+        n = 1
+        while costs.never_pays(10) and n < 10_000:  # bounded: a verdict that never expires fails
+            n += 1
+        assert not costs.known and not costs.never_pays(10)  # waited-pass timings dropped
+        for _ in range(costs.needed):  # what the request's probes time
+            costs.note(0, 1.02, pipelined=False)
+            costs.note(4, 1.02 + 4.0, pipelined=False)
+        return n
+
+    assert [requests_until_one_goes_through() for _ in range(3)] == [128, 256, 512]
+    assert costs.never_pays(10)  # the same verdict, from fresh timings
+
+
+def test_costs_are_means_that_count_slow_passes() -> None:
+    """A third of the steps slowed down (a busy machine) moves the cost a mean says, not a median's;
+    the slowest eighth (a pause) is left out."""
+    costs = PassCosts()
+    for seconds in [1.0] * 20 + [3.0] * 8 + [100.0] * 4:
+        costs.note(0, seconds, pipelined=True)
+    assert costs.plain == pytest.approx((20 * 1.0 + 8 * 3.0) / 28)
