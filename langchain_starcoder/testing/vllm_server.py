@@ -87,6 +87,7 @@ class VLLMServer:
                 f"`python -m langchain_starcoder.testing.vllm_install {venv}` first (minutes, once)."
             )
             raise RuntimeError(msg)
+        self.max_model_len = max_model_len
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log or Path(model).with_name(f"{Path(model).name}-vllm.log")

@@ -23,7 +23,7 @@ from langchain_starcoder import ContextLengthError, StarCoderEngine
 from langchain_starcoder.backends.remote import ServerError
 from langchain_starcoder.testing.vllm_server import VLLMServer
 
-CONTEXT = 2048  # the tests' checkpoints'
+CONTEXT = 2048  # the stub's
 GREEDY = {"max_tokens": 16, "temperature": 0.0}
 
 
@@ -86,14 +86,15 @@ def test_a_shorter_served_context_is_the_window(
 ) -> None:
     """A checkpoint whose context is longer than ``--max-model-len`` gets the server's: a longer
     prompt is refused here, before a request, and the rest works."""
+    served = vllm_server.max_model_len
     longer = Path(shutil.copytree(vllm_path, tmp_path / "longer"))
     config = json.loads((longer / "config.json").read_text())
-    (longer / "config.json").write_text(json.dumps({**config, "max_position_embeddings": CONTEXT * 4}))
+    (longer / "config.json").write_text(json.dumps({**config, "max_position_embeddings": served * 4}))
     engine = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=longer)
     try:
-        assert engine.context_window == CONTEXT
+        assert engine.context_window == served
         with pytest.raises(ContextLengthError):
-            engine.generate("x " * CONTEXT, max_tokens=8)
+            engine.generate("x " * served, max_tokens=8)
         got, want = engine.generate("def f():", **GREEDY), local.generate("def f():", **GREEDY)
         assert got.token_ids == want.token_ids
     finally:
