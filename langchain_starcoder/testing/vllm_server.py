@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -154,8 +155,9 @@ class VLLMServer:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
         # Our process is gone; vLLM's may still be dying, its port still open: wait them out.
+        # (The port too: right after a kill a connect was seen reset, not refused, with the group gone.)
         deadline = time.monotonic() + 30
-        while _running_in_group(proc.pid) and time.monotonic() < deadline:
+        while (_running_in_group(proc.pid) or _accepts(self.port)) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def log_tail(self, chars: int = 3000) -> str:
@@ -182,3 +184,12 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _accepts(port: int) -> bool:
+    """Whether something still accepts connections on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -136,17 +135,6 @@ class VLLMServed(Served):
     # seconds after its engine began (1,900 tokens had ended by then in some CI runs).
     long = 16000
     block = 128  # vLLM's CPU KV-cache block: prefix caching reuses whole blocks
-
-    def kill(self) -> None:
-        self.server.stop(kill=True)
-        # Its processes' sockets close a moment after the kill (a connect then is reset, not refused).
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.server.port), timeout=1).close()
-            except OSError:
-                return
-            time.sleep(0.05)
 
     def live(self) -> Served:
         self.server.launch()  # does nothing while it runs
