@@ -51,7 +51,7 @@ STABLE_SHARE = 0.5
 #: How many signatures of each related file are offered besides those that share a word with the hole.
 FILE_CANDIDATES = 150
 #: How many of the repository's most used names are candidates at each lookup.
-GLOBAL_CANDIDATES = 1000
+GLOBAL_CANDIDATES = 300
 
 
 @dataclass(frozen=True)
