@@ -177,9 +177,9 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     from langchain_starcoder.testing.tokenizer import write_tokenizer
 
     corpus = training_functions()
-    key = hashlib.sha256(
-        json.dumps([corpus, seconds, PHASES, LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS, SHAPE, 9]).encode()
-    ).hexdigest()[:12]
+    # float(seconds): 900 and 900.0 are the same recipe, one key.
+    recipe = [corpus, float(seconds), PHASES, LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS, SHAPE, 9]
+    key = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
     folder = Path(workdir) / f"copier-{key}"
     done = folder / "training.json"
     if done.exists():
