@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     )
     from .fim import FIMPrompt, build_fim_prompt
     from .llms import StarCoderLLM
+    from .notebook import NotebookContext
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
     from .repo import RepoIndex
     from .retrievers import RepoRetriever
@@ -44,6 +45,7 @@ _EXPORTS = {
     "GenerationParams": "types",
     "InvalidParameterError": "errors",
     "ModelNotFoundError": "errors",
+    "NotebookContext": "notebook",
     "StarCoderEngine": "engine",
     "StarCoderError": "errors",
     "StarCoderLLM": "llms",
@@ -69,6 +71,7 @@ __all__ = [
     "GenerationParams",
     "InvalidParameterError",
     "ModelNotFoundError",
+    "NotebookContext",
     "RepoIndex",
     "RepoNodeRetriever",
     "RepoRetriever",

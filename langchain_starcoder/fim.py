@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ContextLengthError, UnsupportedModelError
+from .notebook import NOTEBOOK_TOKENS, notebook_parts
 from .tokens import Codec, Encoded, codec_for
 from .types import ContextFile, FIMRequest
 
@@ -121,6 +122,8 @@ class FIMPrompt:
     middle ends at any of them."""
     layout: str = "fim"
     """"fim" (no repository parts), "starcoder2" (``<file_sep>``) or "starcoder" (metadata tokens)."""
+    notebook_cells: tuple[int, int] | None = None
+    """With notebook context: how many cells before and after the hole's cell are in the prompt."""
 
 
 def _control_id(codec: Codec, token: str) -> int | None:
@@ -216,7 +219,7 @@ def _build(
         request.file_path or None,
         request.max_prompt_tokens,
     )
-    repo_level = request.repo_level
+    repo_level, notebook = request.repo_level, request.notebook
     layout = _layout(codec) if repo_level else "fim"
     if layout == "starcoder":
         needed = list(_FIM) + (["<reponame>"] if repo_name else [])
@@ -224,10 +227,12 @@ def _build(
         needed += ["<|endoftext|>"] if files else []
     else:
         needed = list(_FIM) + (["<file_sep>"] if repo_level else []) + (["<repo_name>"] if repo_name else [])
+    needed += list(NOTEBOOK_TOKENS) if notebook is not None else []
     ids = {token: _control_id(codec, token) for token in needed}
     missing = [token for token, i in ids.items() if i is None]
     if missing:
         layout_name = "the repository-level FIM layout" if repo_level else f"FIM ({mode.upper()})"
+        layout_name += " with notebook context" if notebook is not None else ""
         msg = (
             f"This tokenizer has no {', '.join(missing)} token(s), which {layout_name} needs: the checkpoint "
             "was not trained for it. Use a StarCoder2 checkpoint"
@@ -255,6 +260,7 @@ def _build(
         header = f"{file_path}\n" if file_path else ""
         hole_repo_ids = repo_ids
         n_controls = len(_FIM) + (1 if repo_level else 0) + (1 if repo_name else 0)
+    n_controls += 2 if notebook is not None else 0  # <jupyter_start> and the hole cell's <jupyter_code>
     header_ids = encode(header)[0]
     fixed = n_controls + len(hole_repo_ids) + len(header_ids)
     if limit is not None and fixed > limit:
@@ -265,13 +271,18 @@ def _build(
         raise ContextLengthError(msg)
 
     room = None if limit is None else limit - n_controls - len(hole_repo_ids)  # for hole and files
+    # A notebook's structure goes between the hole's file path and its prefix: the header is a part
+    # of its own, no longer encoded with the prefix.
+    pre, pre_ids = (header, header_ids) if notebook is None else ("", [])
+    if notebook is not None and room is not None:
+        room -= len(header_ids)
     # Only the side of the prefix and suffix nearest the hole is encoded when that alone overflows.
-    near_prefix, prefix_ids, prefix_offsets = _encode_window(encode, prefix, room, keep_end=True, pre=header)
+    near_prefix, prefix_ids, prefix_offsets = _encode_window(encode, prefix, room, keep_end=True, pre=pre)
     near_suffix, suffix_ids, suffix_offsets = _encode_window(encode, suffix, room, keep_end=False)
     prefix_kept, suffix_kept = len(prefix), len(suffix)
     if room is not None and len(prefix_ids) + len(suffix_ids) > room:
-        hole = room - len(header_ids)
-        p_tokens = len(prefix_ids) - len(header_ids)
+        hole = room - len(pre_ids)
+        p_tokens = len(prefix_ids) - len(pre_ids)
         s_limit = max(hole - p_tokens, hole // 4)
         if len(suffix_ids) > s_limit:
             suffix_kept = _largest(
@@ -285,18 +296,24 @@ def _build(
             n_near = len(near_prefix)
             prefix_kept = _largest(
                 n_near,
-                lambda n: len(encode(header + near_prefix[n_near - n :])[0]) <= p_limit,
+                lambda n: len(encode(pre + near_prefix[n_near - n :])[0]) <= p_limit,
                 _guess_chars(
                     prefix_offsets,
-                    len(header) + n_near,
+                    len(pre) + n_near,
                     len(prefix_ids),
-                    p_limit - len(header_ids),
+                    p_limit - len(pre_ids),
                     from_end=True,
                 ),
             )
-            prefix_ids = encode(header + prefix[len(prefix) - prefix_kept :])[0]
+            prefix_ids = encode(pre + prefix[len(prefix) - prefix_kept :])[0]
 
     left = None if room is None else room - len(prefix_ids) - len(suffix_ids)
+    cells = None
+    if notebook is not None:
+        # Repository files keep a quarter of what the hole leaves; the cells have the rest first.
+        share = left if left is None or not (files or more_files) else left * 3 // 4
+        cells = notebook_parts(notebook, lambda text: encode(text)[0], share)
+        left = None if left is None else left - cells.tokens
     kept_files: list[tuple[ContextFile, list[int]]] = []
 
     def fit(files: Sequence[ContextFile]) -> None:
@@ -314,8 +331,13 @@ def _build(
         fit(more_files(left))
 
     parts: list[tuple[str, Any]] = []  # ("control", token) or ("data", (text, ids))
-    hole_prefix = ("data", (header + prefix[len(prefix) - prefix_kept :], prefix_ids))
-    hole_suffix = ("data", (suffix[:suffix_kept], suffix_ids))
+    hole_prefix: list[tuple[str, Any]] = [("data", (pre + prefix[len(prefix) - prefix_kept :], prefix_ids))]
+    hole_suffix: list[tuple[str, Any]] = [("data", (suffix[:suffix_kept], suffix_ids))]
+    if cells is not None:
+        head = [("data", (header, header_ids))] if header else []
+        hole_prefix = [*head, ("control", "<jupyter_start>"), *cells.before, ("control", "<jupyter_code>")]
+        hole_prefix += [("data", (prefix[len(prefix) - prefix_kept :], prefix_ids))]
+        hole_suffix += cells.after
     meta: list[tuple[str, Any]] = []  # StarCoder: the hole's metadata, which goes with its prefix
     if layout == "starcoder":
         for file, file_ids in kept_files:  # each file its own document, as in training
@@ -338,11 +360,11 @@ def _build(
         if repo_level:
             parts.append(("control", "<file_sep>"))
     if mode == "psm":
-        parts += [("control", "<fim_prefix>"), *meta, hole_prefix, ("control", "<fim_suffix>"), hole_suffix]
+        parts += [("control", "<fim_prefix>"), *meta, *hole_prefix, ("control", "<fim_suffix>"), *hole_suffix]
         parts.append(("control", "<fim_middle>"))
     else:
-        parts += [("control", "<fim_prefix>"), ("control", "<fim_suffix>"), hole_suffix]
-        parts += [("control", "<fim_middle>"), *meta, hole_prefix]
+        parts += [("control", "<fim_prefix>"), ("control", "<fim_suffix>"), *hole_suffix]
+        parts += [("control", "<fim_middle>"), *meta, *hole_prefix]
 
     token_ids: list[int] = []
     texts: list[str] = []
@@ -365,6 +387,7 @@ def _build(
         max_prompt_tokens=limit,
         stop_token_ids=stop_ids,
         layout=layout,
+        notebook_cells=None if cells is None else (cells.cells_before, cells.cells_after),
     )
 
 

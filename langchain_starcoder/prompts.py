@@ -28,6 +28,7 @@ from langchain_core.prompts import PromptTemplate, StringPromptTemplate
 from pydantic import Field, model_validator
 
 from .errors import InvalidParameterError
+from .notebook.cells import render_text
 from .types import FIM_KEYS, ContextFile, FIMRequest
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ def render_fim_text(request: FIMRequest) -> str:
     prefix, suffix, mode = request.prefix, request.suffix, request.mode
     files, repo_name, file_path = request.context_files, request.repo_name, request.file_path
     header = f"{file_path}\n" if file_path else ""
+    if request.notebook is not None:
+        before, after = render_text(request.notebook)
+        header, suffix = header + before, suffix + after
     if mode == "spm":
         hole = f"<fim_prefix><fim_suffix>{suffix}<fim_middle>{header}{prefix}"
     else:
@@ -89,11 +93,17 @@ class FIMText(CarriedText):
             return f"fim:repo:{uuid.uuid4().hex}"  # so no cached answer stands for it
         parts = (f.prefix, f.suffix, f.repo_name or "", f.file_path or "")
         parts += tuple(x for file in f.context_files for x in (file.path, file.text))
+        if f.notebook is not None:  # cells and outputs may spell control tokens: key them exactly
+            return f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}:" + _digest((f, f.notebook))
         return f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}" + _exact(parts, f)
 
 
 # Text that may be a control token in some vocabulary (``<file_sep>``, ``<|endoftext|>``, ``<fim-prefix>``).
 _CONTROL_LIKE = re.compile(r"<\|?[\w-]+\|?>")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()
 
 
 def _exact(data: Iterable[str], whole: Any) -> str:
@@ -102,7 +112,7 @@ def _exact(data: Iterable[str], whole: Any) -> str:
     Ordinary prompts keep one key per setting, so a prompt asked alone and in a batch is one entry."""
     if not any(_CONTROL_LIKE.search(text) for text in data):
         return ""
-    return ":" + hashlib.sha256(repr(whole).encode()).hexdigest()
+    return ":" + _digest(whole)
 
 
 Segments = tuple[tuple[str, bool], ...]
@@ -191,6 +201,8 @@ class FIMPromptValue(_InPrompts, PromptValue):
     """Drop the end of the middle that repeats the start of the suffix."""
     repo: Any = Field(default=None, exclude=True)
     """A ``RepoIndex`` that picks the context files for ``file_path`` when none are given."""
+    notebook: Any = Field(default=None, exclude=True)
+    """A ``NotebookContext``: the hole is in one of its code cells."""
     type: Literal["FIMPromptValue"] = "FIMPromptValue"
 
     @classmethod

@@ -300,6 +300,9 @@ class FIMRequest:
     repo: Any = field(default=None, compare=False, repr=False)
     """A :class:`~langchain_starcoder.RepoIndex` that picks the context files, within the budget the
     hole's file leaves, when ``context_files`` is empty (given files win). Needs ``file_path``."""
+    notebook: Any = field(default=None, repr=False)
+    """A :class:`~langchain_starcoder.NotebookContext`: the hole is in one of its code cells (prefix and
+    suffix are that cell's live text), laid out in StarCoder2's structured-notebook format."""
 
     def __post_init__(self) -> None:
         check_text(self.prefix, "prefix")
@@ -323,6 +326,12 @@ class FIMRequest:
         object.__setattr__(self, "context_files", _context_files(self.context_files))
         if self.repo is not None:
             _check_repo(self.repo, self.file_path)
+        if self.notebook is not None and not callable(getattr(type(self.notebook), "from_notebook", None)):
+            msg = (
+                "notebook must be a NotebookContext (langchain_starcoder.NotebookContext.from_notebook(path, "
+                f"cell)), not {type(self.notebook).__name__}."
+            )
+            raise InvalidParameterError(msg)
 
     @property
     def repo_level(self) -> bool:
