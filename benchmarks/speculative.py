@@ -40,6 +40,7 @@ import argparse
 import ast
 import difflib
 import hashlib
+import importlib.util
 import inspect
 import json
 import os
@@ -372,8 +373,13 @@ def measure(workdir: Path, *, tiny: bool, reps: int, log: Any = print) -> dict[s
             engine.close()
 
 
+TITLE = "Speculative decoding: prompt lookup and a draft model, same output"
+#: What training the copier imports (the test extra); without them the section is skipped with a note.
+TRAINING_NEEDS = ("torch", "transformers")
+
+
 def section(results: dict[str, Any], shape: str) -> Section:
-    s = Section("speculative", 17, "Speculative decoding: prompt lookup and a draft model, same output")
+    s = Section("speculative", 17, TITLE)
     edits, open_ = results["sets"]["edits"], results["sets"]["open"]
     s.rows = [
         Row(17, "prompt lookup on code edits", "decode tok/s", "prompt lookup (default)", "plain",
@@ -412,6 +418,11 @@ def section(results: dict[str, Any], shape: str) -> Section:
 
 def bench_speculative(ctx: Any) -> Section:
     """Speculative decoding (issue 24), in a fresh process with the optimized BLAS (see the module docs)."""
+    missing = [name for name in TRAINING_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        skipped = Section("speculative", 17, TITLE)
+        skipped.skipped = f"{' and '.join(missing)} missing: training its checkpoint needs the test extra"
+        return skipped
     results = run(ctx.checkpoints.workdir, tiny=ctx.tiny, reps=ctx.reps, openblas=ctx.openblas, log=ctx.log)
     return section(results, "tiny shape, 4 layers, trained to copy")
 

@@ -122,6 +122,18 @@ def default_prompt_cache_dir() -> Path:
     return Path(base) / "langchain-starcoder" / "prompt-cache"
 
 
+def _speculation_args(parser: argparse.ArgumentParser) -> None:
+    """Speculative decoding, the same on every command that generates (generate, infill, serve)."""
+    parser.add_argument_group("speculative decoding (docs/engine.md)").add_argument(
+        "--prompt-lookup",
+        type=int,
+        metavar="N",
+        help="prompt lookup for greedy generation: drafts of up to N tokens from the prompt, verified in "
+        "one pass, same output (default: where it pays; 0: off; serve: a request's "
+        "prompt_lookup_num_tokens wins)",
+    )
+
+
 def _generation_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument("--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
@@ -138,6 +150,7 @@ def _generation_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
         metavar="TEXT",
         help=r"stop string, repeatable; \n and \t are understood (e.g. --stop '\ndef ')",
     )
+    _speculation_args(parser)
 
 
 def _generation(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,6 +160,7 @@ def _generation(args: argparse.Namespace) -> dict[str, Any]:
     names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
     settings = {name: getattr(args, name) for name in names}
     settings["stop"] = [_unescape(s) for s in args.stop]
+    settings["prompt_lookup_num_tokens"] = args.prompt_lookup
     GenerationParams.create(**settings)
     return settings
 

@@ -31,26 +31,37 @@ def _err(text: str) -> None:
 
 
 def _stats(chunk: Any) -> str:
-    """One line of prompt/generation speed from a final chunk (or a Completion)."""
+    """One line of prompt/generation speed from a final chunk (or a Completion). A prompt the prompt
+    cache served in part says what was prefilled and how long it took: a rate of its few new tokens
+    ("777 cached, 1.2 tokens/s") read as a slow prompt."""
     prompt, cached = chunk.prompt_tokens or 0, chunk.cached_tokens or 0
     prompt_s, gen_s = chunk.prompt_seconds, chunk.generation_seconds or 0.0
-    prompt_rate = f"{(prompt - cached) / prompt_s:.1f} tokens/s" if prompt_s else "speed unknown"
+    prefilled = prompt - cached
+    if not prompt_s:
+        prompt_note = f", {cached} cached, speed unknown" if cached else ", speed unknown"
+    elif cached:
+        plural = "" if prefilled == 1 else "s"
+        prompt_note = f", {cached} cached; prefill {prefilled} token{plural} in {prompt_s:.2f} s"
+    else:
+        prompt_note = f", {prefilled / prompt_s:.1f} tokens/s"
     gen_tps = (chunk.completion_tokens or 0) / gen_s if gen_s > 0 else 0.0
-    cached_note = f", {cached} cached" if cached else ""
+    drafts = chunk.draft_tokens or 0
+    draft_note = f", {chunk.accepted_draft_tokens or 0} of {drafts} drafted tokens accepted" if drafts else ""
     return (
-        f"[{chunk.finish_reason}] prompt: {prompt} tokens{cached_note}, {prompt_rate} | "
-        f"generation: {chunk.completion_tokens} tokens, {gen_tps:.1f} tokens/s"
+        f"[{chunk.finish_reason}] prompt: {prompt} tokens{prompt_note} | "
+        f"generation: {chunk.completion_tokens} tokens, {gen_tps:.1f} tokens/s{draft_note}"
     )
 
 
 @contextlib.contextmanager
 def _notes() -> Iterator[None]:
-    """Notices of the library (GGUF defaults, memory costs, skipped prompt-cache files) as one
-    ``note:`` line each on stderr."""
+    """Notices of the library (GGUF defaults, memory costs, skipped prompt-cache files, a big model on
+    the CPU) as one ``note:`` line each on stderr."""
     from ..backends.prompt_cache import PromptCacheNotice
+    from ..engine.building import SlowOnCPUNotice
     from ..gguf_format import GGUFNotice
 
-    notices = (GGUFNotice, PromptCacheNotice)
+    notices = (GGUFNotice, PromptCacheNotice, SlowOnCPUNotice)
     with warnings.catch_warnings(record=True) as caught:
         for notice in notices:
             warnings.simplefilter("always", notice)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
 from .model import _cmd_generate, _cmd_infill, _cmd_info
@@ -17,6 +18,7 @@ from .options import (
     _model_args,
     _model_option,
     _serve_positive,
+    _speculation_args,
 )
 from .output import PROG
 from .serve import _cmd_serve
@@ -49,28 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    p = sub.add_parser(
-        "generate",
-        parents=[common],
-        help="complete a prompt, streaming the text",
-        description="Complete a prompt, streaming the text to stdout; speeds go to stderr.",
-    )
+    def command(name: str, func: Callable[[argparse.Namespace], int], summary: str, description: str) -> Any:
+        p = sub.add_parser(name, parents=[common], help=summary, description=description)
+        p.set_defaults(func=func)
+        return p
+
+    p = command(
+        "generate", _cmd_generate, "complete a prompt, streaming the text",
+        "Complete a prompt, streaming the text to stdout; speeds go to stderr.",
+    )  # fmt: skip
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the prompt text (special tokens such as <fim_prefix> are parsed)")
     source.add_argument("--file", type=Path, help="read the prompt from a file ('-' for stdin)")
     _model_args(p)
     _generation_args(p, max_tokens=256)
-    p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser(
-        "infill",
-        parents=[common],
-        help="fill in the middle of a file",
-        description=(
-            f"Fill the hole marked {FILL_MARKER} in a file (or between --prefix and --suffix). Prints "
-            "the middle only, or with --write fills the file in place, keeping F.bak."
-        ),
-    )
+    p = command(
+        "infill", _cmd_infill, "fill in the middle of a file",
+        f"Fill the hole marked {FILL_MARKER} in a file (or between --prefix and --suffix). Prints "
+        "the middle only, or with --write fills the file in place, keeping F.bak.",
+    )  # fmt: skip
     p.add_argument("--file", type=Path, help=f"a file with exactly one {FILL_MARKER} marker")
     p.add_argument("--prefix", help=r"the code before the hole, instead of --file (\n understood)")
     p.add_argument("--suffix", help="the code after the hole")
@@ -82,16 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--file-path", help="the hole's path in the repository (default: --file, when there is context)"
     )
-    p.add_argument(
-        "--repo",
-        type=Path,
-        metavar="DIR",
-        help=(
-            "pick context from this repository's code (docs/repository-context.md); default: the git "
-            "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
-            "no repository context. --context files win over it"
-        ),
-    )
+    _repo_option(
+        p, "pick context from this repository's code (docs/repository-context.md); default: the git "
+        "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
+        "no repository context. --context files win over it",
+    )  # fmt: skip
     p.add_argument(
         "--no-repo", action="store_true", help="no repository context, even inside a git repository"
     )
@@ -100,59 +95,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
     _model_args(p)
     _generation_args(p, max_tokens=128)
-    p.set_defaults(func=_cmd_infill)
 
-    p = sub.add_parser(
-        "quantize",
-        parents=[common],
-        help="write an MLX-quantized checkpoint",
-        description="Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.",
-    )
-    p.add_argument("src", metavar="SRC", help="full-precision checkpoint: folder or hub id")
-    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    p = command(
+        "quantize", _cmd_quantize, "write an MLX-quantized checkpoint",
+        "Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.",
+    )  # fmt: skip
+    _source_and_destination(p, "full-precision checkpoint: folder or hub id", "folder to write")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4)
     p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=64)
-    p.add_argument("--revision", help="hub branch, tag or commit of SRC")
-    p.add_argument(
-        "--force", action="store_true", help="replace DST if it is a checkpoint this command wrote"
-    )
     p.add_argument("--no-verify", action="store_true", help="skip loading the result to check it")
-    p.set_defaults(func=_cmd_quantize)
 
-    p = sub.add_parser(
-        "convert",
-        parents=[common],
-        help="GGUF file -> MLX checkpoint folder, or checkpoint -> GGUF file (DST ending in .gguf)",
-        description=(
-            "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
-            "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load; Q4_0, Q4_1 "
-            "and Q8_0 tensors stay quantized. Or, with DST ending in .gguf, write a checkpoint folder or "
-            "hub id (full precision or MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor "
-            "at a time (--outtype)."
-        ),
-    )
-    p.add_argument(
-        "src", metavar="SRC", help="a .gguf file (a folder or hub id with --gguf-file), or a checkpoint"
-    )
-    p.add_argument("dst", metavar="DST", type=Path, help="folder to write, or a .gguf file")
+    p = command(
+        "convert", _cmd_convert,
+        "GGUF file -> MLX checkpoint folder, or checkpoint -> GGUF file (DST ending in .gguf)",
+        "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
+        "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load; Q4_0, Q4_1 "
+        "and Q8_0 tensors stay quantized. Or, with DST ending in .gguf, write a checkpoint folder or "
+        "hub id (full precision or MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor "
+        "at a time (--outtype).",
+    )  # fmt: skip
+    sources = "a .gguf file (a folder or hub id with --gguf-file), or a checkpoint"
+    _source_and_destination(p, sources, "folder to write, or a .gguf file")
     p.add_argument(
         "--outtype",
         choices=("f32", "f16", "q8_0", "q4_0"),
         help="type of the 2-D weights of a GGUF DST (default f16; q4_0 through llama-quantize)",
     )
     _gguf_options(p)
-    p.add_argument("--revision", help="hub branch, tag or commit of SRC")
-    p.add_argument(
-        "--force", action="store_true", help="replace DST if it is a checkpoint this command wrote"
-    )
-    p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser(
-        "build-test-model",
-        parents=[common],
-        help="build a checkpoint with random weights, offline",
-        description="Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
-    )
+    p = command(
+        "build-test-model", _cmd_build, "build a checkpoint with random weights, offline",
+        "Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
+    )  # fmt: skip
     p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
     p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
     p.add_argument("--layers", type=int, help="number of layers (keeps a big preset small)")
@@ -161,32 +135,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", type=int, choices=(4, 8), help="write it quantized (float16 scales)")
     p.add_argument("--instruct", action="store_true", help="give it an instruct chat template")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="replace DST if it is a checkpoint built here")
-    p.set_defaults(func=_cmd_build)
+    _force_option(p, "built here")
 
-    p = sub.add_parser(
-        "info",
-        parents=[common],
-        help="describe a checkpoint",
-        description="Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
+    p = command(
+        "info", _cmd_info, "describe a checkpoint",
+        "Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
         "(a folder, hub id or .gguf file; the weights are not loaded).",
-    )
+    )  # fmt: skip
     _model_option(p, gguf=True)
     _gguf_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser(
-        "serve",
-        parents=[common],
-        help="serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
-        description=(
-            "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
-            "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
-            "/v1/models, /tokenize and /detokenize."
-        ),
-    )
+    p = command(
+        "serve", _cmd_serve, "serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
+        "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
+        "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
+        "/v1/models, /tokenize and /detokenize.",
+    )  # fmt: skip
     _model_args(p)
+    _serve_args(p)
+    _speculation_args(p)
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+    # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
+    sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
+    return parser
+
+
+def _source_and_destination(p: argparse.ArgumentParser, source: str, destination: str) -> None:
+    """SRC and DST of a command that writes a checkpoint from another, SRC's hub revision, --force."""
+    p.add_argument("src", metavar="SRC", help=source)
+    p.add_argument("dst", metavar="DST", type=Path, help=destination)
+    p.add_argument("--revision", help="hub branch, tag or commit of SRC")
+    _force_option(p, "this command wrote")
+
+
+def _force_option(p: argparse.ArgumentParser, written_by: str) -> None:
+    p.add_argument("--force", action="store_true", help=f"replace DST if it is a checkpoint {written_by}")
+
+
+def _repo_option(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--repo", type=Path, metavar="DIR", help=text)
+
+
+#: serve's bounds: flag, type, default, metavar, help (each a number above 0).
+_SERVE_BOUNDS: tuple[tuple[str, type[int] | type[float], float | None, str, str], ...] = (
+    ("--max-body-mb", float, 4.0, "MB", "refuse (413) a request body over MB MiB before reading it whole "
+     "(default 4)"),
+    ("--max-connections", int, None, "N", "open connections at most; when full, the one waiting longest for "
+     "its request is closed (default 512, or half the open-file limit if lower)"),
+    ("--request-timeout", float, 20.0, "S", "close a connection whose request (headers and body) has not "
+     "come in S seconds (default 20)"),
+    ("--keep-alive-timeout", float, 5.0, "S", "close an idle keep-alive connection after S seconds "
+     "(default 5)"),
+)  # fmt: skip
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
@@ -205,60 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep no prompt caches on disk (default: keep them, see --prompt-cache-dir)",
     )
-    p.add_argument(
-        "--repo",
-        type=Path,
-        metavar="DIR",
-        help="add this repository's context to /infill and /v1/completions (with suffix) requests that "
+    _repo_option(
+        p, "add this repository's context to /infill and /v1/completions (with suffix) requests that "
         "send file_path (relative to DIR), after the client's input_extra (default: none)",
-    )
+    )  # fmt: skip
     p.add_argument(
-        "--batch-window-ms",
-        type=float,
-        default=0,
-        metavar="MS",
+        "--batch-window-ms", type=float, default=0, metavar="MS",
         help="batch non-streamed requests with the same settings that arrive within MS of each other "
         "(default 0: off, each request reuses the prompt cache)",
-    )
-    p.add_argument(
-        "--max-body-mb",
-        type=_serve_positive(float),
-        default=4.0,
-        metavar="MB",
-        help="refuse (413) a request body over MB MiB before reading it whole (default 4)",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=_serve_positive(int),
-        metavar="N",
-        help="open connections at most; when full, the one waiting longest for its request is closed "
-        "(default 512, or half the open-file limit if lower)",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=_serve_positive(float),
-        default=20.0,
-        metavar="S",
-        help="close a connection whose request (headers and body) has not come in S seconds (default 20)",
-    )
-    p.add_argument(
-        "--keep-alive-timeout",
-        type=_serve_positive(float),
-        default=5.0,
-        metavar="S",
-        help="close an idle keep-alive connection after S seconds (default 5)",
-    )
-    p.add_argument(
-        "--prompt-lookup",
-        type=int,
-        metavar="N",
-        help="prompt-lookup speculative decoding for greedy requests: drafts of up to N tokens from the "
-        "prompt, verified in one pass, same output (default: where it pays; 0: off); a request's "
-        "prompt_lookup_num_tokens wins",
-    )
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    p.set_defaults(func=_cmd_serve)
-
-    # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
-    sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
-    return parser
+    )  # fmt: skip
+    for flag, kind, default, metavar, text in _SERVE_BOUNDS:
+        p.add_argument(flag, type=_serve_positive(kind), default=default, metavar=metavar, help=text)

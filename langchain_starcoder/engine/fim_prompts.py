@@ -1,7 +1,8 @@
-"""Fill-in-the-middle requests to an engine: their prompts within its budget, with repository context.
+"""Fill-in-the-middle requests: their prompts within a model's budget, with repository context.
 
 With a :class:`~langchain_starcoder.RepoIndex`, the hole's part of the prompt is measured first and
-the index picks context files in the budget it leaves.
+the index picks context files in the budget it leaves. Each helper takes what it needs (the
+tokenizer, the context window), never the engine: the front calls these, and nothing here calls back.
 """
 
 from __future__ import annotations
@@ -13,50 +14,49 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import fim
 from ..errors import ContextLengthError, InvalidParameterError
 from ..repo.rank import GAP_MARKER
-from ..tokens import Codec
+from ..tokens import Codec, codec_for
 from ..types import FIM_KEYS, ContextFile, FIMRequest
 from .jobs import check_room
 
-if TYPE_CHECKING:
-    from .front import StarCoderEngine
 
-
-def fim_prompt(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
-    """:meth:`StarCoderEngine.fim_prompt <langchain_starcoder.StarCoderEngine.fim_prompt>`."""
-    check_room(engine, max_tokens)
+def fim_prompt(tokenizer: Any, context_window: int, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
+    """:meth:`StarCoderEngine.fim_prompt <langchain_starcoder.StarCoderEngine.fim_prompt>` for a model
+    of this tokenizer and context window."""
+    check_room(max_tokens, context_window)
     if request.repo is None:
-        return build_fim(engine, request, max_tokens)
+        return build_fim(tokenizer, context_window, request, max_tokens)
     index = request.repo
     request = dataclasses.replace(request, file_path=repo_relative_path(index, request.file_path), repo=None)
     if request.context_files:  # the caller's own files win
-        return build_fim(engine, request, max_tokens)
-    return build_fim(engine, request, max_tokens, lambda left: pick_files(engine, index, request, left))
+        return build_fim(tokenizer, context_window, request, max_tokens)
+    repo_files = functools.partial(pick_files, tokenizer, index, request)  # in the tokens the hole leaves
+    return build_fim(tokenizer, context_window, request, max_tokens, repo_files)
 
 
-def add_repo_context(engine: StarCoderEngine, request: FIMRequest, max_tokens: int) -> FIMRequest:
+def add_repo_context(tokenizer: Any, context_window: int, request: FIMRequest, max_tokens: int) -> FIMRequest:
     """:meth:`StarCoderEngine.add_repo_context <langchain_starcoder.StarCoderEngine.add_repo_context>`:
     ``request`` with a repository-relative ``file_path`` and, after its own context files, those its
     index picks in the budget the hole and they leave (less what its own files hold already)."""
-    check_room(engine, max_tokens)
+    check_room(max_tokens, context_window)
     index = request.repo
     if index is None:
         return request
     request = dataclasses.replace(request, file_path=repo_relative_path(index, request.file_path), repo=None)
-    hole = build_fim(engine, request, max_tokens)
-    assert hole.max_prompt_tokens is not None  # an engine's prompt always has a budget
+    hole = build_fim(tokenizer, context_window, request, max_tokens)
+    assert hole.max_prompt_tokens is not None  # build_fim always gives the prompt a budget
     left = hole.max_prompt_tokens - len(hole.token_ids)
     if left <= 0:
         return request
-    files = pick_files(engine, index, request, left)
+    files = pick_files(tokenizer, index, request, left)
     return dataclasses.replace(request, context_files=request.context_files + uncovered(files, request))
 
 
-def pick_files(engine: StarCoderEngine, index: Any, request: FIMRequest, left: int) -> list[ContextFile]:
+def pick_files(tokenizer: Any, index: Any, request: FIMRequest, left: int) -> list[ContextFile]:
     """The index's context for the hole of ``request`` in ``left`` tokens, counted as FIM data."""
     with index_lock(index):
         return index.context_files(
@@ -64,7 +64,7 @@ def pick_files(engine: StarCoderEngine, index: Any, request: FIMRequest, left: i
             request.prefix,
             request.suffix,
             max_tokens=left,
-            count_tokens=data_tokens(engine._codec),
+            count_tokens=data_tokens(codec_for(tokenizer)),
         )
 
 
@@ -94,13 +94,14 @@ def _normal(path: str) -> str:
 
 
 def build_fim(
-    engine: StarCoderEngine,
+    tokenizer: Any,
+    context_window: int,
     request: FIMRequest,
     max_tokens: int,
     more_files: Callable[[int], Sequence[ContextFile]] | None = None,
 ) -> fim.FIMPrompt:
     """The prompt of ``request`` (its context files as given, then those ``more_files(tokens left)``
-    picks) within the engine's budget."""
+    picks) within the budget of a model with this context window."""
 
     def build(tokenizer: Any, request: FIMRequest) -> fim.FIMPrompt:
         if more_files is None:
@@ -108,26 +109,26 @@ def build_fim(
         return fim.build_fim_prompt_adding(tokenizer, request, more_files)
 
     if request.max_prompt_tokens is None:
-        room = engine.context_window - max_tokens
+        room = context_window - max_tokens
         try:
-            prompt = build(engine.tokenizer, dataclasses.replace(request, max_prompt_tokens=room))
+            prompt = build(tokenizer, dataclasses.replace(request, max_prompt_tokens=room))
         except ContextLengthError:
             prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
         if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
             msg = (
-                f"max_tokens={max_tokens} leaves {room} tokens of the model's {engine.context_window}-"
+                f"max_tokens={max_tokens} leaves {room} tokens of the model's {context_window}-"
                 "token context for the prompt: not even the end of the prefix fits after the "
                 "FIM layout's control tokens and names. Lower max_tokens."
             )
             raise ContextLengthError(msg)
         return prompt
-    if request.max_prompt_tokens + max_tokens > engine.context_window:
+    if request.max_prompt_tokens + max_tokens > context_window:
         msg = (
             f"max_prompt_tokens={request.max_prompt_tokens} plus max_tokens={max_tokens} exceeds "
-            f"the model's context window of {engine.context_window}. Lower one of them."
+            f"the model's context window of {context_window}. Lower one of them."
         )
         raise ContextLengthError(msg)
-    return build(engine.tokenizer, request)
+    return build(tokenizer, request)
 
 
 _locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()

@@ -2,7 +2,8 @@
 
 Its public methods (sync, async, stream, batch, infill) are the API; building its backend
 (:mod:`.building`), preparing and running jobs (:mod:`.jobs`) and FIM prompts with repository
-context (:mod:`.fim_prompts`) live beside it.
+context (:mod:`.fim_prompts`) live beside it, as helpers that take what they need (the backend,
+the tokenizer, the context window): this module imports them, never the other way round.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import numpy as np
 
 from .. import fim
 from ..backends import Backend
-from ..errors import ContextLengthError
 from ..streaming import AsyncChunkStream
-from ..tokens import codec_for, encode_segments, max_text_chars, parsing_encoder
+from ..tokens import codec_for, encode_segments, parsing_encoder
 from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
 from .building import connect_backend, llama_cpp_backend, mlx_backend
@@ -272,7 +272,7 @@ class StarCoderEngine:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits of shape ``[len(token_ids), vocab]`` from one full forward pass, no cache."""
-        return self.backend.logits(jobs.check_ids(self, token_ids))
+        return self.backend.logits(jobs.check_ids(token_ids, self.vocab_size))
 
     def clear_cache(self) -> None:
         """Drop every kept prompt cache and free what it held."""
@@ -315,25 +315,7 @@ class StarCoderEngine:
         """Raise ContextLengthError if a text prompt of ``chars`` characters cannot fit in the
         context window with ``max_tokens`` to generate, without tokenizing it: a token stands for
         at most so many characters (:func:`langchain_starcoder.tokens.max_text_chars`)."""
-        room = self.context_window - max_tokens
-        limit = max_text_chars(self.tokenizer, room)
-        if limit is None or chars <= limit:
-            return
-        longest = limit // room
-        if max_tokens:
-            msg = (
-                f"The prompt has {chars:,} characters and max_tokens is {max_tokens}: the model's "
-                f"{self.context_window}-token context window leaves {room} tokens for the prompt, which "
-                f"hold at most {limit:,} characters (a token of this tokenizer stands for at most "
-                f"{longest}). Shorten the prompt or lower max_tokens."
-            )
-        else:
-            msg = (
-                f"The prompt has {chars:,} characters: the model's {self.context_window}-token context "
-                f"window holds at most {limit:,} (a token of this tokenizer stands for at most "
-                f"{longest}). Shorten the prompt."
-            )
-        raise ContextLengthError(msg)
+        jobs.check_prompt_size(self.tokenizer, self.context_window, chars, max_tokens)
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -356,7 +338,7 @@ class StarCoderEngine:
         No chunk holds any part of a stop string. Leaving the loop early, closing the stream or
         dropping it cancels the generation.
         """
-        return jobs.stream(self, jobs.prepare(self, prompt, settings))
+        return jobs.stream(self.backend, self.tokenizer, self._prepare(prompt, settings))
 
     async def agenerate(self, prompt: Prompt, **settings: Any) -> Completion:
         return join_chunks([c async for c in self.astream(prompt, **settings)])
@@ -364,18 +346,36 @@ class StarCoderEngine:
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncIterator[CompletionChunk]:
         """Async :meth:`stream`: the event loop is never blocked (the prompt is tokenized in a
         thread); cancelling the task or closing the stream cancels the request."""
-        jobs.split_settings(self, dict(settings))  # bad settings fail here, at the call
-        return AsyncChunkStream(lambda: jobs.prepare(self, prompt, settings), partial(jobs.submit_one, self))
+        jobs.split_settings(dict(settings), self.backend, self.eos_token_ids)  # bad settings fail here
+        return AsyncChunkStream(
+            lambda: self._prepare(prompt, settings), partial(jobs.submit_one, self.backend, self.tokenizer)
+        )
 
     def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Generate for several prompts at once (truly batched), each as it would alone (greedy).
         Prompts of every kind (text, ids, :class:`FIMRequest`) may share one batch."""
-        return jobs.collect(self, jobs.prepare_batch(self, prompts, settings))
+        return jobs.collect(self.backend, self.tokenizer, self._prepare_batch(prompts, settings))
 
     async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Async :meth:`generate_batch`; cancelling the task cancels every prompt of the batch."""
-        batch = await asyncio.to_thread(jobs.prepare_batch, self, prompts, settings)
-        return await jobs.acollect(self, batch)
+        batch = await asyncio.to_thread(self._prepare_batch, prompts, settings)
+        return await jobs.acollect(self.backend, self.tokenizer, batch)
+
+    def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> jobs.Job:
+        """``prompt`` made ready for the backend: checked, tokenized, in the context window."""
+        params, parse = jobs.split_settings(dict(settings), self.backend, self.eos_token_ids)
+        if isinstance(prompt, FIMRequest):  # FIM parts are always data: parse_special_tokens does not apply
+            return jobs.fim_job(self.fim_prompt(prompt, params.max_tokens), params, prompt)
+        if isinstance(prompt, str):
+            jobs.check_text_prompt(prompt)
+            self.check_prompt_size(len(prompt), params.max_tokens)  # before tokenizing it whole
+            ids = self.encode(prompt, special_tokens=parse)
+        else:
+            ids = jobs.prompt_ids(prompt, self.vocab_size)
+        return jobs.ids_job(ids, params, self.context_window)
+
+    def _prepare_batch(self, prompts: Sequence[Prompt], settings: dict[str, Any]) -> list[jobs.Job]:
+        return [self._prepare(p, settings) for p in jobs.check_batch(prompts)]
 
     # --- fill in the middle ------------------------------------------------------------------
 
@@ -439,7 +439,7 @@ class StarCoderEngine:
         context"): the hole's part (as much of the prefix and suffix as the budget keeps, its file
         path and control tokens) is measured first, and the index gets the rest of the budget.
         """
-        return fim_prompts.fim_prompt(self, request, max_tokens)
+        return fim_prompts.fim_prompt(self.tokenizer, self.context_window, request, max_tokens)
 
     def add_repo_context(
         self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens
@@ -448,4 +448,4 @@ class StarCoderEngine:
         first), in the budget its hole and its own files leave when generating ``max_tokens``, and
         ``file_path`` relative to the repository; a repository excerpt whose every line a given file
         of the same path holds is left out. (:meth:`infill` instead lets given files win.)"""
-        return fim_prompts.add_repo_context(self, request, max_tokens)
+        return fim_prompts.add_repo_context(self.tokenizer, self.context_window, request, max_tokens)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "langchain_starcoder"
+ENGINE = PACKAGE / "engine"
 
 
 def test_imports_flow_one_way() -> None:
@@ -26,3 +28,42 @@ def test_no_module_is_too_long_without_saying_why() -> None:
         if len(lines) > 460 and not any("one file" in line.lower() for line in lines[:6]):
             long.append(f"{file.relative_to(ROOT)}: {len(lines)} lines")
     assert long == []
+
+
+def _imports(file: Path) -> set[str]:
+    """Every module ``file`` imports, anywhere (TYPE_CHECKING blocks and functions too), relative
+    imports resolved, and ``from M import name`` counted as M and as M.name (which may be a module)."""
+    package = ".".join(file.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            module = node.module if not node.level else ".".join(filter(None, [base, node.module]))
+            if node.module:  # `from . import jobs` imports jobs, not what the package's __init__ does
+                found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_engine_helpers_never_import_the_front() -> None:
+    """The engine package's dependency runs one way: front imports its helpers (jobs, fim_prompts,
+    building), which never import front, the engine package (whose __init__ imports front) or the
+    class."""
+    front = "langchain_starcoder.engine.front"
+    back = {}
+    for file in sorted(ENGINE.glob("*.py")):
+        if file.name in ("front.py", "__init__.py"):
+            continue
+        wrong = {
+            m for m in _imports(file)
+            if m in (front, "langchain_starcoder.engine", "langchain_starcoder.engine.StarCoderEngine")
+            or m.startswith(front + ".") or m.endswith(".StarCoderEngine")
+        }  # fmt: skip
+        if wrong:
+            back[file.name] = sorted(wrong)
+    assert back == {}
+    assert {"langchain_starcoder.engine.jobs", "langchain_starcoder.engine.fim_prompts"} <= _imports(
+        ENGINE / "front.py"
+    )

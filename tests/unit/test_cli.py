@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -317,7 +318,85 @@ def test_infill_custom_marker(capsys, tiny_path, tiny_engine, project):
     assert (code, out) == (0, expected)
 
 
+# --- speculative decoding and the speed line --------------------------------------------------------------
+
+EDIT = "for i in range(10):\n    print(i)\n" * 3  # text that repeats: prompt lookup drafts from it
+LONG = "".join(f"def handler_{i}(request):\n    return respond(request, code={i * 7})\n" for i in range(36))
+
+
+def drafts(err: str) -> tuple[int, int]:
+    """(accepted, drafted) of the statistics line; (0, 0) when it names no drafts."""
+    m = re.search(r"(\d+) of (\d+) drafted tokens accepted", err)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def option_help(command: str, flag: str) -> str | None:
+    parser = cli.build_parser()
+    (commands,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return next((a.help for a in commands.choices[command]._actions if flag in a.option_strings), None)
+
+
+def test_generate_and_infill_take_the_prompt_lookup_option_of_serve(capsys, tiny_path, tiny_engine):
+    """One option block gives --prompt-lookup to generate, infill and serve. Drafts are verified, so the
+    text is the same; the speed line says how many drafted tokens were accepted."""
+    assert option_help("generate", "--prompt-lookup") == option_help("infill", "--prompt-lookup")
+    assert option_help("serve", "--prompt-lookup") == option_help("generate", "--prompt-lookup") is not None
+    plain = tiny_engine.generate(EDIT, max_tokens=40, prompt_lookup_num_tokens=0)
+    argv = ["generate", "--model", tiny_path, "--prompt", EDIT, "--max-tokens", 40]
+    code, out, err = run(capsys, *argv, "--prompt-lookup", 8)
+    assert (code, out) == (0, plain.text)
+    accepted, drafted = drafts(err)
+    assert 0 < accepted <= drafted
+    code, out, err = run(capsys, *argv, "--prompt-lookup", 0)
+    assert (code, out, drafts(err)) == (0, plain.text, (0, 0))
+    middle = tiny_engine.infill(EDIT, "", max_tokens=40, prompt_lookup_num_tokens=0)
+    argv = ["infill", "--model", tiny_path, "--prefix", EDIT, "--max-tokens", 40, "--prompt-lookup", 8]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (0, middle.text) and drafts(err)[1] > 0
+
+
+def test_a_bad_prompt_lookup_fails_before_loading(capsys, tiny_path):
+    code, _, err = run(capsys, "generate", "--model", tiny_path, "--prompt", "x", "--prompt-lookup", -1)
+    assert code == 1
+    assert "prompt_lookup_num_tokens" in one_line(err)  # and no "Loaded ..." line
+
+
+def test_the_speed_line_of_a_cache_hit_says_what_was_prefilled(capsys, tiny_path, tmp_path):
+    """A prompt the cache served is not a slow prompt: the line gives the prefill's tokens and time, not
+    a rate of those few tokens ("778 tokens, 777 cached, 1.2 tokens/s")."""
+    from langchain_starcoder.types import CompletionChunk
+
+    hit = CompletionChunk("", [], finish_reason="stop", prompt_tokens=778, cached_tokens=777,
+                          completion_tokens=4, prompt_seconds=0.8, generation_seconds=0.5)  # fmt: skip
+    assert "prompt: 778 tokens, 777 cached; prefill 1 token in 0.80 s | generation" in cli._stats(hit)
+    argv = ["generate", "--model", tiny_path, "--prompt-cache-dir", tmp_path, "--max-tokens", 3]
+    assert run(capsys, *argv, "--prompt", LONG)[0] == 0
+    code, _, err = run(capsys, *argv, "--prompt", LONG)  # a new engine: the cache comes from the folder
+    m = re.search(r"prompt: (\d+) tokens, (\d+) cached; prefill (\d+) tokens? in [\d.]+ s \| generation", err)
+    assert code == 0 and m, err
+    prompt, cached, prefilled = map(int, m.groups())
+    assert cached > 0 and prefilled == prompt - cached > 0
+
+
 # --- bench -----------------------------------------------------------------------------------------------
+
+
+def test_bench_without_torch_skips_the_speculative_section_with_a_note(tmp_path):
+    """Its checkpoint is trained with torch (the test extra): without it, one line in the table, no
+    traceback. torch is made unimportable in every process of the run (a sitecustomize)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\n\nsys.modules['torch'] = None  # no torch\n")
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    argv = ["bench", "--preset", "tiny", "--only", "speculative", "--workdir", tmp_path / "w"]
+    result = subprocess.run(
+        [sys.executable, "-m", "langchain_starcoder", *map(str, argv), "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": path}, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if "Speculative decoding" in line]
+    assert "skipped: torch missing" in row
 
 
 def test_bench_without_the_benchmarks_package_says_how_to_run_it(capsys, tmp_path, monkeypatch):
