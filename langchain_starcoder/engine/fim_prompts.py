@@ -58,11 +58,14 @@ def add_repo_context(tokenizer: Any, context_window: int, request: FIMRequest, m
 
 def pick_files(tokenizer: Any, index: Any, request: FIMRequest, left: int) -> list[ContextFile]:
     """The index's context for the hole of ``request`` in ``left`` tokens, counted as FIM data."""
+    prefix, suffix = request.prefix, request.suffix
+    if request.notebook is not None:  # the modules imported in any cell, not only the hole's
+        prefix, suffix = request.notebook.code_around(prefix, suffix)
     with index_lock(index):
         return index.context_files(
             request.file_path,
-            request.prefix,
-            request.suffix,
+            prefix,
+            suffix,
             max_tokens=left,
             count_tokens=data_tokens(codec_for(tokenizer)),
         )

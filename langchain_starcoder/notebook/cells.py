@@ -76,6 +76,13 @@ class NotebookContext:
             msg = f"cell={self.cell} is not the index of a code cell of this notebook."
             raise InvalidParameterError(msg)
 
+    def code_around(self, prefix: str, suffix: str) -> tuple[str, str]:
+        """The notebook's code cells as one script around the hole's live text (what a repository
+        index reads for the modules the notebook imports)."""
+        before = "".join(c.source + "\n\n" for c in self.cells[: self.cell] if c.kind == "code")
+        after = "".join("\n\n" + c.source for c in self.cells[self.cell + 1 :] if c.kind == "code")
+        return before + prefix, suffix + after
+
     @classmethod
     def from_notebook(
         cls, notebook: str | os.PathLike[str] | Mapping[str, Any], cell: int, *, path: str | None = None

@@ -309,3 +309,37 @@ def test_the_wrappers_and_the_template_carry_the_notebook(tiny_path: Path) -> No
     assert "<jupyter_start><jupyter_text># Sales" in FIMText(
         FIMRequest(HOLE_PREFIX, HOLE_SUFFIX, notebook=ctx)
     )
+
+
+def test_a_notebook_in_a_repository_gets_the_modules_it_imports(
+    tiny_engine: StarCoderEngine, tmp_path: Path
+) -> None:
+    """The local module an earlier cell imports comes as repository context, within the budget."""
+    from langchain_starcoder import ContextFile, FIMRequest, RepoIndex
+
+    (tmp_path / "helpers.py").write_text("def clean_prices(df):\n    return df.dropna()\n")
+    (tmp_path / "unrelated.py").write_text("def shout(text):\n    return text.upper()\n")
+    nb = v4.new_notebook()
+    nb.cells = [
+        v4.new_code_cell("from helpers import clean_prices\nimport pandas as pd"),
+        v4.new_code_cell("df = clean_prices(pd.read_csv('p.csv'))"),
+    ]
+    nbformat.write(nb, tmp_path / "analysis.ipynb")
+    ctx = NotebookContext.from_notebook(tmp_path / "analysis.ipynb", cell=1)
+    index = RepoIndex(tmp_path)
+    for budget in (None, 400):
+        request = FIMRequest(
+            "df = ", "", notebook=ctx, repo=index, file_path="analysis.ipynb", max_prompt_tokens=budget
+        )
+        prompt = tiny_engine.fim_prompt(request)
+        # Imported: the module whole, nearest the hole (the index puts the most relevant last).
+        assert prompt.files_kept[-1] == ContextFile(
+            "helpers.py", "def clean_prices(df):\n    return df.dropna()"
+        )
+        assert "from helpers import clean_prices" in prompt.text  # the cell itself is in too
+        assert budget is None or len(prompt.token_ids) <= budget
+    # Without the import in a cell, the index sees no use of helpers and cuts it into excerpts.
+    nb.cells[0].source = "import pandas as pd"
+    unrelated = NotebookContext.from_notebook(nb, cell=1)
+    request = FIMRequest("df = ", "", notebook=unrelated, repo=index, file_path="analysis.ipynb")
+    assert tiny_engine.fim_prompt(request).files_kept[-1] != prompt.files_kept[-1]
