@@ -94,5 +94,18 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def load_ipython_extension(shell: Any) -> None:
+    """``%load_ext langchain_starcoder``: the model's completions in IPython's completer (docs/jupyter.md)."""
+    from .jupyter.ipython import load_ipython_extension as load
+
+    load(shell)
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    from .jupyter.ipython import unload_ipython_extension as unload
+
+    unload(shell)
+
+
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
