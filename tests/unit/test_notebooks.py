@@ -20,6 +20,15 @@ EXPECTED = {
         1,
     ),
     "03_llama_index_retrieval.ipynb": (["chunks", "sources:", "pricing.py"], 0),
+    "04_notebook_context.ipynb": (
+        [
+            "<jupyter_start><jupyter_text># Prices",
+            "<jupyter_output>SyntaxError",
+            "cells kept",
+            "starcoder offers: ['pri",
+        ],
+        0,
+    ),
 }
 
 
