@@ -124,7 +124,8 @@ def task_stall_3b(args: dict[str, Any]) -> dict[str, Any]:
     engine = StarCoderEngine.load(args["checkpoint"])
     engine.generate("def warm_up():\n    return 1\n", max_tokens=2)
     n, layers = args["tokens"], 30
-    disk = DiskPromptCache(Path(args["folder"]), "0" * 40, 1 << 40, CacheLayout(layers, 2, 128, None, 64))
+    layout = CacheLayout(layers, 2, 128, None, 64, max_tokens=16384)
+    disk = DiskPromptCache(Path(args["folder"]), "0" * 40, 1 << 40, layout)
 
     def make() -> list[Any]:
         cache = [KVCache() for _ in range(layers)]

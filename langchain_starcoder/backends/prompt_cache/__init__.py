@@ -1,11 +1,13 @@
 """Prompt caches: KV caches of earlier prompts, reused by the longest shared token prefix.
 
 :mod:`.memory` keeps recent ones in the process; :mod:`.disk` keeps long ones in a folder across
-processes (:mod:`.files` is their file format, :mod:`.fingerprint` what they are valid for).
+processes (:mod:`.files` is their file format, :mod:`.layout` the shapes a file must have,
+:mod:`.fingerprint` what they are valid for, :mod:`.folder` the private folder they are kept in).
 """
 
-from .disk import CacheLayout, DiskPromptCache, PromptCacheNotice
+from .disk import DiskPromptCache, PromptCacheNotice
 from .fingerprint import cache_key, hash_weights_aside, vocab_fingerprint, weights_fingerprint
+from .layout import CacheLayout
 from .memory import PromptCacheStore, prefix_copy
 
 __all__ = [

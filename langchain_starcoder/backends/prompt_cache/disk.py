@@ -4,8 +4,10 @@ written off the worker thread, atomically, within a byte limit (least recently u
 Files are named ``<key>-<tokens>.safetensors``: ``key`` (:mod:`.fingerprint`) says which weights and
 settings made them, so a process ignores files of other models in a shared folder without reading
 them; they age out through the byte limit. A file that claims this key but is damaged, truncated or
-does not match is removed with one notice. The folder's last-modified times are the LRU order: a
-file is touched when it is used.
+does not match is removed with one notice; its header is checked against the model's cache layout
+(:mod:`.layout`) before any of its data is read. The folder's last-modified times are the LRU order: a
+file is touched when it is used. The folder is private (:mod:`.folder`): one that another user could
+have written turns the disk cache off, with one notice.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import stat
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +30,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from .files import CacheFileError, Tensor, dtype_name, read_cache_file, read_header, write_cache_file
+from .files import CacheFileError, Header, Tensor, dtype_name, read_header, read_tensors, write_cache_file
+from .folder import Folder, NotPrivateError, make_private
+from .layout import CacheLayout
 from .memory import prefix_copy
-
-try:
-    import fcntl
-except ImportError:  # Windows: renames stay atomic; two processes may then evict the same file twice
-    fcntl = None  # type: ignore[assignment]
 
 #: A cache is written when it holds at least this many tokens more than the longest prefix on disk:
 #: shorter prompts prefill in well under a second on the CPU, and each file costs a write.
@@ -43,41 +43,15 @@ MIN_GAIN_TOKENS = 32
 _MAX_PENDING = 2  # writes queued at most; a later offer is dropped instead of holding more copies
 _STALE_TEMP_SECONDS = 600  # a temporary file this old was left by a process that died mid-write
 _SUFFIX = ".safetensors"
+#: The names this package gives its files: eviction removes no other file, whatever the folder holds.
+_OUR_NAME = re.compile(r"[0-9a-f]{16}-[0-9a-f]{20}\.safetensors")
+# What a file that cannot be used raises, short of vanishing: it is then skipped and removed.
+_UNUSABLE = (CacheFileError, NotPrivateError, OSError, ValueError, KeyError, TypeError)
 
 
 class PromptCacheNotice(UserWarning):
-    """A prompt-cache file was skipped, or the folder could not be written; the engine still answers."""
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """The shape of one model's KV cache, to check a file against before using it."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    kv_bits: int | None
-    kv_group_size: int
-
-    def tensors(self, n: int, dtype: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Each state tensor's (dtype, shape) for ``n`` cached tokens, named as mlx-lm names them."""
-        expected: dict[str, tuple[str, tuple[int, ...]]] = {}
-        head = (1, self.kv_heads, n)
-        for i in range(self.layers):
-            if self.kv_bits is None:
-                expected[f"{i}.0"] = expected[f"{i}.1"] = (dtype, (*head, self.head_dim))
-                scalars = 1
-            else:
-                for part in ("0", "1"):
-                    expected[f"{i}.{part}.0"] = ("U32", (*head, self.head_dim * self.kv_bits // 32))
-                    expected[f"{i}.{part}.1"] = expected[f"{i}.{part}.2"] = (
-                        dtype,
-                        (*head, self.head_dim // self.kv_group_size),
-                    )
-                scalars = 3
-            for j in range(scalars):
-                expected[f"{i}.{2 + j}"] = ("I32", ())
-        return expected
+    """A prompt-cache file was skipped, or the folder could not be written or trusted; the engine
+    still answers."""
 
 
 class DiskPromptCache:
@@ -98,6 +72,7 @@ class DiskPromptCache:
         self._pending = 0
         self._warned: set[str] = set()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="starcoder-prompt-cache-writer")
+        self.trusted = True  # False once the folder is seen not to be private: nothing read or written
         self.writable = self._make_folder()
 
     # --- finding and reading (worker thread) ---------------------------------------------------
@@ -118,56 +93,63 @@ class DiskPromptCache:
     def load(self, name: str, tokens: Sequence[int], n: int) -> list[Any] | None:
         """The cache in file ``name`` for the first ``n`` of ``tokens``; None (with one notice, the
         file removed) if it is damaged or does not match, or None if it vanished or changed meanwhile."""
-        path = self.folder / name
         try:
-            tensors, metadata = read_cache_file(path)
-            if json.loads(metadata["0.tokens"])[:n] != list(tokens[:n]):  # replaced since it was indexed
-                self._forget(name)
-                return None
-            cache, held = self._caches(tensors, metadata)
+            with self._open() as folder:
+                return self._load(folder, name, tokens, n)
+        except (OSError, NotPrivateError):  # the folder is gone, or no longer private (turned off)
+            self._forget(name)
+            return None
+
+    def _load(self, folder: Folder, name: str, tokens: Sequence[int], n: int) -> list[Any] | None:
+        try:
+            with folder.open(name) as f:
+                header = read_header(f, self.layout.max_header_bytes)
+                held = self._held_tokens(header)
+                if held[:n] != list(tokens[:n]):  # replaced since it was indexed
+                    self._forget(name)
+                    return None
+                cache = self._caches(read_tensors(f, header), len(held))
+                with contextlib.suppress(OSError):
+                    os.utime(f.fileno())  # most recently used
         except FileNotFoundError:  # evicted by another process since the lookup
             self._forget(name)
             return None
-        except (CacheFileError, OSError, ValueError, KeyError, TypeError) as e:
-            self._discard(name, str(e))
+        except _UNUSABLE as e:
+            self._discard(folder, name, str(e))
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # most recently used
-        if n < held:
+        if n < len(held):
             cache = [prefix_copy(c, n) for c in cache]
         return cache
 
-    def _caches(self, tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[list[Any], int]:
-        if metadata.get("0.key") != self.key:
+    def _held_tokens(self, header: Header) -> list[int]:
+        """The token ids of a file whose header says this key and describes this model's cache."""
+        if header.metadata.get("0.key") != self.key:
             msg = "it was made by other weights or settings"
             raise CacheFileError(msg)
-        held = len(json.loads(metadata["0.tokens"]))
-        dtype = tensors["0.1" if self.layout.kv_bits is None else "0.0.1"].dtype
-        expected = self.layout.tensors(held, dtype)
-        found = {name: (t.dtype, t.shape) for name, t in tensors.items()}
-        if found != expected:
-            msg = f"its arrays do not have the shapes of this model's cache for {held} tokens"
-            raise CacheFileError(msg)
+        return self.layout.checked_tokens(header)
+
+    def _caches(self, tensors: dict[str, Tensor], held: int) -> list[Any]:
+        """The layer caches of a file's tensors, which have this model's shapes for ``held`` tokens."""
         layout = self.layout
         scalars = [held] if layout.kv_bits is None else [held, layout.kv_group_size, layout.kv_bits]
         cache = []
-        for i in range(self.layout.layers):
+        for i in range(layout.layers):
             if [int(tensors[f"{i}.{2 + j}"].data) for j in range(len(scalars))] != scalars:
                 msg = f"layer {i} records another offset or quantization"
                 raise CacheFileError(msg)
-            if self.layout.kv_bits is None:
+            if layout.kv_bits is None:
                 state = (_mlx(tensors[f"{i}.0"]), _mlx(tensors[f"{i}.1"]), held)
                 cache.append(KVCache.from_state(state))
             else:
                 keys, values = (tuple(_mlx(tensors[f"{i}.{p}.{j}"]) for j in range(3)) for p in "01")
                 cache.append(QuantizedKVCache.from_state((keys, values, *scalars)))
-        return cache, held
+        return cache
 
     # --- writing (a copy on the worker, the file on the writer thread) -------------------------
 
     def offer(self, tokens: Sequence[int], cache: list[Any]) -> None:
         """Keep ``cache`` (which holds ``tokens``) on disk if it holds enough the folder lacks."""
-        if not self.writable or len(tokens) < MIN_NEW_TOKENS:
+        if not (self.writable and self.trusted) or len(tokens) < MIN_NEW_TOKENS:
             return
         if not all(type(c) in (KVCache, QuantizedKVCache) for c in cache):
             return  # a cache of another kind (rotating, say) is not one this format holds
@@ -189,22 +171,21 @@ class DiskPromptCache:
     def _write(self, tokens: list[int], tensors: list[Tensor]) -> None:
         digest = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=10).hexdigest()
         name = f"{self._prefix}-{digest}{_SUFFIX}"
-        temp = self.folder / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
         metadata = _mlx_lm_metadata(
             {"key": self.key, "tokens": json.dumps(tokens, separators=(",", ":"))},
             ["KVCache" if self.layout.kv_bits is None else "QuantizedKVCache"] * self.layout.layers,
             [t.name for t in tensors if t.shape == ()],
         )
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)  # removed under a running engine: made again
-            write_cache_file(temp, tensors, metadata)
-            os.replace(temp, self.folder / name)  # atomic: readers see the whole file or none
-            with self._lock:
-                self._index[name] = np.asarray(tokens, dtype=np.int64)
-            self._evict()
+            with self._open(make=True) as folder:  # removed under a running engine: made again
+                with folder.replacing(name) as f:
+                    write_cache_file(f, tensors, metadata)
+                with self._lock:
+                    self._index[name] = np.asarray(tokens, dtype=np.int64)
+                self._evict(folder)
+        except NotPrivateError:
+            pass  # the folder is no longer private: the disk cache is off, and said so
         except OSError as e:
-            with contextlib.suppress(OSError):
-                temp.unlink(missing_ok=True)
             self._notice(
                 "write",
                 f"Could not write a prompt cache to {self.folder} ({e.strerror or e}); the engine "
@@ -214,33 +195,26 @@ class DiskPromptCache:
             with self._lock:
                 self._pending -= 1
 
-    def _evict(self) -> None:
-        """Remove the least recently used files of any model until the folder is within its limit."""
-        with self._folder_lock():
+    def _evict(self, folder: Folder) -> None:
+        """Remove the least recently used files of any model until the folder is within its limit
+        (one process at a time, so two never count the folder while the other removes)."""
+        with folder.locked():
             files, total, now = [], 0, time.time()
-            for entry in _scan(self.folder):
+            for entry in folder.entries():
                 with contextlib.suppress(FileNotFoundError):
-                    stat = entry.stat()
-                    if entry.name.endswith(".tmp") and now - stat.st_mtime > _STALE_TEMP_SECONDS:
-                        os.unlink(entry.path)
-                    elif entry.name.endswith(_SUFFIX):
-                        files.append((stat.st_mtime_ns, stat.st_size, entry.name))
-                        total += stat.st_size
+                    st = folder.stat(entry.name)
+                    if entry.name.endswith(".tmp") and now - st.st_mtime > _STALE_TEMP_SECONDS:
+                        folder.remove(entry.name)
+                    elif _OUR_NAME.fullmatch(entry.name) and stat.S_ISREG(st.st_mode):
+                        files.append((st.st_mtime_ns, st.st_size, entry.name))
+                        total += st.st_size
             for _, size, name in sorted(files):
                 if total <= self.max_bytes:
                     break
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.folder / name)
+                    folder.remove(name)
                 self._forget(name)
                 total -= size
-
-    @contextlib.contextmanager
-    def _folder_lock(self) -> Iterator[None]:
-        """One process at a time evicts, so two never count the folder while the other removes."""
-        with open(self.folder / ".lock", "a+b") as f:
-            if fcntl is not None:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            yield
 
     def flush(self) -> None:
         """Wait for the writes queued so far."""
@@ -249,41 +223,73 @@ class DiskPromptCache:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
 
-    # --- the index -----------------------------------------------------------------------------
+    # --- the folder and the index --------------------------------------------------------------
+
+    def _open(self, make: bool = False) -> Folder:
+        """The folder, opened and checked (made first if ``make``); one that is not private turns
+        the disk cache off, with one notice, and raises NotPrivateError."""
+        if not self.trusted:
+            msg = f"The prompt-cache folder {self.folder} is not private"
+            raise NotPrivateError(msg)
+        try:
+            if make:
+                make_private(self.folder)
+            return Folder(self.folder)
+        except NotPrivateError as e:
+            self._turn_off(str(e))
+            raise
 
     def _refresh(self) -> None:
         """Index this key's files (written by any process): new ones by their header, gone ones dropped."""
-        names = {
-            e.name for e in _scan(self.folder) if e.name.startswith(self._prefix) and e.name.endswith(_SUFFIX)
-        }
-        with self._lock:
-            for gone in set(self._index) - names:
-                del self._index[gone]
-            new = names - set(self._index)
-        for name in new:
-            try:
-                _, metadata, _ = read_header(self.folder / name)
-                if metadata.get("0.key") != self.key:
-                    msg = "it was made by other weights or settings"
-                    raise CacheFileError(msg)
-                tokens = np.asarray(json.loads(metadata["0.tokens"]), dtype=np.int64)
-            except FileNotFoundError:
-                continue
-            except (CacheFileError, OSError, ValueError, KeyError, TypeError) as e:
-                self._discard(name, str(e))
-                continue
+        try:
+            with self._open() as folder:
+                names = {
+                    e.name
+                    for e in folder.entries()
+                    if e.name.startswith(self._prefix) and e.name.endswith(_SUFFIX)
+                }
+                with self._lock:
+                    for gone in set(self._index) - names:
+                        del self._index[gone]
+                    new = names - set(self._index)
+                for name in new:
+                    self._index_file(folder, name)
+        except (OSError, NotPrivateError):  # not there (yet), unreadable, or not private: no files
             with self._lock:
-                self._index[name] = tokens
+                self._index.clear()
+
+    def _index_file(self, folder: Folder, name: str) -> None:
+        try:
+            with folder.open(name) as f:
+                tokens = self._held_tokens(read_header(f, self.layout.max_header_bytes))
+        except FileNotFoundError:
+            return
+        except _UNUSABLE as e:
+            self._discard(folder, name, str(e))
+            return
+        with self._lock:
+            self._index[name] = np.asarray(tokens, dtype=np.int64)
 
     def _forget(self, name: str) -> None:
         with self._lock:
             self._index.pop(name, None)
 
-    def _discard(self, name: str, why: str) -> None:
+    def _discard(self, folder: Folder, name: str, why: str) -> None:
         self._forget(name)
         with contextlib.suppress(OSError):
-            os.unlink(self.folder / name)
+            folder.remove(name)
         self._notice(name, f"Skipped and removed the prompt-cache file {self.folder / name}: {why}.")
+
+    def _turn_off(self, why: str) -> None:
+        self.trusted = False
+        with self._lock:
+            self._index.clear()
+        self._notice(
+            "private",
+            f"{why}: another user could have written its prompt caches, so this engine neither reads "
+            "nor writes any there and answers as before, prefilling each prompt. Give prompt_cache_dir "
+            "a folder of your own that group and others cannot write (chmod go-w), or none.",
+        )
 
     def _notice(self, topic: str, msg: str) -> None:
         """One notice per file or kind of failure for the life of the engine."""
@@ -294,11 +300,16 @@ class DiskPromptCache:
         warnings.warn(msg, PromptCacheNotice, stacklevel=3)
 
     def _make_folder(self) -> bool:
+        """Whether the folder can be written (made private if missing); a folder that is not private
+        is turned off here, with its notice."""
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            probe = self.folder / f".probe.{os.getpid()}.{threading.get_ident()}.tmp"
-            probe.write_bytes(b"")
-            probe.unlink()
+            with self._open(make=True) as folder:
+                probe = f".probe.{os.getpid()}.{threading.get_ident()}.tmp"  # one per engine: none race
+                with folder.replacing(probe):
+                    pass
+                folder.remove(probe)
+        except NotPrivateError:
+            return False
         except OSError as e:
             self._notice(
                 "write",
@@ -307,14 +318,6 @@ class DiskPromptCache:
             )
             return False
         return True
-
-
-def _scan(folder: Path) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as entries:
-            return list(entries)
-    except OSError:  # not there (yet), or unreadable: no files
-        return []
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:

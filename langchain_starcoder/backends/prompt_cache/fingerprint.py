@@ -6,18 +6,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ...loading.digests import file_digest, file_stamp
+from .folder import Folder, NotPrivateError, make_private
+
 #: Bumped whenever what a file holds or how it is keyed changes: older files are then never used.
 FORMAT_VERSION = 1
 _MEMO_NAME = ".fingerprints.json"
-_memo_lock = threading.Lock()
-_memo: dict[tuple[str, int, int, int], str] = {}  # (path, size, mtime_ns, inode) -> digest
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -30,28 +30,18 @@ def weight_files(path: Path) -> list[Path]:
 
 def weights_fingerprint(path: Path, memo_dir: Path | None) -> str:
     """A digest of the checkpoint's file contents. Each file is hashed once per (path, size,
-    mtime, inode), remembered in this process and in ``memo_dir``: a file rebuilt in place gets a
-    new mtime and is hashed again."""
+    mtime, inode) (:mod:`langchain_starcoder.loading.digests`), remembered in this process and in
+    ``memo_dir``: a file rebuilt in place gets a new mtime and is hashed again."""
     stored = _read_memo(memo_dir)
     digest, changed = hashlib.blake2b(digest_size=20), False
     for file in weight_files(path):
-        stat = file.stat()
-        real = str(file.resolve())
-        memo_key = (real, stat.st_size, stat.st_mtime_ns, stat.st_ino)
-        with _memo_lock:
-            known = _memo.get(memo_key)
-        if known is None:
-            stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ino": stat.st_ino}
-            entry = stored.get(real)
-            if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()):
-                known = str(entry.get("digest"))
-            else:
-                with open(file, "rb") as f:
-                    known = hashlib.file_digest(f, "blake2b").hexdigest()
-                stored[real] = {**stamp, "digest": known}
-                changed = True
-            with _memo_lock:
-                _memo[memo_key] = known
+        stamp = file_stamp(file)
+        entry = stored.get(stamp.path)
+        remembered = entry.get("digest") if stamp.matches(entry) else None
+        known = file_digest(file, stamp, str(remembered) if remembered is not None else None)
+        if remembered is None:
+            stored[stamp.path] = {**stamp.fields(), "digest": known}
+            changed = True
         digest.update(f"{file.name}:{known};".encode())
     if changed:
         _write_memo(memo_dir, stored)
@@ -71,11 +61,14 @@ def cache_key(parts: Mapping[str, Any]) -> str:
 
 
 def _read_memo(memo_dir: Path | None) -> dict[str, Any]:
+    """The digests remembered in ``memo_dir``, if it and the file are private (:mod:`.folder`):
+    a digest decides which files are valid, so one another user could have written is not used."""
     if memo_dir is None:
         return {}
     try:
-        stored = json.loads((memo_dir / _MEMO_NAME).read_text())
-    except (OSError, ValueError):  # none yet, or damaged: hash again
+        with Folder(memo_dir) as folder, folder.open(_MEMO_NAME) as f:
+            stored = json.load(f)
+    except (OSError, ValueError, NotPrivateError):  # none yet, damaged or not private: hash again
         return {}
     return stored if isinstance(stored, dict) else {}
 
@@ -83,13 +76,13 @@ def _read_memo(memo_dir: Path | None) -> dict[str, Any]:
 def _write_memo(memo_dir: Path | None, stored: dict[str, Any]) -> None:
     if memo_dir is None:
         return
-    temp = memo_dir / f"{_MEMO_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        temp.write_text(json.dumps(stored))
-        os.replace(temp, memo_dir / _MEMO_NAME)
-    except OSError:  # a read-only or missing folder: the digests are hashed again next time
-        with contextlib.suppress(OSError):
-            temp.unlink(missing_ok=True)
+    # A read-only, missing or not private folder: the digests are hashed again next time.
+    with (
+        contextlib.suppress(OSError, NotPrivateError),
+        Folder(memo_dir) as folder,
+        folder.replacing(_MEMO_NAME) as f,
+    ):
+        f.write(json.dumps(stored).encode())
 
 
 def hash_weights_aside(path: Path | None, folder: Path) -> Future[str] | None:
@@ -97,9 +90,11 @@ def hash_weights_aside(path: Path | None, folder: Path) -> Future[str] | None:
     ``folder`` remembers digests across processes (made here, if it can be)."""
     if path is None:
         return None
-    with contextlib.suppress(OSError):  # a folder that cannot be made gets its notice later
-        folder.mkdir(parents=True, exist_ok=True)
-    memo = folder if folder.is_dir() else None
+    # A folder that cannot be made, or is not private, gets its notice from the disk cache; its
+    # digests are then neither read nor written (the weights are hashed all the same).
+    with contextlib.suppress(OSError, NotPrivateError):
+        make_private(folder)
+    memo = folder
     future: Future[str] = Future()
 
     def run() -> None:
