@@ -1,5 +1,9 @@
-"""llama.cpp as a managed backend: a ``llama-server`` child on a free loopback port with a random API
-key, driven through the remote backend, restarted after it dies, and never outliving this process.
+"""llama.cpp as a managed backend: a ``llama-server`` child on a loopback port with a random API key,
+driven through the remote backend, restarted after it dies, and never outliving this process.
+
+The key goes only to the child: it binds a port of its own choosing (``--port 0``) and says which in
+its log, so no other process can take the port first and receive the key; the key reaches it through a
+pipe, never argv or a file. Nothing of it is on disk: its log is a file without a name.
 
 The child dies with us: on Linux the kernel sends it SIGKILL when its parent goes (``PR_SET_PDEATHSIG``,
 set between fork and exec; it fires when the *thread* that forked exits, so every child is forked by
@@ -14,10 +18,9 @@ import ctypes
 import functools
 import os
 import queue
+import re
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +37,13 @@ import httpx
 
 from ..errors import EngineClosedError, InvalidParameterError, StarCoderError
 from . import Generation
-from .remote import RemoteBackend
+from .remote import RemoteBackend, ServerBackend
+
+#: llama-server's log lines: where it listens (once the model is loaded), or the port it could not bind.
+_LISTENING = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)\b")
+_NOT_BOUND = re.compile(r"couldn't bind HTTP server socket, hostname: \S+, port: (\d+)")
+#: llama-server options the managed child sets itself: it listens on the loopback only, with our key.
+_OWN_OPTIONS = ("--host", "--api-key", "--api-key-file")
 
 
 class LlamaServerError(StarCoderError):
@@ -59,7 +68,9 @@ class LlamaCppOptions:
         inexact_past_window: llama.cpp's StarCoder2 attention ignores the sliding window, so its
             answers past the window (4,096 tokens) differ from the model's. By default a request may
             hold at most the window; True allows the whole training context, inexactly past the window.
-        server_args: More llama-server options, e.g. ``("--cache-ram", "0")``.
+        server_args: More llama-server options, e.g. ``("--cache-ram", "0")``; ``("--port", "N")``
+            pins the port (by default the child takes a free one). Its address and key are its own:
+            ``--host`` and ``--api-key*`` are refused.
         startup_timeout: Seconds llama-server may take to load the model and answer ``/health``.
         cache_dir: Where converted GGUF files are kept (default: ``$LANGCHAIN_STARCODER_CACHE/gguf``,
             else ``~/.cache/langchain-starcoder/gguf``).
@@ -84,6 +95,22 @@ class LlamaCppOptions:
             msg = f"llama_cpp outtype must be auto, f32, f16, q8_0 or q4_0, not {self.outtype!r}."
             raise InvalidParameterError(msg)
         object.__setattr__(self, "server_args", tuple(self.server_args))
+        if not all(isinstance(arg, str) for arg in self.server_args):
+            msg = f"llama_cpp server_args must be strings, not {self.server_args!r}."
+            raise InvalidParameterError(msg)
+        for option in _OWN_OPTIONS:
+            if _given(self.server_args, option):
+                msg = (
+                    f"llama_cpp server_args may not set {option}: the managed llama-server listens on "
+                    "127.0.0.1 with a key of its own. To serve a model elsewhere, run llama-server "
+                    "yourself and connect to it (StarCoderEngine.connect)."
+                )
+                raise InvalidParameterError(msg)
+
+
+def _given(args: Sequence[str], option: str) -> bool:
+    """Whether ``args`` set ``option`` (``--name value`` or ``--name=value``)."""
+    return any(arg.split("=", 1)[0] == option for arg in args)
 
 
 # --- the child -------------------------------------------------------------------------------------
@@ -131,14 +158,17 @@ def _popen(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return _spawner.popen(args, preexec_fn=functools.partial(_die_with_parent, prctl, os.getpid()), **kwargs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _key_pipe(key: str) -> int:
+    """The read end of a pipe that holds ``key``, closed for writing: the child reads it once, as a file
+    (``/dev/fd/N``), and then nothing holds the key but the child."""
+    read, write = os.pipe()
+    with os.fdopen(write, "wb") as pipe:
+        pipe.write(key.encode() + b"\n")  # far below a pipe's buffer: never blocks
+    return read
 
 
-def _stop(proc: subprocess.Popen[bytes], folder: str) -> None:
-    """Stop a child (SIGTERM, then SIGKILL) and remove its folder (key file, log)."""
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a child: SIGTERM, then SIGKILL."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -146,11 +176,10 @@ def _stop(proc: subprocess.Popen[bytes], folder: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 class LlamaServerProcess:
-    """One ``llama-server`` child serving ``gguf`` as ``alias`` on 127.0.0.1, its key in a private file."""
+    """One ``llama-server`` child serving ``gguf`` as ``alias`` on 127.0.0.1 (see the module docs)."""
 
     def __init__(self, binary: Path, gguf: Path, *, alias: str, threads: int, slots: int, context: int,
                  server_args: Sequence[str], startup_timeout: float) -> None:  # fmt: skip
@@ -160,62 +189,103 @@ class LlamaServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.api_key = ""
-        self._folder = ""
+        self._log: Any = None  # the child's stdout and stderr: a file without a name
+        self._log_lock = threading.Lock()  # a restart swaps the log while a request may read its tail
+        self._scanned = 0  # how far the log was searched for the port
         self._finalizer: weakref.finalize | None = None
 
     def start(self) -> None:
-        """Start the child and wait until it answers ``/health``; on failure say why, from its log."""
-        self._folder = tempfile.mkdtemp(prefix="starcoder-llama-")  # mode 0700: the key stays ours
+        """Start the child and wait until it listens and answers ``/health``; on failure say why,
+        from its log."""
         self.api_key = secrets.token_urlsafe(32)
-        key_file = Path(self._folder, "api-key")
-        key_file.write_text(self.api_key + "\n")
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        with self._log_lock:
+            if self._log is not None:
+                self._log.close()
+            # a file, not a pipe (a full pipe would stall the server), with no name to leave behind
+            self._log = tempfile.TemporaryFile(prefix="starcoder-llama-")  # noqa: SIM115 (lives with the child)
+            self._scanned = 0
+        key = _key_pipe(self.api_key)
+        port = () if _given(self.server_args, "--port") else ("--port", "0")  # 0: it picks a free one
         args = [
-            str(self.binary), "-m", str(self.gguf), "--alias", self.alias, "--host", "127.0.0.1",
-            "--port", str(port), "--api-key-file", str(key_file), "-t", str(self.threads),
-            "-np", str(self.slots), "-c", str(self.slots * self.context), "--no-webui", "--metrics",
-            *self.server_args,
+            str(self.binary), "-m", str(self.gguf), "--alias", self.alias, "--host", "127.0.0.1", *port,
+            "--api-key-file", f"/dev/fd/{key}", "-t", str(self.threads), "-np", str(self.slots),
+            "-c", str(self.slots * self.context), "--no-webui", "--metrics", *self.server_args,
         ]  # fmt: skip
-        with open(self.log_path, "ab") as log:  # a file, not a pipe: a full pipe would stall the server
-            self.proc = _popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        try:
+            self.proc = _popen(args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+                               pass_fds=(key,), start_new_session=True)  # fmt: skip
+        finally:
+            os.close(key)
         # A Ctrl-C reaches only us (own session); exit and garbage collection stop the child.
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self._folder)
+        self._finalizer = weakref.finalize(self, _stop, self.proc)
+        try:
+            self.url = self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> str:
+        """The child's URL once its log says where it listens and it answers ``/health``: the port is
+        the one it bound itself (until it exits, no other process can hold it)."""
+        assert self.proc is not None
         deadline = time.monotonic() + self.startup_timeout
+        url = ""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                code = self.proc.returncode
-                msg = f"llama-server exited with code {code} while starting: {self.log_tail()}"
-                self.stop()
-                raise LlamaServerError(msg)
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
+                raise LlamaServerError(self._exit_message())
+            if not url and (port := self._listening_port()):
+                url = f"http://127.0.0.1:{port}"
+            if url:
+                with contextlib.suppress(httpx.HTTPError):  # no key sent: /health is public
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        return url
             time.sleep(0.05)
-        tail = self.log_tail()
-        self.stop()
+        unsaid = "" if url else " and its log never said where it listens ('listening on http://...')"
         msg = (
             f"llama-server did not become ready within {self.startup_timeout:g} s (llama_cpp "
-            f"startup_timeout): {tail}"
+            f"startup_timeout){unsaid}: {self.log_tail()}"
         )
         raise LlamaServerError(msg)
 
-    @property
-    def log_path(self) -> Path:
-        return Path(self._folder, "llama-server.log")
+    def _listening_port(self) -> int | None:
+        """The port the child's log says it listens on, searched in the lines added since the last look."""
+        data = self._read_log(self._scanned)
+        whole_lines = data.rfind(b"\n") + 1
+        found = _LISTENING.search(data, 0, whole_lines)
+        self._scanned += whole_lines
+        return int(found[1]) if found else None
+
+    def _exit_message(self) -> str:
+        assert self.proc is not None
+        tail = self.log_tail()
+        if taken := _NOT_BOUND.search(tail):
+            return (
+                f"llama-server could not listen on 127.0.0.1:{taken[1]}: the port is taken by another "
+                "process. Leave --port out of llama_cpp server_args (the child then takes a free port of "
+                "its own), or name a free one."
+            )
+        return f"llama-server exited with code {self.proc.returncode} while starting: {tail}"
+
+    def _read_log(self, start: int = 0, *, last: int | None = None) -> bytes:
+        """The log's bytes from ``start``, or its ``last`` bytes."""
+        with self._log_lock:
+            if self._log is None or self._log.closed:
+                return b""
+            fd = self._log.fileno()
+            size = os.fstat(fd).st_size
+            start = max(size - last, 0) if last is not None else start
+            return os.pread(fd, max(size - start, 0), start)
 
     def log_tail(self, chars: int = 1500) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return text[-chars:].strip() or "(empty log)"
+        text = self._read_log(last=4 * chars).decode(errors="replace")[-chars:]
+        return text.strip() or "(empty log)"
 
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
+        """Stop the child (its log stays readable until the next start)."""
         if self._finalizer is not None:
             self._finalizer()  # runs _stop once
             self._finalizer = None
@@ -224,7 +294,7 @@ class LlamaServerProcess:
 # --- the backend -----------------------------------------------------------------------------------
 
 
-class ManagedLlamaBackend:
+class ManagedLlamaBackend(ServerBackend):
     """The remote backend over a llama-server child this backend owns (see the module docs).
 
     ``connect(url, api_key)`` builds the remote backend over a started child. A child that exited is
@@ -233,11 +303,10 @@ class ManagedLlamaBackend:
 
     def __init__(self, server: LlamaServerProcess, connect: Callable[[str, str], RemoteBackend], *,
                  name: str, path: Path | None, sliding_window: int | None) -> None:  # fmt: skip
+        super().__init__()
         self.name, self.path, self.sliding_window = name, path, sliding_window
         self.server = server
         self._connect = connect
-        self._lock = threading.Lock()
-        self._closed = False
         self.restarts = 0
         self._remote = self._start()
 
@@ -302,21 +371,7 @@ class ManagedLlamaBackend:
         inner.add_done_callback(relay)
         return done
 
-    def logits(self, token_ids: Sequence[int]) -> Any:
-        return self._remote.logits(token_ids)
-
-    def clear_cache(self) -> None:
-        """llama-server manages its prompt cache; nothing is held here."""
-
-    @property
-    def prompt_cache_bytes(self) -> int:
-        return 0
-
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         """Cancel what runs, then stop the child."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
         self._remote.close()
         self.server.stop()

@@ -10,16 +10,21 @@ child killed (idle, mid-request, beyond restart), the parent killed, closing, a 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -142,6 +147,65 @@ def test_converted_once_and_served_on_loopback_with_a_key(
         again.close()
 
 
+def test_another_models_gguf_under_this_name_is_not_served(
+    full_path: Path, local: StarCoderEngine, tmp_path: Path
+) -> None:
+    """The cached file is trusted for the fingerprint inside it, not for its name."""
+    options = {"cache_dir": str(tmp_path), "slots": 1}
+    other = clean_copy(build_starcoder2(tmp_path / "raw", sliding_window=0, seed=7), tmp_path / "other")
+    engine = StarCoderEngine.load(other, backend="llama.cpp", llama_cpp=options)
+    other_gguf = engine.backend.server.gguf
+    engine.close()
+    engine = StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp=options)
+    ours = engine.backend.server.gguf
+    engine.close()
+    shutil.copyfile(other_gguf, ours)  # another model's conversion under this model's name
+    engine = StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp=options)
+    try:
+        _same(engine.generate(PROMPTS[0], **GREEDY), local.generate(PROMPTS[0], **GREEDY))
+    finally:
+        engine.close()
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    """A listener that answers every request with 200 and remembers what it was sent."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def _answer(self) -> None:
+        self.seen.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
+        body = json.dumps({"status": "ok", "data": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_taken_port_never_receives_the_key(full_path: Path, cache: Path) -> None:
+    """Another process holds the port the child is told to use: the key never reaches it, and the error
+    says the port is taken (it said "404 to /v1/models" when the listener got the key first)."""
+    hostile = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    _Hostile.seen = []
+    threading.Thread(target=hostile.serve_forever, daemon=True).start()
+    port = hostile.server_address[1]
+    pinned = {"server_args": ("--port", str(port))}
+    try:
+        with pytest.raises(StarCoderError) as refused:
+            StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp=pinned)
+    finally:
+        hostile.shutdown()
+        hostile.server_close()
+    assert [seen for seen in _Hostile.seen if "authorization" in seen] == []
+    assert isinstance(refused.value, LlamaServerError)
+    assert f"127.0.0.1:{port}: the port is taken by another process" in str(refused.value)
+
+
 def test_cancel_stops_the_child_generating(remote: StarCoderEngine, local: StarCoderEngine) -> None:
     # 1900 tokens are about 5 s of work; a cancelled request stops well before them (the child runs
     # ahead of us by what the socket holds, more when other work shares the CPU: bound 1500).
@@ -257,8 +321,9 @@ def test_close_stops_the_child(full_path: Path, cache: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C", "exit"])
-def test_no_orphan_when_the_parent_goes(full_path: Path, cache: Path, how: str) -> None:
-    """The parent killed outright (no cleanup runs there), interrupted, or leaving: the child goes too."""
+def test_no_orphan_when_the_parent_goes(full_path: Path, cache: Path, tmp_path: Path, how: str) -> None:
+    """The parent killed outright (no cleanup runs there), interrupted, or leaving: the child goes too,
+    and nothing of it is left in the temporary folder (its key and log were kept there)."""
     script = textwrap.dedent(f"""
         import sys, threading, time
         from langchain_starcoder import StarCoderEngine
@@ -275,7 +340,9 @@ def test_no_orphan_when_the_parent_goes(full_path: Path, cache: Path, how: str) 
             sys.exit(0)
         time.sleep(60)
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(temp)}
     parent = subprocess.Popen(
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
@@ -290,6 +357,7 @@ def test_no_orphan_when_the_parent_goes(full_path: Path, cache: Path, how: str) 
             parent.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)
         parent.wait(30)
         assert _gone(pid)
+        assert [p.name for p in temp.iterdir() if p.name.startswith("starcoder-")] == []
     finally:
         parent.kill()
         parent.wait()
@@ -310,6 +378,9 @@ def test_bad_settings_are_refused(full_path: Path) -> None:
         StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 0})
     with pytest.raises(InvalidParameterError, match=r'apply to backend="llama\.cpp"'):
         StarCoderEngine.load(full_path, llama_cpp={"slots": 2})
+    for own in (("--host", "0.0.0.0"), ("--api-key=x",), ("--api-key-file", "/tmp/k")):
+        with pytest.raises(InvalidParameterError, match=f"server_args may not set {own[0].split('=')[0]}"):
+            StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"server_args": own})
 
 
 # --- the command line ------------------------------------------------------------------------------

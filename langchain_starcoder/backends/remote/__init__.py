@@ -6,11 +6,12 @@ with special-token parsing on, so a ``<file_sep>`` inside a user's file would be
 
 Two protocols, chosen at connect from what ``/v1/models`` reports: llama.cpp's ``llama-server``
 (``llama_cpp``) and vLLM (``vllm``). They share the transport (``transport``: client, time bounds,
-retries, bounded reading, errors) and the checks of the numbers a server sends (``validation``);
-``backend`` ties them together behind the backend contract.
+retries, bounded reading, errors), the checks of the numbers a server sends (``validation``) and the
+reading of a generation's stream (``protocol``); ``backend`` ties them together behind the backend
+contract.
 """
 
-from .backend import RemoteBackend
+from .backend import RemoteBackend, ServerBackend
 from .errors import ServerDisconnectedError, ServerError, ServerTimeoutError, ServerUnavailableError
 from .llama_cpp import MAX_WITHHELD
 from .llama_cpp import _split as _split  # the tests check it against plain backtracking
@@ -18,6 +19,7 @@ from .llama_cpp import _split as _split  # the tests check it against plain back
 __all__ = [
     "MAX_WITHHELD",
     "RemoteBackend",
+    "ServerBackend",
     "ServerDisconnectedError",
     "ServerError",
     "ServerTimeoutError",

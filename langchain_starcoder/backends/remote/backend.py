@@ -11,16 +11,14 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
-
-import httpx
+from typing import Any
 
 from ...errors import EngineClosedError, InvalidParameterError, StarCoderError
-from ...types import GenerationParams
 from .. import Generation
 from .errors import ServerError
 from .llama_cpp import LlamaCpp
-from .transport import Clock, Transport
+from .protocol import ServerProtocol
+from .transport import Transport
 from .validation import Validator
 from .vllm import VLLM
 
@@ -28,17 +26,40 @@ from .vllm import VLLM
 OUR_SERVER = "langchain-starcoder"
 
 
-class ServerProtocol(Protocol):
-    """How one kind of server takes a generation: its path, its request body, the reading of its stream."""
+class ServerBackend:
+    """What a backend over a server leaves to the server: its prompt cache (nothing is held here), and
+    logits (a server does not return them); and closing once, under the lock its requests take."""
 
-    path: str
+    name: str
 
-    def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]: ...
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
 
-    def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None: ...
+    def close(self) -> None:
+        """Close once (:meth:`_shut_down`); later calls do nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        raise NotImplementedError
+
+    def logits(self, token_ids: Sequence[int]) -> Any:
+        msg = f"{self.name} runs on a server, and a server's backend does not return logits."
+        raise StarCoderError(msg)
+
+    def clear_cache(self) -> None:
+        """The server manages its prompt cache; nothing is held here."""
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        return 0
 
 
-class RemoteBackend:
+class RemoteBackend(ServerBackend):
     """A model served by llama.cpp's ``llama-server`` or vLLM, reached over HTTP with token ids.
 
     Args:
@@ -82,6 +103,7 @@ class RemoteBackend:
         sliding_window: int | None = None,
         inexact_past_window: bool = False,
     ):
+        super().__init__()
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             msg = f"base_url must be an http:// or https:// URL, not {base_url!r}."
             raise InvalidParameterError(msg)
@@ -110,8 +132,6 @@ class RemoteBackend:
         self._check = Validator(self.base_url)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="starcoder-remote")
         self._live: set[Generation] = set()
-        self._lock = threading.Lock()
-        self._closed = False
         try:
             self.vocab_size, self.context_window, self._protocol = self._check_server(
                 vocab_size, context_length, token_bytes or {}
@@ -219,23 +239,9 @@ class RemoteBackend:
                 self._pool.submit(run, gen)
         return done
 
-    def logits(self, token_ids: Sequence[int]) -> Any:
-        msg = f"{self.base_url} serves {self.name}: a remote backend does not return logits."
-        raise StarCoderError(msg)
-
-    def clear_cache(self) -> None:
-        """The server manages its prompt cache; nothing is held here."""
-
-    @property
-    def prompt_cache_bytes(self) -> int:
-        return 0
-
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         """Cancel what is running (its HTTP streams close) and free the connections."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        with self._lock:  # closed: no generation is added any more
             live = list(self._live)
         for gen in live:
             gen.cancelled.set()

@@ -17,8 +17,8 @@ import httpx
 from ...types import PENALTY_CONTEXT, GenerationParams
 from .. import Generation
 from .errors import ServerError
+from .protocol import ServerProtocol
 from .transport import Clock, Transport
-from .validation import Validator
 
 #: The most ids llama.cpp may hold back at once (its text ends inside a UTF-8 character: a few tokens,
 #: more only for a run of stray lead bytes); a larger gap is refused (rebuilding costs gap * piece).
@@ -26,16 +26,14 @@ MAX_WITHHELD = 64
 T = TypeVar("T", bytes, str)
 
 
-class LlamaCpp:
+class LlamaCpp(ServerProtocol):
     """Generations over llama-server's ``/completion`` stream; ``token_bytes`` rebuilds held-back ids."""
 
     path = "/completion"
+    needs = "it needs a llama-server that supports return_tokens"
 
     def __init__(self, transport: Transport, vocab_size: int, token_bytes: Mapping[bytes, int]) -> None:
-        self.base_url = transport.base_url
-        self._transport = transport
-        self._check = Validator(transport.base_url)
-        self._vocab_size = vocab_size
+        super().__init__(transport, vocab_size)
         self._token_bytes = dict(token_bytes)
         self._id_bytes = {i: b for b, i in self._token_bytes.items()}
 
@@ -68,49 +66,39 @@ class LlamaCpp:
         """Hand each streamed id to the sink until it, the server or the budget ends it."""
         started = False
         count = 0
-        with self._transport.stream_errors(self.path, clock, lambda: count):
-            for event in self._transport.events(response, self.path, clock):
-                if gen.cancelled.is_set():
-                    return  # returning closes the HTTP stream: the server stops generating
-                if not started:
-                    gen.sink.start(
-                        self._cached(event, gen.prompt), prompt_seconds=self._prompt_seconds(event, clock)
-                    )
-                    started = True
-                ids = self._check.token_ids(
-                    event.get("tokens"),
-                    self._vocab_size,
-                    event,
-                    "it needs a llama-server that supports return_tokens",
+        for event in self._events(gen, response, clock, lambda: count):  # noqa: B023 (the count so far)
+            if not started:
+                gen.sink.start(
+                    self._cached(event, gen.prompt), prompt_seconds=self._prompt_seconds(event, clock)
                 )
-                predicted = event.get("tokens_predicted")
-                if predicted is not None:  # llama.cpp counts what it generated, held-back ids included
-                    predicted = self._check.number(predicted, "tokens_predicted", gen.params.max_tokens)
-                gap = predicted - count - len(ids) if predicted is not None else 0
-                if gap > MAX_WITHHELD:
-                    msg = (
-                        f"{self.base_url} held back {gap} token ids at once; a character split across "
-                        f"tokens accounts for at most {MAX_WITHHELD}."
-                    )
-                    raise ServerError(msg)
-                if gap > 0 and ids:
-                    ids = self._withheld(event, ids, gap) + ids
-                elif gap > 0 and event.get("stop"):  # it ended inside a character: those ids never came
-                    ids = self._stand_ins(gap)
-                if ids:
-                    clock.progress()
-                for token in ids:
-                    count += 1
-                    if gen.sink.token(token) or count >= gen.params.max_tokens:
-                        gen.sink.finish()
-                        return
-                if event.get("stop"):
-                    break
-            else:  # the body ended without the server's last chunk
+                started = True
+            ids = self._token_ids(event.get("tokens"), event, clock)
+            predicted = event.get("tokens_predicted")
+            if predicted is not None:  # llama.cpp counts what it generated, held-back ids included
+                predicted = self._check.number(predicted, "tokens_predicted", gen.params.max_tokens)
+            gap = predicted - count - len(ids) if predicted is not None else 0
+            if gap > MAX_WITHHELD:
                 msg = (
-                    f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
+                    f"{self.base_url} held back {gap} token ids at once; a character split across "
+                    f"tokens accounts for at most {MAX_WITHHELD}."
                 )
                 raise ServerError(msg)
+            if gap > 0 and ids:
+                ids = self._withheld(event, ids, gap) + ids
+            elif gap > 0 and event.get("stop"):  # it ended inside a character: those ids never came
+                ids = self._stand_ins(gap)
+            for token in ids:
+                count += 1
+                if gen.sink.token(token) or count >= gen.params.max_tokens:
+                    gen.sink.finish()
+                    return
+            if event.get("stop"):
+                break
+        else:
+            if gen.cancelled.is_set():
+                return
+            msg = f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
+            raise ServerError(msg)
         if not started:
             gen.sink.start(0, prompt_seconds=None)
         if not gen.cancelled.is_set():

@@ -12,20 +12,18 @@ import httpx
 from ...types import GenerationParams
 from .. import Generation
 from .errors import ServerError
+from .protocol import ServerProtocol
 from .transport import Clock, Transport
-from .validation import Validator
 
 
-class VLLM:
+class VLLM(ServerProtocol):
     """Generations over vLLM's ``/v1/completions`` stream of token ids."""
 
     path = "/v1/completions"
+    needs = "it needs vLLM >= 0.10.2 (return_token_ids)"
 
     def __init__(self, transport: Transport, vocab_size: int, model: str) -> None:
-        self.base_url = transport.base_url
-        self._transport = transport
-        self._check = Validator(transport.base_url)
-        self._vocab_size = vocab_size
+        super().__init__(transport, vocab_size)
         self._model = model
 
     def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
@@ -53,32 +51,24 @@ class VLLM:
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
         """Hand each streamed id to the sink; at the server's own end, read on to the usage chunk."""
         count, cached, started, ended = 0, None, False, False
-        with self._transport.stream_errors(self.path, clock, lambda: count):
-            for event in self._transport.events(response, self.path, clock):
-                if gen.cancelled.is_set():
-                    return  # returning closes the HTTP stream: the server stops generating
-                usage = event.get("usage")
-                if isinstance(usage, dict):
-                    cached = self._cached(usage, gen.prompt)
-                for choice in self._choices(event):
-                    if not started:
-                        self._check_echo(choice, gen.prompt)
-                        gen.sink.start(0, prompt_seconds=None)  # vLLM does not say how long the prompt took
-                        started = True
-                    ids = self._check.token_ids(
-                        choice.get("token_ids"),
-                        self._vocab_size,
-                        event,
-                        "it needs vLLM >= 0.10.2 (return_token_ids)",
-                    )
-                    if ids:
-                        clock.progress()
-                    for token in ids[: gen.params.max_tokens - count]:
-                        count += 1
-                        if gen.sink.token(token):
-                            gen.sink.finish()  # a stop of ours: leave now, the server stops with us
-                            return
-                    ended = ended or choice.get("finish_reason") is not None
+        for event in self._events(gen, response, clock, lambda: count):  # noqa: B023 (the count so far)
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                cached = self._cached(usage, gen.prompt)
+            for choice in self._choices(event):
+                if not started:
+                    self._check_echo(choice, gen.prompt)
+                    gen.sink.start(0, prompt_seconds=None)  # vLLM does not say how long the prompt took
+                    started = True
+                ids = self._token_ids(choice.get("token_ids"), event, clock)
+                for token in ids[: gen.params.max_tokens - count]:
+                    count += 1
+                    if gen.sink.token(token):
+                        gen.sink.finish()  # a stop of ours: leave now, the server stops with us
+                        return
+                ended = ended or choice.get("finish_reason") is not None
+        if gen.cancelled.is_set():
+            return
         if not ended:
             msg = f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
             raise ServerError(msg)

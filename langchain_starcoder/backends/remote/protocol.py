@@ -1,0 +1,54 @@
+"""What every server protocol shares: a generation's stream read until it is cancelled, and each chunk's
+token ids checked before they reach the sink. ``llama_cpp`` and ``vllm`` say the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+from ...types import GenerationParams
+from .. import Generation
+from .transport import Clock, Transport
+from .validation import Validator
+
+
+class ServerProtocol:
+    """How one kind of server takes a generation: its ``path``, its request ``body``, and the ``relay``
+    of its stream to the generation's sink."""
+
+    path: str
+    #: What a server that streams no token ids lacks (its error says so).
+    needs: str
+
+    def __init__(self, transport: Transport, vocab_size: int) -> None:
+        self.base_url = transport.base_url
+        self._transport = transport
+        self._check = Validator(transport.base_url)
+        self._vocab_size = vocab_size
+
+    def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
+        raise NotImplementedError
+
+    def _events(
+        self, gen: Generation, response: httpx.Response, clock: Clock, count: Callable[[], int]
+    ) -> Iterator[dict[str, Any]]:
+        """The stream's events until ``gen`` is cancelled (the relay then returns, which closes the
+        stream: the server stops generating). A timeout or a broken connection is one clear error
+        that says how many tokens came (``count``)."""
+        with self._transport.stream_errors(self.path, clock, count):
+            for event in self._transport.events(response, self.path, clock):
+                if gen.cancelled.is_set():
+                    return
+                yield event
+
+    def _token_ids(self, ids: Any, event: dict[str, Any], clock: Clock) -> list[int]:
+        """A chunk's token ids, each checked to be in the vocabulary; any restart the silence bound."""
+        checked = self._check.token_ids(ids, self._vocab_size, event, self.needs)
+        if checked:
+            clock.progress()
+        return checked
