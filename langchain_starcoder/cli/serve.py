@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 from typing import Any
 
 from .model import _load_engine, _repo_index
@@ -13,10 +15,8 @@ from .output import CommandError, _err
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
-        from ..server import BoundedConfig, create_app
-    except ImportError as e:  # an optional extra
+        from .. import server  # noqa: F401  # the optional extra, checked before any work
+    except ImportError as e:
         msg = f"serve needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\""
         raise CommandError(msg) from e
 
@@ -31,6 +31,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     in_process = args.backend == "mlx" and args.base_url is None  # other servers keep their own caches
     if in_process and not args.no_prompt_cache and args.prompt_cache_dir is None:
         args.prompt_cache_dir = default_prompt_cache_dir()  # on by default: a restart starts warm
+    # Bound before anything slow (the repository scan, the model): a port in use fails in one line.
+    listening = _listen(args.host, args.port)
+    try:
+        return _serve(args, listening)
+    finally:
+        for sock in listening:
+            sock.close()
+
+
+def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
+    """Serve on ``listening`` until stopped; the model loads in a thread once the server is up."""
+    import uvicorn
+
+    from ..server import BoundedConfig, create_app
+
     repo = _repo_index(args.repo) if args.repo is not None else None  # scanned before serving
     failed: list[BaseException] = []
 
@@ -42,7 +57,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             server.should_exit = True
             raise
 
-    # The model loads in a thread once the server is up: /health says 503 until it is ready.
+    # /health says 503 until the model is ready.
     app = create_app(
         load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
@@ -54,10 +69,41 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout, keep_alive_timeout=args.keep_alive_timeout,
     )  # fmt: skip
     server = uvicorn.Server(config)
-    _err(f"Serving {args.model} on http://{args.host}:{args.port} (/v1/completions, /infill, /health).")
+    port = listening[0].getsockname()[1]
+    _err(f"Serving {args.model} on http://{args.host}:{port} (/v1/completions, /infill, /health).")
     if args.prompt_cache_dir is not None:
         _err(f"Prompt caches are kept in {args.prompt_cache_dir} (--no-prompt-cache: none).")
-    server.run()
+    server.run(sockets=listening)  # no other process can take the port between the check and its use
     if failed:
         raise failed[0]
     return 0
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Sockets listening on ``host``:``port`` (one per address the host resolves to, as uvicorn binds),
+    made before the model loads and handed to uvicorn: a port in use is one line at once, not an
+    error after minutes of loading."""
+    try:  # "" is every interface, as for uvicorn
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        msg = f"--host {host} cannot be listened on ({e.strerror}): give an address of this machine."
+        raise CommandError(msg) from e
+    listening: list[socket.socket] = []
+    try:
+        for family, address in dict.fromkeys((info[0], info[4]) for info in found):
+            try:
+                listening.append(socket.create_server(address, family=family))  # SO_REUSEADDR, as uvicorn
+            except OSError as e:  # an IPv6 address where IPv6 is off is skipped, as asyncio skips it
+                if not (family == socket.AF_INET6 and e.errno == errno.EADDRNOTAVAIL):
+                    raise
+        if not listening:
+            raise OSError(errno.EADDRNOTAVAIL, "no address of this machine")
+    except OSError as e:
+        for sock in listening:
+            sock.close()
+        if e.errno == errno.EADDRINUSE:
+            msg = f"port {port} on {host} is in use: stop what holds it, or choose another port with --port."
+        else:
+            msg = f"cannot listen on {host}:{port} ({e.strerror}): choose another --host or --port."
+        raise CommandError(msg) from e
+    return listening

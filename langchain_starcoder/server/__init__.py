@@ -3,7 +3,8 @@
 A Starlette app whose handlers translate request shapes into engine calls and back: ``app`` (the
 routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
 and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
-``limits`` (body size, text bound) and ``connections`` (uvicorn's request deadline, connection limit).
+``limits`` (body size, text bound, list counts) and ``connections`` (uvicorn's request deadline, connection
+limit).
 
 Endpoints:
 
@@ -26,11 +27,11 @@ Endpoints:
   ids when ``return_tokens``) and ``GET /props``: so ``StarCoderEngine.connect("http://host:8080",
   model=...)`` drives this server like a llama-server.
 
-Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input,
-401 without the API key when one is set, 413 when the body passes ``max_body_bytes`` or the prompt plus
-``max_tokens`` pass the context window, 503 while the model loads. Generation runs through the engine's
-async API, so the event loop never blocks; a client that disconnects cancels its generation (and one that
-leaves mid-body is a debug line, not an error).
+Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input
+(a list field with more items than ``limits`` allows too), 401 without the API key when one is set, 413 when
+the body passes ``max_body_bytes`` or the prompt plus ``max_tokens`` pass the context window, 503 while the
+model loads. Generation runs through the engine's async API, so the event loop never blocks; a client that
+disconnects cancels its generation (and one that leaves mid-body is a debug line, not an error).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from ..engine import StarCoderEngine
 from ..fim import FIMPrompt
 from ..types import Completion, CompletionChunk, FIMRequest, is_int, join_chunks
 from .errors import bad_request
-from .limits import check_text_fits
+from .limits import MAX_RESPONSE_FIELDS, check_count, check_ids_fit, check_text_fits
 from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
 from .shapes import files_used, final_answer, pick_fields
 from .state import ServerState
@@ -48,6 +48,8 @@ async def detokenize(server: ServerState, request: Request) -> Response:
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
     ids = body.get("tokens")
+    if isinstance(ids, list):  # no request decodes more than a context window's worth
+        check_count(ids, engine.context_window, "token ids", "tokens")
     if not isinstance(ids, list) or not all(is_int(t) for t in ids):
         raise bad_request("tokens must be a list of token ids (integers).", "tokens")
     bad = [t for t in ids if not 0 <= t < engine.vocab_size]
@@ -96,6 +98,7 @@ def _completion_prompt(server: ServerState, engine: StarCoderEngine, prompt: Any
     if isinstance(prompt, str):
         return text_ids(engine, prompt, parse, server.max_text_chars)
     pieces = prompt if isinstance(prompt, list) and prompt else [None]
+    check_ids_fit(len(pieces), engine.context_window, "prompt", "pieces (token ids and texts)")
     if not all(is_int(p) or isinstance(p, str) for p in pieces) or all(isinstance(p, str) for p in pieces):
         msg = (
             "/completion takes one prompt: text, a list of token ids, or a list mixing ids and text; "
@@ -127,6 +130,8 @@ async def infill(server: ServerState, request: Request) -> Response:
     settings = llama_settings(body, max_tokens, server.prompt_lookup)
     limit_ms = field(body, "t_max_predict_ms", (int, float), 0)
     fields = body.get("response_fields")
+    if isinstance(fields, list):
+        check_count(fields, MAX_RESPONSE_FIELDS, "fields", "response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
     given = fim_request.context_files  # the client's input_extra: first, and what input_extra_used reports

@@ -17,7 +17,7 @@ from ..engine import StarCoderEngine
 from ..fim import fim_stop_token_ids
 from ..types import CompletionChunk, FIMRequest, join_chunks
 from .errors import bad_request
-from .limits import check_text_fits
+from .limits import MAX_MESSAGES, MAX_PROMPTS, check_count, check_ids_fit, check_text_fits
 from .parsing import (
     field,
     include_usage,
@@ -101,11 +101,14 @@ def _completion_prompts(
     """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given (with
     our extra ``file_path``: the hole's path, and with ``--repo`` its repository context)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, str) or is_ids(prompt):
-        items = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
-        items = list(prompt)
-    else:
+    several = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
+    if several:
+        check_count(prompt, MAX_PROMPTS, "prompts", "prompt")
+    items = list(prompt) if several else [prompt]
+    for item in items:  # before each id is checked
+        if isinstance(item, list):
+            check_ids_fit(len(item), engine.context_window, "prompt", "token ids")
+    if not all(isinstance(p, str) or is_ids(p) for p in items):
         msg = "prompt must be text, a list of token ids, or a non-empty list of either."
         raise bad_request(msg, "prompt")
     suffix = body.get("suffix")
@@ -141,6 +144,7 @@ async def chat(server: ServerState, request: Request) -> Response:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list.", "messages")
+    check_count(messages, MAX_MESSAGES, "messages", "messages")
     pairs = [
         (text(m.get("role") if isinstance(m, dict) else None, "role"), message_content(m)) for m in messages
     ]

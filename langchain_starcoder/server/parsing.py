@@ -10,7 +10,7 @@ from starlette.requests import Request
 from ..engine import StarCoderEngine
 from ..types import ContextFile, FIMRequest, is_int
 from .errors import bad_request
-from .limits import check_text_fits, read_limited
+from .limits import MAX_CONTEXT_FILES, check_count, check_stops, check_text_fits, read_limited
 
 
 async def read_body(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -74,6 +74,7 @@ def openai_settings(
     for key in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty"):
         if body.get(key) is not None:
             settings[key] = body[key]
+    check_stops(settings.get("stop"))
     return _with_lookup(settings, body, prompt_lookup)
 
 
@@ -125,6 +126,7 @@ def llama_settings(body: dict[str, Any], max_tokens: int, prompt_lookup: int | N
             settings[key] = body[key]
     if body.get("stop"):
         settings["stop"] = body["stop"]
+        check_stops(settings["stop"])
     penalty = body.get("repeat_penalty")
     if penalty is not None and penalty != 1.0:
         settings["repetition_penalty"] = penalty
@@ -141,6 +143,7 @@ def infill_request(body: dict[str, Any]) -> FIMRequest:
     extra = body.get("input_extra") or []
     if not isinstance(extra, list):
         raise bad_request("input_extra must be a list of {filename, text} objects.", "input_extra")
+    check_count(extra, MAX_CONTEXT_FILES, "chunks", "input_extra")
     files = []
     for i, item in enumerate(extra):
         if not isinstance(item, dict):

@@ -69,10 +69,19 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
             if done:
                 return task.result()
             if await request.is_disconnected():
-                task.cancel()
                 raise APIError(499, "The client disconnected.", kind="client_closed")
     finally:
-        task.cancel()  # a no-op once done; cancelling the engine's task cancels its generation
+        await _cancelled(task)
+
+
+async def _cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` (cancelling the engine's generation) and wait until it has ended, so that what it
+    was reading (a stream mid-``anext``) is no longer running when the caller closes it."""
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})  # raises nothing itself, and the task's cleanup is quick
+    if not task.cancelled():
+        task.exception()  # an error that raced the disconnect is not reported as never retrieved
 
 
 async def sse(

@@ -413,6 +413,72 @@ def test_a_client_dropped_mid_body_is_one_debug_line_not_an_error(server, caplog
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
 
 
+def _held_worker(engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch) -> tuple[list, threading.Event]:
+    """Every generation submitted from now on (a live list), and a gate: the first one's first token
+    holds the engine's worker until the gate opens, so the ones after it wait in the queue."""
+    seen: list = []
+    gate = threading.Event()
+    submit = engine.backend.submit
+
+    def held(generations: list) -> Any:
+        if not seen:
+            sink = generations[0].sink
+            token = sink.token
+            sink.token = lambda token_id: gate.wait(60) and token(token_id)
+        seen.extend(generations)
+        return submit(generations)
+
+    monkeypatch.setattr(engine.backend, "submit", held)
+    return seen, gate
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_streams_left_before_their_first_token_cancel_their_work_and_log_no_error(
+    server, tiny_engine, monkeypatch, caplog
+):
+    """An editor drops its streamed request at each keystroke, often before the first token: the
+    generation is cancelled before it starts, and nothing is logged (each such client logged
+    "RuntimeError: aclose(): asynchronous generator is already running" on /infill)."""
+    caplog.set_level(logging.INFO)
+    seen, gate = _held_worker(tiny_engine, monkeypatch)
+    busy = tiny_engine.stream(PROMPT, max_tokens=4)
+    _wait_for(lambda: seen and seen[0].sink._started, "the first generation did not start")
+    port = int(server.rsplit(":", 1)[1])
+    streams = [
+        ("/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": LONG, "stream": True}),
+        ("/infill", {"input_prefix": PREFIX, "n_predict": LONG, "stream": True, "t_max_predict_ms": 500}),
+        ("/v1/completions", {"prompt": PREFIX, "max_tokens": LONG, "stream": True}),
+        ("/completion", {"prompt": PREFIX, "n_predict": LONG, "stream": True}),
+    ]
+    try:
+        for i, (path, body) in enumerate(streams):
+            data = json.dumps(body).encode()
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                queued = i + 2  # behind the held generation
+                _wait_for(lambda n=queued: len(seen) == n, f"{path} was not submitted")
+            # The client has left, before its first token.
+        departed = seen[1:]
+        _wait_for(lambda: all(g.cancelled.is_set() for g in departed), "a departed stream was not cancelled")
+    finally:
+        gate.set()
+    list(busy)  # the held generation ends
+    tiny_engine.backend.call(lambda: None)  # the worker has passed every queued generation
+    assert not any(g.sink._started for g in departed)  # none of them ran: no prefill, no tokens
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "already running" not in caplog.text and "Traceback" not in caplog.text
+    got = _post(f"{server}/v1/completions", {"prompt": PREFIX, **_greedy()}).json()
+    expected = tiny_engine.generate(PREFIX, parse_special_tokens=False, **_greedy())
+    assert got["choices"][0]["text"] == expected.text  # and the next request is served as usual
+
+
 # --- errors ------------------------------------------------------------------------------------------
 
 
@@ -579,6 +645,30 @@ def test_serve_stops_with_one_line_when_the_model_cannot_load(tmp_path: Path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("langchain-starcoder: ")]
     assert len(errors) == 1 and "missing" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_on_a_busy_port_fails_in_one_line_before_loading_the_model(tiny_path: Path):
+    """It printed "Serving ...", then "address already in use", then loaded the model anyway."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        argv = [
+            sys.executable,
+            "-m",
+            "langchain_starcoder",
+            "serve",
+            "--model",
+            str(tiny_path),
+            "--port",
+            str(port),
+        ]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()  # nothing else: no "Serving", no "Loaded", no traceback
+    assert (
+        line.startswith("langchain-starcoder: error: port ") and f"port {port} on 127.0.0.1 is in use" in line
+    )
+    assert "--port" in line
 
 
 def test_serve_without_the_server_extra_says_what_to_install():

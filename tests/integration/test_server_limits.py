@@ -21,6 +21,14 @@ import uvicorn
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.server import BoundedConfig, create_app
+from langchain_starcoder.server.limits import (
+    MAX_CONTEXT_FILES,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_RESPONSE_FIELDS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+)
 from langchain_starcoder.testing.servers import wait_healthy
 from langchain_starcoder.tokens import max_text_chars
 
@@ -158,6 +166,110 @@ def test_chat_messages_too_long_for_the_context_are_refused_before_tokenizing(ch
         with _serving(create_app(engine)) as (url, _):
             reply = _post(f"{url}/v1/chat/completions", json.dumps({"messages": messages}).encode())
             assert reply.status_code == 413 and reply.json()["error"]["param"] == "messages"
+    finally:
+        engine.close()
+
+
+# --- list fields: a count each, under the body limit ------------------------------------------------------
+
+CHUNK = {"filename": "a.py", "text": "x = 1\n"}
+
+
+def _stops(count: int) -> list[str]:
+    return [f"zq{i}" for i in range(count)]
+
+
+def _list_fields(count: dict[str, int]) -> list[tuple[str, dict[str, Any], str]]:
+    """Requests whose list fields hold ``count[param]`` items: (path, body, param)."""
+    infill = {"input_prefix": PROMPT, "n_predict": 2}
+    return [
+        ("/infill", {**infill, "input_extra": [CHUNK] * count["input_extra"]}, "input_extra"),
+        ("/infill", {**infill, "stop": _stops(count["stop"])}, "stop"),
+        ("/infill", {**infill, "response_fields": ["content"] * count["response_fields"]}, "response_fields"),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "stop": _stops(count["stop"])}, "stop"),
+        ("/completion", {"prompt": PROMPT, "n_predict": 2, "stop": _stops(count["stop"])}, "stop"),
+        ("/v1/completions", {"prompt": [PROMPT] * count["prompt"], "max_tokens": 1}, "prompt"),
+        ("/detokenize", {"tokens": [5] * count["tokens"]}, "tokens"),
+    ]
+
+
+def _limits(engine: StarCoderEngine, over: int) -> dict[str, int]:
+    most = {
+        "input_extra": MAX_CONTEXT_FILES, "stop": MAX_STOP_STRINGS, "response_fields": MAX_RESPONSE_FIELDS,
+        "prompt": MAX_PROMPTS, "tokens": engine.context_window,
+    }  # fmt: skip
+    return {param: n + over for param, n in most.items()}
+
+
+def test_list_fields_over_their_count_get_a_clear_400_before_any_work(limited, tiny_engine, backend_spy):
+    """Under the body limit, many tiny items cost work each (80,000 input_extra chunks: 18.6 s of CPU)."""
+    seen = backend_spy(tiny_engine).generations
+    limits = _limits(tiny_engine, 0)
+    for path, body, param in _list_fields(_limits(tiny_engine, 1)):
+        reply = _post(f"{limited}{path}", json.dumps(body).encode())
+        assert reply.status_code == 400, (path, param, reply.text)
+        error = reply.json()["error"]
+        assert error["param"] == param and error["code"] == "array_above_max_length"
+        assert f"{param} has {limits[param] + 1} " in error["message"]
+        assert f"Send at most {limits[param]}." in error["message"]
+    assert seen == []  # refused before the engine saw anything
+
+
+def test_list_fields_at_their_count_are_served(limited, tiny_engine):
+    for path, body, param in _list_fields(_limits(tiny_engine, 0)):
+        reply = _post(f"{limited}{path}", json.dumps(body).encode())
+        assert reply.status_code == 200, (path, param, reply.text)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/infill", "/completion"])
+def test_a_stop_string_over_the_length_limit_is_refused(limited, path):
+    """Text that could start a stop string is held back and checked again at every token."""
+    body = {"prompt": PROMPT, "input_prefix": PROMPT, "max_tokens": 2, "n_predict": 2}
+    reply = _post(f"{limited}{path}", json.dumps({**body, "stop": ["#" * (MAX_STOP_CHARS + 1)]}).encode())
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "stop" and error["code"] == "string_above_max_length"
+    assert f"{MAX_STOP_CHARS + 1} characters" in error["message"] and str(MAX_STOP_CHARS) in error["message"]
+    ok = _post(f"{limited}{path}", json.dumps({**body, "stop": "#" * MAX_STOP_CHARS}).encode())
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(
+    ("path", "prompt"),
+    [
+        ("/v1/completions", lambda window: [10**9] * (window + 1)),
+        ("/v1/completions", lambda window: [[5], [10**9] * (window + 1)]),
+        ("/completion", lambda window: [10**9, ""] * (window // 2 + 1)),
+    ],
+    ids=["ids", "a list of id prompts", "completion pieces"],
+)
+def test_token_ids_that_cannot_fit_the_context_are_refused_before_each_is_checked(
+    limited, tiny_engine, path, prompt
+):
+    """A list of ids longer than the context window gets the context's 413 at once, not after every id
+    was checked (these ids are outside the vocabulary: checked first, they would get a 400)."""
+    window = tiny_engine.context_window
+    body = {"prompt": prompt(window), "max_tokens": 1, "n_predict": 1}
+    reply = _post(f"{limited}{path}", json.dumps(body).encode())
+    assert reply.status_code == 413, reply.text
+    error = reply.json()["error"]
+    assert (
+        error["code"] == "context_length_exceeded"
+        and f"context window of {window} tokens" in error["message"]
+    )
+
+
+def test_more_chat_messages_than_the_limit_are_refused(chat_path):
+    engine = StarCoderEngine.load(chat_path)
+    try:
+        message = {"role": "user", "content": "hi"}
+        with _serving(create_app(engine)) as (url, _):
+            body = {"messages": [message] * (MAX_MESSAGES + 1), "max_tokens": 1}
+            reply = _post(f"{url}/v1/chat/completions", json.dumps(body).encode())
+            assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages", reply.text
+            assert f"Send at most {MAX_MESSAGES}." in reply.json()["error"]["message"]
+            body = {"messages": [message] * 3, "max_tokens": 1}
+            assert _post(f"{url}/v1/chat/completions", json.dumps(body).encode()).status_code == 200
     finally:
         engine.close()
 
