@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from ..errors import StarCoderError
+from ..progress import show_progress
 from .bench import _run_bench, _split_bench
 from .model import git_root, split_marker
 from .options import API_KEY_ENV, DEFAULT_MODEL, FILL_MARKER, MODEL_ENV, PRESET_NAMES
@@ -56,7 +57,8 @@ def _dispatch(argv: list[str], bench: list[str] | None) -> int:
         return _run_bench(bench)
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    with show_progress():  # long work (converting, building, a long prefill) shows it on stderr
+        return func(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,9 @@ options)."""
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,47 @@ def open_checkpoint(
         name, path, config, lambda: load_tokenizer(path, config),
         lambda: load_model(path, config=config, **settings),
     )  # fmt: skip
+
+
+#: From this many parameters MLX on a CPU is slow enough to say so at load. Its CPU build computes on one
+#: core with a reference BLAS (about 1.7 GFLOP/s here) and a token costs about 2 FLOPs a parameter, so
+#: from 1B on a token takes a second or more (the 3b shape, 4-bit: 0.2 tokens/s prefill, 0.4 decode).
+SLOW_ON_CPU_PARAMETERS = 1_000_000_000
+
+
+class SlowOnCPUNotice(UserWarning):
+    """A big model loaded into MLX on a CPU, where ``backend="llama.cpp"`` runs it many times faster."""
+
+
+def slow_on_cpu(parameters: int, on_cpu: bool) -> bool:
+    """Whether MLX runs a model of ``parameters`` slowly enough to suggest llama.cpp."""
+    return on_cpu and parameters >= SLOW_ON_CPU_PARAMETERS
+
+
+def parameter_count(config: dict[str, Any]) -> int:
+    """A checkpoint config's parameters, counted unquantized (a 4-bit weight costs its shape's work)."""
+    from ..loading import model_args
+    from ..loading.weights import expected_tensors
+
+    return sum(math.prod(shape) for shape in expected_tensors(model_args(config)).values())
+
+
+def warn_if_slow_on_cpu(name: str, config: dict[str, Any]) -> None:
+    """One notice at load when MLX would run this model on the CPU at a second or more a token,
+    naming the fast path (a Linux user meets the slowness here, not in the docs)."""
+    import mlx.core as mx
+
+    from ..gguf_format.write import INSTALL_HINT
+
+    parameters = parameter_count(config)
+    if slow_on_cpu(parameters, mx.default_device() == mx.cpu):
+        msg = (
+            f"{name} has {parameters / 1e9:.1f}B parameters and MLX runs it on the CPU here, on one core: "
+            "expect a second or more per token (the 3b model: 0.2 tokens/s prefill, 0.4 decode). "
+            'backend="llama.cpp" (--backend llama.cpp) runs it on every core, 10-30x faster; it needs '
+            f"the llama-cpp extra: {INSTALL_HINT}."
+        )
+        warnings.warn(msg, SlowOnCPUNotice, stacklevel=2)
 
 
 def check_draft_tokens(n: Any) -> None:
@@ -228,8 +271,20 @@ def _tokenizer_folder(source: str | os.PathLike[str]) -> Any:
 
     try:
         return Path(snapshot_download(name, allow_patterns=_TOKENIZER_PATTERNS))
-    except Exception as e:  # the hub client raises many types; ours says which model and why
-        msg = f"Could not fetch the tokenizer of {name!r} from the hub: {e}"
+    except Exception as e:  # the hub client raises many types; ours says which model, why, what to do
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        from ..loading.hub import download_error
+
+        if isinstance(e, LocalEntryNotFoundError):
+            why = "the hub cannot be reached (or HF_HUB_OFFLINE is set) and its files are not cached here"
+        else:
+            why = str(download_error(e, name, None)).rstrip(".")
+        msg = (
+            f"Could not fetch the tokenizer of {name!r} from the hub: {why}. Pass tokenizer= (--tokenizer "
+            "on the command line) with the served model's checkpoint folder (its tokenizer and config "
+            "files are enough) or its .gguf file."
+        )
         raise ModelNotFoundError(msg) from None
 
 
@@ -278,6 +333,7 @@ def mlx_backend(
         model, gguf_file, revision, sliding_window, settings
     )
     kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
+    warn_if_slow_on_cpu(name, config)  # before the weights load: that alone takes a minute at 3B
     tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
     front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
     draft = None

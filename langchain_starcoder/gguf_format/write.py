@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import CheckpointError, InvalidParameterError, StarCoderError
+from ..progress import progress_bar
 
 #: ``--outtype`` -> the ggml type of 2-D weights (1-D norms and biases stay F32, as llama.cpp keeps them).
 OUTTYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
@@ -32,11 +35,16 @@ Encoder = Callable[[str, np.ndarray, str], "np.ndarray | None"]
 
 
 def convert_to_gguf(
-    checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *, outtype: str = "f16"
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    outtype: str = "f16",
+    metadata: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoint`` (a folder) as the GGUF file ``out`` with 2-D weights in ``outtype``
-    ("f32", "f16", "q8_0" or "q4_0"). Q4_0 is an F16 file quantized by ``llama-quantize --pure``
-    (every 2-D weight Q4_0, which this package's GGUF loader keeps quantized); the rest is written here."""
+    ("f32", "f16", "q8_0" or "q4_0"), and ``metadata`` keys besides llama.cpp's. Q4_0 is an F16 file
+    quantized by ``llama-quantize --pure`` (every 2-D weight Q4_0, which this package's GGUF loader
+    keeps quantized; it keeps the metadata); the rest is written here."""
     if outtype not in OUTTYPES:
         msg = f"outtype must be one of {', '.join(OUTTYPES)}, not {outtype!r}."
         raise InvalidParameterError(msg)
@@ -47,20 +55,43 @@ def convert_to_gguf(
         msg = f"{checkpoint} has multi_query false: llama.cpp's StarCoder (v1) takes one KV head only."
         raise CheckpointError(msg)
     if outtype != "q4_0":
-        return write_gguf(checkpoint, out, ftype=OUTTYPES[outtype])
+        return write_gguf(checkpoint, out, ftype=OUTTYPES[outtype], metadata=metadata)
     quantize = llama_binary("llama-quantize")
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-        f16 = write_gguf(checkpoint, Path(tmp) / "f16.gguf", ftype="F16")
-        done = subprocess.run(
-            [str(quantize), "--pure", str(f16), str(out), "Q4_0", str(os.cpu_count() or 1)],
-            capture_output=True,
-            text=True,
-        )
-    if done.returncode != 0:
+        f16 = write_gguf(checkpoint, Path(tmp) / "f16.gguf", ftype="F16", metadata=metadata)
+        command = [str(quantize), "--pure", str(f16), str(out), "Q4_0", str(os.cpu_count() or 1)]
+        returncode, output = _run_quantize(command, f"Quantizing {Path(checkpoint).name} to Q4_0")
+    if returncode != 0:
         out.unlink(missing_ok=True)
-        msg = f"llama-quantize failed ({done.returncode}): {(done.stderr or done.stdout)[-1000:]}"
+        msg = f"llama-quantize failed ({returncode}): {output[-1000:]}"
         raise StarCoderError(msg)
     return out
+
+
+#: llama-quantize's line for each tensor it starts: ``[  12/ 483]  blk.1.attn_q.weight - [...], type = ...``
+_QUANTIZE_STEP = re.compile(r"\s*\[\s*(\d+)/\s*(\d+)\]")
+
+
+def _run_quantize(command: list[str], description: str) -> tuple[int, str]:
+    """Run llama-quantize, its tensors counted on a progress bar (when progress is shown); its exit
+    status and the end of its output."""
+    tail: deque[str] = deque(maxlen=40)
+    bar = None
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            tail.append(line)
+            if step := _QUANTIZE_STEP.match(line):
+                started, total = int(step[1]), int(step[2])
+                bar = bar or progress_bar(total, description, "tensor")
+                bar.update(started - 1 - bar.n)  # the tensors before the one it starts are done
+    if bar is not None:
+        if child.returncode == 0:
+            bar.update(bar.total - bar.n)
+        bar.close()
+    return child.returncode, "".join(tail)
 
 
 def llama_binary(name: str) -> Path:
@@ -118,6 +149,7 @@ def write_gguf(
         _add_metadata(writer, gguf, checkpoint, config, ftype, rope_freq_base, sliding_window)
         for key, value in (metadata or {}).items():
             writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
+        total = 0
         for tensor in tensors:
             qtype = gguf.GGMLQuantizationType[tensor.kind]
             if tensor.kind in ("F32", "F16"):
@@ -126,16 +158,18 @@ def write_gguf(
                 writer.add_tensor_info(tensor.name, tensor.shape, np.dtype(dtype), nbytes)
             else:
                 byte_shape = gguf.quant_shape_to_byte_shape(tensor.shape, qtype)
-                writer.add_tensor_info(
-                    tensor.name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype
-                )
+                nbytes = int(np.prod(byte_shape))
+                writer.add_tensor_info(tensor.name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+            total += nbytes
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for tensor in tensors:  # in the table's order; each array is dropped before the next is read
-            value = _encoded(gguf, tensor, tensor.read(), encode)
-            writer.write_tensor_data(value)
-            del value
+        with progress_bar(total, f"Converting {checkpoint.name} to GGUF", "B") as written:
+            for tensor in tensors:  # in the table's order; each array is dropped before the next is read
+                value = _encoded(gguf, tensor, tensor.read(), encode)
+                writer.write_tensor_data(value)
+                written.update(value.nbytes)
+                del value
     except BaseException:
         writer.close()
         out.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StarCoderError
+from ..progress import progress_bar
 
 #: The groups of a checkpoint's weights, in file order, drawn by ``draw`` (one dict per layer or so).
 Groups = Callable[["Draw"], Iterator[dict[str, np.ndarray]]]
@@ -272,10 +273,12 @@ def write_weights(
     path: Path, groups: Groups, seed: int, plan: Plan, dtype: str, quantization: Quantization | None
 ) -> None:
     """Write each file's header from ``plan``, then draw ``groups`` one at a time and append each tensor
-    to its file. A quantized checkpoint gets mlx-lm's index (it always writes one), a sharded one ours."""
+    to its file. A quantized checkpoint gets mlx-lm's index (it always writes one), a sharded one ours.
+    The bytes written are counted on a progress bar, when progress is shown."""
     metadata = {"format": "mlx" if quantization else "pt"}
     with contextlib.ExitStack() as stack:
         files = {name: stack.enter_context(open(path / name, "wb")) for name in plan.files}
+        written = stack.enter_context(progress_bar(plan.disk_bytes, "Writing random weights", "B"))
         for name, entries in plan.files.items():
             files[name].write(_header(entries, metadata))
         for group in groups(Draw(seed)):
@@ -287,6 +290,7 @@ def write_weights(
                         msg = f"{tensor}: {data.nbytes} bytes drawn, not the {planned} planned."
                         raise AssertionError(msg)
                     files[file].write(data)
+                    written.update(data.nbytes)
     if len(plan.files) > 1 or quantization is not None:
         index: dict[str, Any] = {"metadata": {"total_size": plan.disk_bytes}}
         if quantization is not None:

@@ -56,6 +56,21 @@ def test_quickstart_on_a_local_checkpoint(capsys, monkeypatch, tiny_path, tiny_e
     )
 
 
+def test_quickstart_runs_on_llama_cpp_with_one_flag(tiny_path: Path, tmp_path: Path) -> None:
+    """``--backend llama.cpp``: the fast path on Linux; the first load's conversion shows its progress."""
+    env = {**os.environ, "LANGCHAIN_STARCODER_CACHE": str(tmp_path / "cache")}
+    args = ["--model", str(tiny_path), "--max-tokens", "6", "--backend", "llama.cpp"]
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py"), *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("def fibonacci(n):\n    ")
+    assert re.search(r"\[(stop|length): \d+ tokens\]\n$", result.stdout)
+    assert f"Converting {tiny_path.name} to GGUF: 100%" in result.stderr  # the example asks for progress
+    assert list((tmp_path / "cache" / "gguf").glob("*.gguf"))  # converted once, kept
+
+
 def test_quickstart_falls_back_offline_to_a_built_checkpoint(tmp_home):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HOME=str(tmp_home), HF_HUB_OFFLINE="1")  # the hub cache is under the new HOME too
@@ -335,3 +350,9 @@ def test_the_extra_installs_every_third_party_import_of_the_examples_and_noteboo
 
 def test_the_examples_extra_brings_jupyter() -> None:
     assert {"jupyterlab", "ipykernel"} <= requirement_names("examples")
+
+
+@pytest.mark.parametrize("extra", ["examples", "test"])
+def test_the_extras_that_run_the_notebooks_bring_ipywidgets(extra: str) -> None:
+    """tqdm draws its notebook bars (the hub download's, ours) with ipywidgets; without it, a warning."""
+    assert "ipywidgets" in requirement_names(extra)

@@ -204,3 +204,32 @@ def test_every_extra_the_pages_name_exists() -> None:
     declared = set(re.findall(r"^(\w+) = \[", extras_table(pyproject), flags=re.M))
     named = {extra for page in PAGES for extra in re.findall(r'"\.\[(\w+)\]"', page.read_text())}
     assert named <= declared, f"extras no pyproject.toml declares: {sorted(named - declared)}"
+
+
+def readme_section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readme_says_what_the_fast_paths_answers_equal() -> None:
+    """The managed llama.cpp backend converts a 4-bit checkpoint to q4_0, quantizing it again: its answers
+    are close to the model's, not equal (issue 29, item 17); full-precision ones convert as they are."""
+    from langchain_starcoder.engine.building import _auto_outtype
+
+    section = " ".join(readme_section("Scaling out").split())
+    assert "with answers equal to the model's" not in section  # the claim that did not hold
+    assert _auto_outtype({"quantization": {"bits": 4, "group_size": 64}}) == "q4_0"
+    dtypes = ("float32", "float16", "bfloat16")
+    assert [_auto_outtype({"torch_dtype": t}) for t in dtypes] == ["f32", "f16", "f16"]
+    assert "float16 and bfloat16 weights run as f16" in section
+    assert "from float32 weights they equal the model's" in section
+    assert "4-bit to `q4_0`" in section and "close to the model's, not equal" in section
+    assert "offline, pass `tokenizer=`" in section  # the remote example's way to run offline
+
+
+def test_the_readme_names_the_fast_path_where_the_quickstart_runs(tmp_path: Path) -> None:
+    """Right after the first command, for Linux users: the flag the quickstart takes, and the extra."""
+    section = " ".join(readme_section("Two commands").split())
+    command = "python examples/quickstart.py --backend llama.cpp"
+    assert command in section and 'pip install -e ".[llama-cpp]"' in section
+    result = run([sys.executable, str(ROOT / "examples/quickstart.py"), "--help"], tmp_path)
+    assert result.returncode == 0 and "--backend {mlx,llama.cpp}" in result.stdout
