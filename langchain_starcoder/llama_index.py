@@ -29,11 +29,12 @@ from .chat import chat_prompt_ids, resolve_chat_template
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
 from .registry import DEFAULT_MODEL
+from .retrievers.llama_index import RepoNodeRetriever
 from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks
 
 dispatcher = get_dispatcher(__name__)
 
-__all__ = ["DEFAULT_MODEL", "StarCoder"]
+__all__ = ["DEFAULT_MODEL", "RepoNodeRetriever", "StarCoder"]
 
 
 class StarCoder(StarCoderSettings, LLM):

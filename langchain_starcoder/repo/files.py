@@ -5,16 +5,19 @@ a folder whose mtime moved is listed again (files added or deleted), a file whos
 read again. Skipped: what ``.gitignore`` files (nested ones too) and ``.git/info/exclude`` ignore,
 vendored and build folders, symlinked folders (no loops), lock files and generated code, files over
 ``max_file_bytes``, binary and non-UTF-8 files, anything that is not a regular file or cannot be read.
+Files are read with :func:`read_beneath`, never by a path that links could lead out of the root.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gitignore import IgnoreFile
+from ..errors import InvalidParameterError
+from .gitignore import IgnoreFile, read_ignore_file
 
 #: Folders never indexed: version control, dependencies, caches and build output.
 SKIPPED_DIRS = frozenset(
@@ -36,6 +39,10 @@ SKIPPED_ENDINGS = (
 )  # fmt: skip
 #: A line this long means minified or generated text, not code written by hand.
 MAX_LINE_CHARS = 2000
+#: Symbolic links followed from one name before giving up (the kernel's own limit is 40).
+MAX_LINK_HOPS = 40
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW  # a FIFO swapped in cannot block
 
 
 @dataclass
@@ -59,6 +66,64 @@ def read_text(path: Path, max_bytes: int) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in after the stat cannot block
     except OSError:
         return None
+    return _text(fd, max_bytes)
+
+
+def read_beneath(root: str, rel: str, max_bytes: int) -> str | None:
+    """The text of ``rel`` (``/``-separated) below the folder ``root``, as :func:`read_text` reads a file,
+    or None if it is not a file beneath ``root`` (see :func:`open_beneath`)."""
+    fd = open_beneath(root, rel)
+    return None if fd is None else _text(fd, max_bytes)
+
+
+def open_beneath(root: str, rel: str) -> int | None:
+    """A read-only descriptor of the file ``rel`` below ``root``, opened one name at a time from the root
+    without following links: a symlinked folder on the way is refused, and a symlinked file is followed
+    only to a target beneath ``root``. None otherwise. So what a scan saw as a file of the repository
+    cannot read outside it later, whatever was swapped in since (POSIX: ``dir_fd`` and ``O_NOFOLLOW``)."""
+    for _ in range(MAX_LINK_HOPS):
+        *folders, name = rel.split("/")
+        try:
+            at = os.open(root, _FOLDER_FLAGS)
+        except OSError:
+            return None
+        try:
+            for folder in folders:
+                inner = os.open(folder, _FOLDER_FLAGS, dir_fd=at)
+                os.close(at)
+                at = inner
+            try:
+                return os.open(name, _FILE_FLAGS, dir_fd=at)
+            except OSError:
+                target = os.readlink(name, dir_fd=at)  # not a link either: unreadable, None below
+        except OSError:
+            return None
+        finally:
+            os.close(at)
+        found = _link_target(root, rel, target)
+        if found is None:
+            return None
+        rel = found
+    return None
+
+
+def _link_target(root: str, rel: str, target: str) -> str | None:
+    """The path below ``root`` that a link at ``rel`` names, or None if it leaves ``root``. The link's
+    ``..`` is taken by name: no folder on the way may be a link, so the name is where it leads."""
+    if target.startswith("/"):
+        if not target.startswith(root.rstrip("/") + "/"):
+            return None
+        target = target[len(root.rstrip("/")) + 1 :]
+    else:
+        target = posixpath.join(posixpath.dirname(rel), target)
+    target = posixpath.normpath(target)
+    if target in (".", "..") or target.startswith(("../", "/")):
+        return None
+    return target
+
+
+def _text(fd: int, max_bytes: int) -> str | None:
+    """What :func:`read_text` says of an open file (the descriptor is closed)."""
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
@@ -75,7 +140,7 @@ def read_text(path: Path, max_bytes: int) -> str | None:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if any(len(line) > MAX_LINE_CHARS for line in text.splitlines()):
+    if any(len(line) > MAX_LINE_CHARS for line in text.split("\n")):  # lines as the parser counts them
         return None
     return text
 
@@ -126,7 +191,7 @@ class FileTree:
             if state is None:
                 continue  # dropped with a parent in this loop
             try:
-                mtime = os.stat(self._abs(rel)).st_mtime_ns
+                mtime = os.lstat(self._abs(rel)).st_mtime_ns  # a folder swapped for a link has moved
             except OSError:
                 mtime = None
             if mtime == state.mtime_ns:
@@ -144,24 +209,37 @@ class FileTree:
 
     # --- walking ---------------------------------------------------------------------------------
 
-    def _walk(self, rel: str, inherited: tuple[tuple[str, IgnoreFile], ...]) -> None:
+    def _walk(self, top: str, inherited: tuple[tuple[str, IgnoreFile], ...]) -> None:
+        """List ``top`` and the folders below it, depth first, each folder's files before its subfolders'
+        (the order in which the caps fill), with a stack of its own: any depth fits."""
+        pending = [(top, inherited)]
+        while pending:
+            rel, inherited = pending.pop()
+            state = self._list(rel, inherited)
+            if state is not None:
+                pending.extend((child, state.ignores) for child in sorted(state.dirs, reverse=True))
+
+    def _list(self, rel: str, inherited: tuple[tuple[str, IgnoreFile], ...]) -> _Dir | None:
+        """Hold the files of one folder; its state (its subfolders in ``dirs``), None if it is no folder."""
         path = self._abs(rel)
         try:
-            mtime = os.stat(path).st_mtime_ns
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode):
+                return None  # a folder swapped for a link (or a file) since it was listed
+            mtime = info.st_mtime_ns
             entries = sorted(os.scandir(path), key=lambda e: e.name)
         except OSError:
-            return
+            return None
         ignores = inherited
-        own = (
-            read_text(Path(path) / ".gitignore", self.max_file_bytes)
+        own = (  # read as git reads it; one it cannot read ignores everything here (fail closed)
+            read_ignore_file(os.path.join(path, ".gitignore"), f"{rel}/.gitignore" if rel else ".gitignore")
             if any(e.name == ".gitignore" for e in entries)
             else None
         )
         if own is not None:
-            ignores = (*inherited, (rel, IgnoreFile(own)))
+            ignores = (*inherited, (rel, own))
         state = _Dir(mtime, ignores)
         self._dirs[rel] = state
-        subdirs = []
         for entry in entries:
             child = f"{rel}/{entry.name}" if rel else entry.name
             try:
@@ -177,7 +255,7 @@ class FileTree:
                 continue
             if is_dir:
                 if entry.name not in SKIPPED_DIRS:
-                    subdirs.append(child)
+                    state.dirs.add(child)
                 continue
             if _skipped_name(entry.name) or len(self.files) >= self.max_files:
                 continue
@@ -189,22 +267,18 @@ class FileTree:
             self._bytes += version.size
             self.files[child] = version
             state.files.add(child)
-        for child in subdirs:
-            state.dirs.add(child)
-            self._walk(child, ignores)
+        return state
 
-    def _drop_dir(self, rel: str) -> set[str]:
-        """Forget a folder and everything below it; the files it held."""
-        state = self._dirs.pop(rel, None)
-        if state is None:
-            return set()
-        dropped = set(state.files)
-        for rel_file in state.files:
-            version = self.files.pop(rel_file, None)
-            self._bytes -= version.size if version is not None else 0
-        for sub in state.dirs:
-            dropped |= self._drop_dir(sub)
-        return dropped
+    def _drop_dir(self, rel: str) -> None:
+        """Forget a folder and everything below it."""
+        pending = [rel]
+        while pending:
+            state = self._dirs.pop(pending.pop(), None)
+            if state is not None:
+                for rel_file in state.files:
+                    version = self.files.pop(rel_file, None)
+                    self._bytes -= version.size if version is not None else 0
+                pending.extend(state.dirs)
 
     def _inherited(self, rel: str, state: _Dir) -> int:
         """How many of a folder's ignore files it inherited (its own .gitignore is read again)."""
@@ -223,8 +297,9 @@ class FileTree:
         return os.path.join(self._root, rel) if rel else self._root
 
     def _exclude_file(self) -> tuple[tuple[str, IgnoreFile], ...]:
-        text = read_text(self.root / ".git" / "info" / "exclude", self.max_file_bytes)
-        return (("", IgnoreFile(text)),) if text else ()
+        path = os.path.join(self._root, ".git", "info", "exclude")
+        exclude = read_ignore_file(path, ".git/info/exclude", follow_symlinks=True)
+        return (("", exclude),) if exclude is not None else ()
 
 
 def _parent(rel: str) -> str:
@@ -246,3 +321,26 @@ def _ignored(ignores: tuple[tuple[str, IgnoreFile], ...], rel: str, is_dir: bool
         if verdict is not None:
             result = verdict
     return result
+
+
+def relative_path(root: Path, file_path: str | os.PathLike[str]) -> str:
+    """``file_path`` relative to the resolved folder ``root``, ``/``-separated ("" for none): an
+    absolute path must lie inside the root, and a relative one may not climb out of it."""
+    path = Path(file_path)
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(root)
+        except ValueError:
+            msg = (
+                f"file_path {str(file_path)!r} is outside the repository {str(root)!r}: give the file's "
+                "path relative to the repository root, or an absolute path inside it."
+            )
+            raise InvalidParameterError(msg) from None
+    rel = posixpath.normpath(path.as_posix())
+    if rel == ".." or rel.startswith("../"):
+        msg = (
+            f"file_path {str(file_path)!r} climbs out of the repository {str(root)!r}: give the file's "
+            "path relative to the repository root (e.g. 'pkg/module.py')."
+        )
+        raise InvalidParameterError(msg)
+    return "" if rel == "." else rel

@@ -4,6 +4,8 @@ of a hole."""
 from __future__ import annotations
 
 import os
+import threading
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -11,8 +13,9 @@ from pathlib import Path
 from ..errors import InvalidParameterError
 from ..types import ContextFile
 from .chunks import FileEntry, TokenCounts, Unit
-from .files import FileTree, read_text
+from .files import FileTree, read_beneath, relative_path
 from .lexical import Window, WordIndex
+from .memory import HELD_PER_FILE, RepoMemoryNotice, held_bytes
 from .rank import (
     STABLE_SHARE,
     Hole,
@@ -47,7 +50,9 @@ class RepoIndex:
     Scans ``root`` once (``.gitignore`` files and ``.git/info/exclude`` respected; vendored and build
     folders, symlinked folders, lock files, generated, binary, non-UTF-8 and huge files skipped), and
     before every lookup stats what it knows, so an edited, added or deleted file is seen by the next
-    lookup; only changed files are parsed again.
+    lookup; only changed files are parsed again. Every read stays beneath ``root`` (a file later
+    swapped for a link that leads out of it is dropped), and one index may serve many threads: its
+    methods take turns.
 
     Example::
 
@@ -64,9 +69,13 @@ class RepoIndex:
         max_file_bytes: int = 1_000_000,
         max_files: int = 100_000,
         max_total_bytes: int = 256_000_000,
+        max_memory_bytes: int = 1_000_000_000,
     ) -> None:
         """Index ``root``: files over ``max_file_bytes`` are skipped, and once ``max_files`` files or
-        ``max_total_bytes`` bytes are held, later files (in walk order) are left out."""
+        ``max_total_bytes`` bytes are held, later files (in walk order) are left out. So is a file whose
+        tables would take the memory held past ``max_memory_bytes`` (an upper estimate per file,
+        :func:`held_bytes`: dense code takes up to 200 bytes per byte of source, typical code 15),
+        with one :class:`RepoMemoryNotice`."""
         path = Path(root).expanduser()
         if not path.is_dir():
             msg = f"RepoIndex needs a repository folder; {str(root)!r} is not a folder."
@@ -75,35 +84,48 @@ class RepoIndex:
         self._tree = FileTree(
             self.root, max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes
         )
+        self.max_memory_bytes = max_memory_bytes
         self._entries: dict[str, FileEntry] = {}
         self._versions: dict[str, object] = {}
+        """The version of each file read, indexed or left out for memory (not read again unchanged)."""
+        self._held: dict[str, int] = {}
+        """What each indexed file's tables hold (:func:`held_bytes`)."""
+        self._held_total = 0
+        self._noticed = False
         self._tables = Tables()
         self._words = WordIndex()
         self._imports: dict[str, frozenset[str]] = {}
         self._modules: dict[str, str] = {}
         self._recent: list[str] = []
         self._counters: OrderedDict[Callable[[str], int], TokenCounts] = OrderedDict()
+        self._lock = threading.RLock()
+        """Held by every public method: a lookup reads the tables a refresh rewrites."""
         self._tree.scan()
         self._sync()
 
     @property
     def files(self) -> list[str]:
         """The indexed files, relative to ``root`` (``/``-separated), sorted."""
-        self.refresh()
-        return sorted(self._entries)
+        with self._lock:
+            self._refresh()
+            return sorted(self._entries)
+
+    def text(self, file_path: str) -> str | None:
+        """The text of an indexed file as the latest lookup saw it (None if it is not indexed)."""
+        with self._lock:
+            entry = self._entries.get(self._relative(file_path))
+            return None if entry is None else entry.text
 
     def refresh(self) -> None:
         """See changed, added and deleted files now (every lookup does this itself)."""
-        if self._tree.refresh():
-            self._sync()
+        with self._lock:
+            self._refresh()
 
     def touch(self, file_path: str) -> None:
         """Record ``file_path`` as seen in a request (a ranking signal; every lookup records its file)."""
         rel = self._relative(file_path)
-        if rel in self._recent:
-            self._recent.remove(rel)
-        self._recent.append(rel)
-        del self._recent[: -RECENT_FILES - 1]  # one more: the others stay the same after the hole's
+        with self._lock:
+            self._touch(rel)
 
     def context_files(
         self,
@@ -113,6 +135,7 @@ class RepoIndex:
         *,
         max_tokens: int,
         count_tokens: Callable[[str], int],
+        one_per_file: bool = False,
     ) -> list[ContextFile]:
         """Other files' code related to the hole in ``file_path``, in prompt order, within ``max_tokens``.
 
@@ -121,6 +144,11 @@ class RepoIndex:
         were left out next to an excerpt. The hole's own file is never included. Each file costs
         ``count_tokens(path) + count_tokens(text) + 2`` (the ``<file_sep>`` and the newline after the
         path), and the results' costs sum to at most ``max_tokens``.
+
+        A file may come twice, once in each part of the context (the part that stays put while the
+        cursor moves inside a definition, and the part near the cursor); ``one_per_file=True`` gives
+        each file once, its lines of both parts together, where the second part placed it (retrievers).
+        ``file_path`` "" is a hole in no file of the repository (a query).
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             msg = f"max_tokens must be an integer >= 0, not {max_tokens!r}."
@@ -129,15 +157,30 @@ class RepoIndex:
             msg = "count_tokens must be a function text -> number of tokens (e.g. engine.count_tokens)."
             raise InvalidParameterError(msg)
         rel = self._relative(file_path)
-        self.refresh()
-        on_disk = self._on_disk(rel, prefix, suffix)
-        outside, near = self._holes(rel, prefix, suffix, on_disk)
-        related = self._related(rel, prefix, suffix, on_disk)
-        self.touch(rel)
-        query = tail_lines(prefix, WINDOW_QUERY_LINES) + "\n" + head_lines(suffix, WINDOW_QUERY_LINES // 2)
-        windows = self._words.windows(query, self._entries, rel)
-        stable, around = outline_candidates((outside, near), self._entries, self._tables, related)
-        return self._fit(rel, (stable, around), related, windows, max_tokens, count_tokens)
+        with self._lock:
+            self._refresh()
+            on_disk = self._on_disk(rel, prefix, suffix)
+            outside, near = self._holes(rel, prefix, suffix, on_disk)
+            related = self._related(rel, prefix, suffix, on_disk)
+            self._touch(rel)
+            query = (
+                tail_lines(prefix, WINDOW_QUERY_LINES) + "\n" + head_lines(suffix, WINDOW_QUERY_LINES // 2)
+            )
+            windows = self._words.windows(query, self._entries, rel)
+            stable, around = outline_candidates((outside, near), self._entries, self._tables, related)
+            return self._fit(rel, (stable, around), related, windows, max_tokens, count_tokens, one_per_file)
+
+    def _refresh(self) -> None:
+        if self._tree.refresh():
+            self._sync()
+
+    def _touch(self, rel: str) -> None:
+        if not rel:
+            return  # a query of no file
+        if rel in self._recent:
+            self._recent.remove(rel)
+        self._recent.append(rel)
+        del self._recent[: -RECENT_FILES - 1]  # one more: the others stay the same after the hole's
 
     # --- packing to the exact budget ------------------------------------------------------------
 
@@ -149,6 +192,7 @@ class RepoIndex:
         windows: list[Window],
         max_tokens: int,
         count_tokens: Callable[[str], int],
+        one_per_file: bool,
     ) -> list[ContextFile]:
         counts = self._token_counts(count_tokens)
         stable, near = candidates
@@ -160,12 +204,17 @@ class RepoIndex:
         for _ in range(FIT_TRIES):
             limits = (STABLE_SHARE * max_tokens, budget)  # the first part's is the same at every try
             first, second, windowed = select(stable, near, windows, self._entries, limits, counts)
-            files = [
-                ContextFile(path, render(self._entries[path], part[path]))
+            parts = [
+                (part[path], path)
                 for part, paths in ((first, order_files(first, set(), related, hole_path)),
                                     (second, order_files(second, windowed, related, hole_path)))
                 for path in paths
             ]  # fmt: skip
+            if one_per_file:  # a file's lines of both parts (never the same line) where it comes last
+                last = {path: k for k, (_, path) in enumerate(parts)}
+                parts = [({**first.get(path, {}), **second.get(path, {})}, path) for path in last]
+                parts.sort(key=lambda p: last[p[1]])
+            files = [ContextFile(path, render(self._entries[path], lines)) for lines, path in parts]
             spent = sum(file_cost(f, counts) for f in files)
             if best_spent < spent <= max_tokens:
                 best, best_spent = files, spent
@@ -195,36 +244,60 @@ class RepoIndex:
 
     def _sync(self) -> None:
         current = self._tree.files
-        added = False
-        for rel in [r for r in self._entries if r not in current]:
-            self._forget(rel)
-            added = True
+        changed = False
+        for rel in [r for r in self._versions if r not in current]:
+            changed |= self._forget(rel)
         for rel, version in current.items():
             if self._versions.get(rel) == version:
                 continue
-            self._forget(rel)
-            text = read_text(self.root / rel, self._tree.max_file_bytes)
+            changed |= self._forget(rel)  # a file that no longer reads as one is dropped here
+            text = read_beneath(str(self.root), rel, self._tree.max_file_bytes)
             if text is None:
                 continue
-            entry = FileEntry.build(rel, text)
-            self._entries[rel] = entry
             self._versions[rel] = version
+            # held_bytes is at least the text twice (text, lines) and the file's own: a full index
+            # leaves a file out without parsing it.
+            held = 2 * len(text) + HELD_PER_FILE
+            if self._held_total + held <= self.max_memory_bytes:
+                entry = FileEntry.build(rel, text)
+                held = held_bytes(entry)
+            if self._held_total + held > self.max_memory_bytes:
+                self._left_out(rel, held)
+                continue
+            self._held[rel] = held
+            self._held_total += held
+            self._entries[rel] = entry
             self._tables.add(entry)
             self._words.add(entry)
-            added = True
-        if added:
+            changed = True
+        if changed:
             self._modules = _python_modules(self._entries)
             self._imports = {
                 rel: self._resolve(rel, (spec for spec, _, _ in e.symbols.imports))
                 for rel, e in self._entries.items()
             }
 
-    def _forget(self, rel: str) -> None:
+    def _left_out(self, rel: str, held: int) -> None:
+        if not self._noticed:  # once per index: a big repository leaves out many
+            self._noticed = True
+            notice = (
+                f"RepoIndex({str(self.root)!r}) left out {rel!r} and may leave out more: the files indexed "
+                f"hold {self._held_total / 1e6:.0f} MB of max_memory_bytes={self.max_memory_bytes:_}, and "
+                f"this one's tables would take {held / 1e6:.1f} MB (estimated). Raise max_memory_bytes, "
+                "or index a smaller folder."
+            )
+            warnings.warn(notice, RepoMemoryNotice, stacklevel=4)  # at the caller of RepoIndex()
+
+    def _forget(self, rel: str) -> bool:
+        """Drop a file's tables; whether it had any."""
         entry = self._entries.pop(rel, None)
         self._versions.pop(rel, None)
-        if entry is not None:
-            self._tables.remove(entry)
-            self._words.remove(entry)
+        self._held_total -= self._held.pop(rel, 0)
+        if entry is None:
+            return False
+        self._tables.remove(entry)
+        self._words.remove(entry)
+        return True
 
     def _related(self, rel: str, prefix: str, suffix: str, on_disk: FileEntry | None = None) -> Related:
         on_disk = on_disk or self._on_disk(rel, prefix, suffix)
@@ -323,14 +396,7 @@ class RepoIndex:
         return None
 
     def _relative(self, file_path: str | os.PathLike[str]) -> str:
-        path = Path(file_path)
-        if path.is_absolute():
-            try:
-                path = path.resolve().relative_to(self.root)
-            except ValueError:
-                msg = f"file_path {str(file_path)!r} is not inside the repository {str(self.root)!r}."
-                raise InvalidParameterError(msg) from None
-        return path.as_posix().removeprefix("./")
+        return relative_path(self.root, file_path)
 
 
 def _block_start(prefix: str) -> int:

@@ -34,7 +34,7 @@ class WordIndex:
         self.files += 1
         for word in entry.words:
             self.files_with[word][entry.path] = None
-        _postings(entry)  # made now: the first lookups that reach a big file do not pay for it
+        window_postings(entry)  # made now: the first lookups that reach a big file do not pay for it
 
     def remove(self, entry: FileEntry) -> None:
         self.files -= 1
@@ -61,7 +61,7 @@ class WordIndex:
         found = []
         for path in heapq.nlargest(TOP_FILES, scores, key=lambda p: (scores[p], p)):
             entry = entries[path]
-            postings = _postings(entry)
+            postings = window_postings(entry)
             by_start: defaultdict[int, float] = defaultdict(float)
             for word, weight in weights.items():  # only the windows holding a query word are touched
                 for start in postings.get(word, ()):
@@ -80,7 +80,7 @@ def window_unit(window: Window) -> Unit:
     return Unit(path, start, end, None, excerpt=True)
 
 
-def _postings(entry: FileEntry) -> dict[str, tuple[int, ...]]:
+def window_postings(entry: FileEntry) -> dict[str, tuple[int, ...]]:
     """Per word, the first lines of the file's windows that hold it (made once per file version; a
     window is lines ``start .. start + WINDOW_LINES - 1``)."""
     if entry.windows is None:

@@ -5,14 +5,13 @@ same search.
 A text query is read as code a cursor sits after, in a file of its own (or in ``file_path``, whose
 imports and neighbours then count and which is left out): the index returns the definitions of the
 names the query mentions, outlines of related files and the 20-line windows sharing its rarest words,
-packed into ``max_tokens``; the most related file comes first.
+packed into ``max_tokens``; the most related file comes first, each file once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -20,9 +19,10 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, model_validator
 
-from ..engine import index_lock, repo_relative_path
 from ..errors import InvalidParameterError
-from ..repo import GAP_MARKER
+from ..repo import GAP_MARKER, RepoIndex
+from ..repo.chunks import split_lines
+from ..repo.files import relative_path
 from ..types import ContextFile, is_int
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class Excerpt:
 
 
 def search(
-    index: Any,
+    index: RepoIndex,
     query: str,
     *,
     k: int,
@@ -61,23 +61,21 @@ def search(
     count_tokens: Callable[[str], int] | None = None,
     file_path: str | None = None,
 ) -> list[Excerpt]:
-    """The at most ``k`` files of ``index`` most related to ``query``, best first, whose parts fit
-    ``max_tokens`` together (as the index counts a prompt's context files)."""
+    """The at most ``k`` files of ``index`` most related to ``query``, best first, each once, whose parts
+    fit ``max_tokens`` together (as the index counts a prompt's context files)."""
     if not isinstance(query, str):
         msg = f"A repository query is text, not {type(query).__name__}."
         raise InvalidParameterError(msg)
     path = check_search(index, k, max_tokens, file_path)
-    with index_lock(index):
-        files = index.context_files(
-            path, query, "", max_tokens=max_tokens, count_tokens=count_tokens or estimate_tokens
-        )
+    count = count_tokens or estimate_tokens
+    files = index.context_files(path, query, "", max_tokens=max_tokens, count_tokens=count, one_per_file=True)
     best_first = files[::-1][:k]  # prompt order puts the most related file last, next to the hole
-    return [Excerpt(f.path, f.text, _kind(Path(index.root), f), rank) for rank, f in enumerate(best_first)]
+    return [Excerpt(f.path, f.text, _kind(index, f), rank) for rank, f in enumerate(best_first)]
 
 
 def check_search(index: Any, k: Any, max_tokens: Any, file_path: str | None) -> str:
     """Refuse bad search arguments; the file's path relative to the index ("" for none)."""
-    if not callable(getattr(index, "context_files", None)) or not hasattr(index, "root"):
+    if not isinstance(index, RepoIndex):
         msg = f"index must be a RepoIndex (RepoIndex(folder)), not {type(index).__name__}."
         raise InvalidParameterError(msg)
     if not is_int(k) or k < 1:
@@ -86,14 +84,12 @@ def check_search(index: Any, k: Any, max_tokens: Any, file_path: str | None) -> 
     if not is_int(max_tokens) or max_tokens < 0:
         msg = f"max_tokens must be an integer >= 0, not {max_tokens!r}."
         raise InvalidParameterError(msg)
-    return "" if file_path is None else repo_relative_path(index, file_path)
+    return "" if file_path is None else relative_path(index.root, file_path)
 
 
-def _kind(root: Path, file: ContextFile) -> str:
-    try:
-        whole = (root / file.path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        whole = None
+def _kind(index: RepoIndex, file: ContextFile) -> str:
+    text = index.text(file.path)  # the indexed text: nothing read again, nothing outside the root
+    whole = None if text is None else "\n".join(split_lines(text))  # the lines excerpts are made of
     if whole is not None and file.text.strip("\n") == whole.strip("\n"):
         return "file"
     lines = file.text.split("\n")

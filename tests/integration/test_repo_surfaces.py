@@ -467,7 +467,7 @@ def test_retriever_documents_are_the_index_excerpts() -> None:
     query = "restock the inventory when stock is low"
     docs = RepoRetriever(index=index, k=10, max_tokens=1024).invoke(query)
     picked = RepoIndex(SAMPLE_REPO).context_files(
-        "", query, "", max_tokens=1024, count_tokens=lambda s: -(-len(s) // 4)
+        "", query, "", max_tokens=1024, count_tokens=lambda s: -(-len(s) // 4), one_per_file=True
     )
     assert [(d.metadata["path"], d.page_content) for d in docs] == [
         (f.path, f.text) for f in reversed(picked)
