@@ -9,7 +9,7 @@ a context window) and never import ``front`` (``tests/unit/test_architecture.py`
 
 from ..types import GenerationParams
 from .building import _token_bytes
-from .fim_prompts import index_lock, repo_relative_path
+from .fim_prompts import repo_relative_path
 from .front import StarCoderEngine
 from .jobs import Prompt
 
@@ -18,6 +18,5 @@ __all__ = [
     "Prompt",
     "StarCoderEngine",
     "_token_bytes",
-    "index_lock",
     "repo_relative_path",
 ]

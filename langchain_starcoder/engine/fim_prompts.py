@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import threading
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,14 +59,13 @@ def pick_files(tokenizer: Any, index: Any, request: FIMRequest, left: int) -> li
     prefix, suffix = request.prefix, request.suffix
     if request.notebook is not None:  # the modules imported in any cell, not only the hole's
         prefix, suffix = request.notebook.code_around(prefix, suffix)
-    with index_lock(index):
-        return index.context_files(
-            request.file_path,
-            prefix,
-            suffix,
-            max_tokens=left,
-            count_tokens=data_tokens(codec_for(tokenizer)),
-        )
+    return index.context_files(  # the index locks itself
+        request.file_path,
+        prefix,
+        suffix,
+        max_tokens=left,
+        count_tokens=data_tokens(codec_for(tokenizer)),
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -132,19 +129,6 @@ def build_fim(
         )
         raise ContextLengthError(msg)
     return build(tokenizer, request)
-
-
-_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
-_locks_guard = threading.Lock()
-
-
-def index_lock(index: Any) -> threading.Lock:
-    """The lock every lookup of ``index`` holds (a RepoIndex is not safe to use from two threads)."""
-    with _locks_guard:
-        lock = _locks.get(index)
-        if lock is None:
-            lock = _locks[index] = threading.Lock()
-        return lock
 
 
 def repo_relative_path(index: Any, file_path: str | None) -> str:
