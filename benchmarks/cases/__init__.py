@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import disk_cache, llama_cpp_managed, speculative, vllm_server
+from .. import disk_cache, jupyter, llama_cpp_managed, speculative, vllm_server
 from ..harness import Section
 from .blas import bench_blas
 from .common import Context, prefill_rate
@@ -40,9 +40,19 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "llamacpp": llama_cpp_managed.bench_llama_cpp_managed,
     "vllm": vllm_server.bench_vllm,
     "speculative": speculative.bench_speculative,
+    "jupyter": jupyter.bench_jupyter,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
-#: runs the others (``remote`` starts a llama-server).
-OPTIONAL = ("baselines", "fullmodel", "remote", "repo", "disk_cache", "llamacpp", "vllm")
+#: runs the others (``remote`` starts a llama-server, ``jupyter`` a jupyter lab and a browser).
+OPTIONAL = (
+    "baselines",
+    "fullmodel",
+    "remote",
+    "repo",
+    "disk_cache",
+    "llamacpp",
+    "vllm",
+    "jupyter",
+)
 
 __all__ = ["BENCHMARKS", "OPTIONAL", "Context", "batch_variants", "prefill_rate"]

@@ -1,0 +1,46 @@
+/**
+ * @langchain-starcoder/jupyterlab: inline completion (ghost text) from StarCoder2, answered by the
+ * langchain-starcoder Jupyter server extension with the notebook's cells and outputs in the model's
+ * own notebook format.
+ */
+import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ICompletionProviderManager } from '@jupyterlab/completer';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
+
+import { DEFAULT_SETTINGS, ISettings, StarCoderInlineProvider } from './provider';
+
+const PLUGIN_ID = '@langchain-starcoder/jupyterlab:plugin';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: PLUGIN_ID,
+  description: 'Inline completion from StarCoder2 (langchain-starcoder), notebook-aware.',
+  autoStart: true,
+  requires: [ICompletionProviderManager],
+  optional: [ISettingRegistry],
+  activate: (
+    app: JupyterFrontEnd,
+    manager: ICompletionProviderManager,
+    registry: ISettingRegistry | null
+  ): void => {
+    const provider = new StarCoderInlineProvider();
+    manager.registerInlineProvider(provider);
+    if (!registry) {
+      return;
+    }
+    const update = (settings: ISettingRegistry.ISettings): void => {
+      provider.settings = {
+        ...DEFAULT_SETTINGS,
+        ...(settings.composite as Partial<ISettings>)
+      };
+    };
+    registry
+      .load(PLUGIN_ID)
+      .then(settings => {
+        update(settings);
+        settings.changed.connect(update);
+      })
+      .catch(reason => console.error('langchain-starcoder: settings not loaded', reason));
+  }
+};
+
+export default plugin;

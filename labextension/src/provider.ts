@@ -1,0 +1,182 @@
+/**
+ * The inline completion provider: asks the package's server extension for the middle of the cursor's
+ * hole and streams it into JupyterLab's ghost text. A newer keystroke aborts the older request (the
+ * server then stops its generation).
+ */
+import type {
+  CompletionHandler,
+  IInlineCompletionContext,
+  IInlineCompletionItem,
+  IInlineCompletionList,
+  IInlineCompletionProvider
+} from '@jupyterlab/completer';
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { documentContext } from './context';
+
+/** The extension's settings (schema/plugin.json). */
+export interface ISettings {
+  enabled: boolean;
+  model: string;
+  backend: string;
+  baseUrl: string;
+  maxTokens: number;
+  debounceMs: number;
+  repoContext: boolean;
+}
+
+export const DEFAULT_SETTINGS: ISettings = {
+  enabled: true,
+  model: '',
+  backend: 'mlx',
+  baseUrl: '',
+  maxTokens: 64,
+  debounceMs: 200,
+  repoContext: true
+};
+
+/** One answer line of `POST langchain-starcoder/complete`. */
+interface IAnswerLine {
+  text?: string;
+  done?: boolean;
+  finish_reason?: string;
+  error?: string;
+}
+
+interface IPending {
+  response: Promise<Response>;
+  controller: AbortController;
+}
+
+export class StarCoderInlineProvider implements IInlineCompletionProvider {
+  readonly name = 'StarCoder (langchain-starcoder)';
+  readonly identifier = '@langchain-starcoder/jupyterlab:inline';
+  /** JupyterLab's own provider settings: fill in the middle of a line too (a FIM model's job), no
+   * debounce of its own (ours is in the settings), and time for a slow first token. */
+  readonly schema = {
+    default: { autoFillInMiddle: true, debouncerDelay: 0, timeout: 60000 }
+  };
+
+  settings: ISettings = { ...DEFAULT_SETTINGS };
+  private _serverSettings = ServerConnection.makeSettings();
+  private _current: AbortController | null = null;
+  private _pending = new Map<string, IPending>();
+  private _counter = 0;
+
+  async fetch(
+    request: CompletionHandler.IRequest,
+    context: IInlineCompletionContext
+  ): Promise<IInlineCompletionList<IInlineCompletionItem>> {
+    this._current?.abort(); // a newer keystroke: the older answer is not wanted any more
+    const controller = new AbortController();
+    this._current = controller;
+    const document = this.settings.enabled ? documentContext(context.widget) : null;
+    if (!document || !(await sleep(this.settings.debounceMs, controller.signal))) {
+      return { items: [] };
+    }
+    const token = `${Date.now()}-${++this._counter}`;
+    const body = {
+      prefix: request.text.slice(0, request.offset),
+      suffix: request.text.slice(request.offset),
+      path: document.path,
+      notebook: document.notebook,
+      cell: document.cell,
+      max_tokens: this.settings.maxTokens,
+      model: this.settings.model || null,
+      backend: this.settings.backend || null,
+      base_url: this.settings.baseUrl || null,
+      repo_context: this.settings.repoContext,
+      request_id: token
+    };
+    const url = URLExt.join(this._serverSettings.baseUrl, 'langchain-starcoder', 'complete');
+    const response = ServerConnection.makeRequest(
+      url,
+      { method: 'POST', body: JSON.stringify(body), signal: controller.signal },
+      this._serverSettings
+    );
+    response.catch(() => undefined); // read (and its error reported) by stream()
+    this._pending.set(token, { response, controller });
+    // The ghost text starts empty and grows as stream() reads the answer.
+    return { items: [{ insertText: '', isIncomplete: true, token }] };
+  }
+
+  async *stream(token: string): AsyncGenerator<{ response: IInlineCompletionItem }> {
+    const pending = this._pending.get(token);
+    this._pending.delete(token);
+    if (!pending) {
+      return;
+    }
+    let text = '';
+    try {
+      const response = await pending.response;
+      for await (const answer of ndjson(response)) {
+        if (answer.error !== undefined) {
+          yield { response: { insertText: text, error: { message: answer.error } } };
+          return;
+        }
+        if (answer.done) {
+          if (answer.finish_reason !== 'superseded') {
+            yield { response: { insertText: answer.text ?? text, isIncomplete: false } };
+          }
+          return;
+        }
+        text += answer.text ?? '';
+        yield { response: { insertText: text, isIncomplete: true, token } };
+      }
+    } catch (reason) {
+      if (!pending.controller.signal.aborted) {
+        const message = reason instanceof Error ? reason.message : String(reason);
+        yield { response: { insertText: text, error: { message } } };
+      }
+    } finally {
+      pending.controller.abort(); // the ghost text was dismissed mid-stream: stop the generation
+    }
+  }
+}
+
+/** The answer's lines as they arrive; an error status's `{"error"}` body as one line. */
+async function* ndjson(response: Response): AsyncGenerator<IAnswerLine> {
+  if (!response.ok || !response.body) {
+    const body = await response.text();
+    let error = `${response.status} ${response.statusText}`;
+    try {
+      error = (JSON.parse(body) as IAnswerLine).error ?? error;
+    } catch {
+      // not JSON: the status says it
+    }
+    yield { error };
+    return;
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) {
+      return;
+    }
+    buffer += value;
+    const lines = buffer.split('\n');
+    buffer = lines.pop() ?? '';
+    for (const line of lines) {
+      if (line.trim()) {
+        yield JSON.parse(line) as IAnswerLine;
+      }
+    }
+  }
+}
+
+/** Wait `ms` milliseconds; false when `signal` aborts first. */
+function sleep(ms: number, signal: AbortSignal): Promise<boolean> {
+  return new Promise(resolve => {
+    if (signal.aborted) {
+      resolve(false);
+      return;
+    }
+    const timer = setTimeout(() => resolve(!signal.aborted), ms);
+    signal.addEventListener('abort', () => {
+      clearTimeout(timer);
+      resolve(false);
+    });
+  });
+}

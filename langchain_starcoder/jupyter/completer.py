@@ -1,0 +1,106 @@
+"""What the completion handler needs from the package: the engine a request's settings name, the
+fill-in-the-middle request it makes (notebook or repository context), and which request is the newest
+for each document.
+
+The package's heavy modules (the engine, MLX) are imported on the first request, so that the Jupyter
+server starts as fast without them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .protocol import CompletionAsk
+
+if TYPE_CHECKING:
+    from ..engine import StarCoderEngine
+    from ..repo import RepoIndex
+    from ..types import FIMRequest
+
+
+class Completer:
+    """Engines (one per checkpoint and settings, from the package's registry), the server root's
+    repository index, and the newest request of each document (an older one is superseded)."""
+
+    def __init__(self, root_dir: str):
+        self.root_dir = root_dir
+        self._lock = threading.Lock()
+        self._default_model: str | None = None
+        self._repo: RepoIndex | None = None
+        #: The newest request of each document path: its ``cancel`` stops it when a newer one comes.
+        self._newest: dict[str, Any] = {}
+
+    # --- engines --------------------------------------------------------------------------------
+
+    def engine(self, ask: CompletionAsk) -> StarCoderEngine:
+        """The shared engine for the request's settings, loaded (or connected) on first use. Blocking:
+        call it in a thread.
+
+        The model is the request's (JupyterLab's settings), else ``$LANGCHAIN_STARCODER_MODEL``, else the
+        package's default, which falls back to a small offline checkpoint without hub access (as the
+        examples do). With ``base_url`` the model names the served model and where the tokenizer is.
+        """
+        from ..registry import get_engine
+
+        model = ask.model or self.default_model(remote=ask.base_url is not None)
+        if ask.base_url is not None:
+            return get_engine(model, base_url=ask.base_url)
+        return get_engine(model, backend=ask.backend)
+
+    def default_model(self, *, remote: bool = False) -> str:
+        """``$LANGCHAIN_STARCODER_MODEL`` or the package's default (for a local engine, resolved once:
+        downloaded, or replaced by the offline checkpoint)."""
+        from ..registry import DEFAULT_MODEL
+        from ..testing import MODEL_ENV, model_or_offline
+
+        if remote:  # only the tokenizer is read: nothing to download or build here
+            return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+        with self._lock:
+            if self._default_model is None:
+                self._default_model = model_or_offline()
+            return self._default_model
+
+    # --- the prompt's context -------------------------------------------------------------------
+
+    def fim_request(self, ask: CompletionAsk) -> FIMRequest:
+        """The request as the engine takes it: the live notebook's cells around the hole's cell, and, with
+        ``repo_context``, the server root's repository context for the document's path. Blocking (the
+        first repository scan reads the root's files): call it in a thread."""
+        from ..notebook import NotebookContext
+        from ..types import FIMRequest
+
+        notebook = None
+        if ask.notebook is not None:
+            assert ask.cell is not None  # parse_ask requires it with a notebook
+            notebook = NotebookContext.from_notebook(ask.notebook, ask.cell, path=ask.path or None)
+        repo = self.repo() if ask.repo_context and ask.path else None
+        return FIMRequest(
+            ask.prefix, ask.suffix, notebook=notebook, repo=repo, file_path=ask.path if repo else None
+        )
+
+    def repo(self) -> RepoIndex:
+        """The index of the server's root, scanned on first use and kept fresh by the index itself."""
+        from ..repo import RepoIndex
+
+        with self._lock:
+            if self._repo is None:
+                self._repo = RepoIndex(self.root_dir)
+            return self._repo
+
+    # --- supersession (on the event loop's thread only) --------------------------------------------
+
+    def newest(self, path: str, cancel: Callable[[str], None]) -> None:
+        """``cancel`` is the newest request for ``path``: an older one still running is superseded."""
+        if not path:
+            return  # a document without a path cannot be told apart from another
+        older = self._newest.get(path)
+        self._newest[path] = cancel
+        if older is not None:
+            older("superseded")
+
+    def ended(self, path: str, cancel: Callable[[str], None]) -> None:
+        if path and self._newest.get(path) == cancel:
+            del self._newest[path]

@@ -1,0 +1,163 @@
+"""``POST {base_url}langchain-starcoder/complete``: the middle of the cursor's hole, streamed as NDJSON.
+
+Jupyter's own authentication guards it (its token, or its login cookie with the XSRF token), its origin
+check refuses other origins, and no CORS header is added. Each answer is ``{"text": ...}`` lines as the
+tokens arrive, then ``{"done": true, "text": <the whole middle>, "finish_reason": ...}``; a request
+refused before streaming gets ``{"error": ...}`` with a 4xx/5xx status, an error after the first line an
+``{"error": ...}`` line. The generation runs in the engine's worker (the server's event loop only
+waits), and stops at its next step when the client disconnects or a newer request for the same document
+comes (its answer then ends with ``finish_reason`` "superseded").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado.iostream import StreamClosedError
+
+from .completer import Completer
+from .protocol import CompletionAsk, RequestError, line, parse_ask
+
+#: Where the handler finds the server's :class:`Completer` in the tornado application's settings.
+SETTINGS_KEY = "langchain_starcoder_completer"
+ROUTE = ("langchain-starcoder", "complete")
+NDJSON = "application/x-ndjson"
+
+
+class CompleteHandler(APIHandler):
+    """One completion request: checked, answered from the engine as a stream, cancelled when its
+    client leaves or a newer request for its document supersedes it."""
+
+    _work: asyncio.Task[None] | None = None
+    _why_cancelled: str | None = None
+    _gone = False
+
+    @property
+    def completer(self) -> Completer:
+        return self.settings[SETTINGS_KEY]
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        try:
+            ask = parse_ask(_json(self.request.body))
+        except RequestError as e:
+            self._refuse(e.status, str(e))
+            return
+        self._work = asyncio.ensure_future(self._answer(ask))
+        self.completer.newest(ask.path, self.cancel)
+        try:
+            await self._work
+        finally:
+            self.completer.ended(ask.path, self.cancel)
+
+    def on_connection_close(self) -> None:
+        self._gone = True
+        self.cancel("disconnected")
+
+    def cancel(self, why: str) -> None:
+        """Stop this request's generation at its next step (``why``: "disconnected" or "superseded")."""
+        if self._work is not None and not self._work.done() and self._why_cancelled is None:
+            self._why_cancelled = why
+            self._work.cancel()
+
+    async def _answer(self, ask: CompletionAsk) -> None:
+        texts: list[str] = []
+        tokens = 0
+        outcome = "failed"
+        stream = None
+        try:
+            engine = await asyncio.to_thread(self.completer.engine, ask)
+            request = await asyncio.to_thread(self.completer.fim_request, ask)
+            stream = engine.astream_infill(request, max_tokens=ask.max_tokens, temperature=ask.temperature)
+            async for chunk in stream:
+                tokens += len(chunk.token_ids)
+                if chunk.text:
+                    texts.append(chunk.text)
+                    await self._send(line(text=chunk.text))
+                if chunk.finish_reason is not None:
+                    outcome = chunk.finish_reason
+                    done = {
+                        "finish_reason": outcome, "completion_tokens": chunk.completion_tokens,
+                        "prompt_tokens": chunk.prompt_tokens,
+                    }  # fmt: skip
+                    self.finish(line(done=True, text="".join(texts), **done), set_content_type=NDJSON)
+        except asyncio.CancelledError:  # our own cancel (a task cancelled from outside is the server's)
+            outcome = self._why_cancelled or "cancelled"
+            if outcome == "superseded" and not self._closed():
+                ended = {"finish_reason": outcome, "completion_tokens": tokens}
+                self.finish(line(done=True, text="".join(texts), **ended), set_content_type=NDJSON)
+        except StreamClosedError:  # the client left while a line was being sent
+            outcome = "disconnected"
+        except Exception as e:
+            status, message = _status(e)
+            if status == 500 and not isinstance(e, RequestError):
+                self.log.exception("langchain-starcoder: completion request %r failed", ask.request_id)
+            self._refuse(status, message)
+        finally:
+            if stream is not None:
+                await stream.aclose()  # type: ignore[attr-defined]  # stops the engine's generation
+            self.log.debug(
+                "langchain-starcoder: request %r for %r ended (%s) after %d tokens",
+                ask.request_id, ask.path, outcome, tokens,
+            )  # fmt: skip
+
+    async def _send(self, data: bytes) -> None:
+        if not self._headers_written:
+            self.set_header("Content-Type", NDJSON)
+            self.set_header("Cache-Control", "no-cache")
+            self.set_header("X-Accel-Buffering", "no")  # a proxy in front must not hold the lines back
+        self.write(data)
+        await self.flush()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An error: its status and body before anything was sent, else an ``{"error"}`` line."""
+        if self._closed():
+            return
+        if not self._headers_written:
+            self.set_status(status)
+            self.finish(json.dumps({"error": message}))
+        else:
+            self.finish(line(error=message), set_content_type=NDJSON)
+
+    def _closed(self) -> bool:
+        return self._finished or self._gone
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"The request body is not JSON: {e}") from None
+
+
+def _status(e: Exception) -> tuple[int, str]:
+    """The status and message of an error raised before or while answering."""
+    from ..errors import ContextLengthError, InvalidParameterError, ModelNotFoundError, StarCoderError
+
+    if isinstance(e, RequestError):
+        return e.status, str(e)
+    if isinstance(e, ModelNotFoundError):
+        where = "JupyterLab's StarCoder inline completion settings, or $LANGCHAIN_STARCODER_MODEL"
+        return 404, f"{e} Set the model in {where}."
+    if isinstance(e, ContextLengthError):
+        return 413, str(e)
+    if isinstance(e, InvalidParameterError):
+        return 400, str(e)
+    if isinstance(e, StarCoderError):
+        return 500, str(e)
+    return 500, f"Internal error: {type(e).__name__}: {e}"
+
+
+def setup(server_app: Any) -> None:
+    """Route ``{base_url}langchain-starcoder/complete`` to :class:`CompleteHandler` on this server."""
+    web_app = server_app.web_app
+    root = getattr(server_app.contents_manager, "root_dir", None) or server_app.root_dir
+    web_app.settings[SETTINGS_KEY] = Completer(root)
+    route = url_path_join(web_app.settings["base_url"], *ROUTE)
+    web_app.add_handlers(".*$", [(route, CompleteHandler)])
+    server_app.log.info("langchain-starcoder: inline completion at %s", route)

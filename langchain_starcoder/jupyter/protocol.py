@@ -1,0 +1,105 @@
+"""What the labextension sends to ``POST langchain-starcoder/complete`` and what it gets back: the request
+checked field by field (a bad one is refused with what is wrong), and the NDJSON lines of the answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Tokens at most when a request does not say (ghost text is a line or a short block).
+DEFAULT_MAX_TOKENS = 64
+BACKENDS = ("mlx", "llama.cpp")
+
+
+class RequestError(ValueError):
+    """A request the handler refuses with ``status`` (400: its fields; 404: its model is not found)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class CompletionAsk:
+    """One completion request of the labextension, checked."""
+
+    prefix: str
+    """The hole's cell (or file) text before the cursor, as the editor shows it now."""
+    suffix: str
+    """Its text after the cursor."""
+    path: str
+    """The document's path relative to the server's root ("" when unknown): newer requests for the same
+    path supersede older ones, and a file's repository context is looked up for it."""
+    notebook: Mapping[str, Any] | None
+    """The live notebook as nbformat-4 JSON (the hole's cell included), or None for a file."""
+    cell: int | None
+    """The index of the hole's cell in ``notebook["cells"]``."""
+    max_tokens: int
+    model: str | None
+    """A checkpoint folder, GGUF file or hub id (None: ``$LANGCHAIN_STARCODER_MODEL``, else the default)."""
+    backend: str
+    """"mlx" (in-process) or "llama.cpp" (a llama-server the engine starts)."""
+    base_url: str | None
+    """A server to generate on (our ``serve``, llama.cpp, vLLM); the tokenizer comes from ``model``."""
+    repo_context: bool
+    """Add the server root's repository context (the modules a notebook imports, a file's related code)."""
+    request_id: str
+    temperature: float
+
+
+def parse_ask(body: Any) -> CompletionAsk:
+    """The request's JSON body, checked; :class:`RequestError` names the first bad field."""
+    if not isinstance(body, Mapping):
+        raise RequestError("The request body must be a JSON object with at least 'prefix'.")
+    notebook, cell = body.get("notebook"), body.get("cell")
+    if notebook is not None and not isinstance(notebook, Mapping):
+        raise RequestError("notebook must be the notebook's nbformat-4 JSON (an object), or null for a file.")
+    if notebook is not None and not _is_int(cell):
+        raise RequestError("cell must be the index of the hole's cell in notebook.cells (an integer).")
+    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise RequestError(f"max_tokens must be a positive integer, not {max_tokens!r}.")
+    backend = _text(body, "backend") or "mlx"
+    if backend not in BACKENDS:
+        raise RequestError(f"backend must be one of {list(BACKENDS)}, not {backend!r}.")
+    temperature = body.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+        raise RequestError(f"temperature must be a number >= 0, not {temperature!r}.")
+    repo_context = body.get("repo_context", False)
+    if not isinstance(repo_context, bool):
+        raise RequestError(f"repo_context must be true or false, not {repo_context!r}.")
+    return CompletionAsk(
+        prefix=_text(body, "prefix", required=True) or "",
+        suffix=_text(body, "suffix") or "",
+        path=_text(body, "path") or "",
+        notebook=notebook,
+        cell=cell if notebook is not None else None,
+        max_tokens=max_tokens,
+        model=_text(body, "model"),
+        backend=backend,
+        base_url=_text(body, "base_url"),
+        repo_context=repo_context,
+        request_id=_text(body, "request_id") or "",
+        temperature=float(temperature),
+    )
+
+
+def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str | None:
+    """A string field; "" and null (JupyterLab's unset settings) are None, except for required text."""
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise RequestError(f"{name} must be a string, not {type(value).__name__}.")
+    return value if value or required else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def line(**fields: Any) -> bytes:
+    """One NDJSON line of the answer."""
+    return json.dumps(fields, ensure_ascii=False).encode() + b"\n"

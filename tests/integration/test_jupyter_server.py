@@ -1,0 +1,479 @@
+"""The Jupyter server extension over HTTP: a real ``jupyter lab`` on 127.0.0.1 with its own token and the
+tiny checkpoint, asked ``POST /langchain-starcoder/complete`` as the labextension asks it. Answers are
+compared with ``engine.infill`` in-process on the same checkpoint (greedy); how a request ended is read
+from the server's log (the extension writes one line per request). Whether the engine itself stopped is
+seen from inside: a Jupyter server run in a thread of this process, whose engine's generations are
+watched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from jupyter_server.serverapp import ServerApp
+
+from langchain_starcoder import FIMRequest, NotebookContext, RepoIndex, StarCoderEngine, registry
+from langchain_starcoder.gguf_format.cache import CACHE_ENV
+from langchain_starcoder.jupyter import LABEXTENSION_DIR, LABEXTENSION_NAME
+from langchain_starcoder.jupyter.bundle import SOURCE_DIR, bundle_stamp, source_hash
+from langchain_starcoder.server import create_app
+from langchain_starcoder.testing.jupyter_lab import NOTEBOOK, JupyterLab, write_project
+from langchain_starcoder.testing.servers import ServerThread, free_port
+
+ROUTE = "langchain-starcoder/complete"
+N = 12
+#: Holes among which the tiny model fills one with hundreds of tokens (long enough to cancel).
+LONG_CANDIDATES, LONG_TOKENS, LONG_ENOUGH = (
+    ("x = values", "y = areas", "n = radii", "z = total", "k = r"),
+    1500,
+    300,
+)
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], int]:
+    root = tmp_path_factory.mktemp("jupyter-root")
+    path, cell = write_project(root)
+    (root / "pkg" / "app.py").write_text("from pkg.geometry import circle_area\n\n\ndef report(r):\n")
+    return root, json.loads(path.read_text()), cell
+
+
+@pytest.fixture(scope="session")
+def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``backend="llama.cpp"`` keeps the converted checkpoint (in this process and the server's)."""
+    return tmp_path_factory.mktemp("gguf-cache")
+
+
+@pytest.fixture(scope="session")
+def lab(
+    project, tiny_path: Path, gguf_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JupyterLab]:
+    root, _, _ = project
+    home = tmp_path_factory.mktemp("jupyter-home")
+    env = {CACHE_ENV: str(gguf_cache)}
+    with JupyterLab(root, home, model=tiny_path, settings={}, env=env) as server:
+        yield server
+
+
+def ask(lab: JupyterLab, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+    return httpx.post(lab.url + ROUTE, json=body, headers=lab.auth, timeout=300, **kwargs)
+
+
+def answer_lines(reply: httpx.Response) -> list[dict[str, Any]]:
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in reply.text.splitlines()]
+
+
+def live(notebook: dict[str, Any], cell: int, text: str) -> dict[str, Any]:
+    """The notebook as the editor holds it: the hole cell's live text (not what was saved)."""
+    edited = json.loads(json.dumps(notebook))
+    edited["cells"][cell]["source"] = text
+    return edited
+
+
+def ended(lab: JupyterLab, request_id: str, timeout: float = 120) -> tuple[str, int]:
+    """How the request ended and after how many tokens, from the extension's log line."""
+    pattern = re.compile(rf"request '{re.escape(request_id)}' for .* ended \((\w+)\) after (\d+) tokens")
+    deadline = time.monotonic() + timeout
+    while not (found := pattern.search(lab.log_text())):
+        assert time.monotonic() < deadline, lab.log_text()[-3000:]
+        time.sleep(0.1)
+    return found.group(1), int(found.group(2))
+
+
+# --- auth: Jupyter's own -------------------------------------------------------------------------
+
+
+def test_a_request_without_jupyters_token_is_refused(lab, project):
+    body = {"prefix": "x = ", "max_tokens": N}
+    for headers in ({}, {"Authorization": "token not-the-token"}):
+        reply = httpx.post(lab.url + ROUTE, json=body, headers=headers, timeout=60)
+        assert reply.status_code in (401, 403), reply.text
+        assert "text" not in reply.text and "done" not in reply.text
+    assert ask(lab, body).status_code == 200  # the same request with the token is answered
+
+
+def test_a_cross_origin_request_is_refused_even_with_the_users_login_cookie(lab):
+    """A page of another origin that the logged-in user visits sends the user's cookies: Jupyter's
+    origin and XSRF checks refuse it, and no CORS header invites it."""
+    body = {"prefix": "x = ", "max_tokens": N}
+    with httpx.Client(timeout=120) as browser:
+        assert browser.get(f"{lab.url}lab?token={lab.token}").status_code == 200  # logs in: cookies set
+        xsrf = {"X-XSRFToken": browser.cookies["_xsrf"]}
+        assert browser.post(lab.url + ROUTE, json=body, headers=xsrf).status_code == 200  # same origin
+        evil = {**xsrf, "Origin": "http://evil.example"}
+        refused = browser.post(lab.url + ROUTE, json=body, headers=evil)
+        assert refused.status_code in (403, 404), refused.text
+        assert "done" not in refused.text
+        assert browser.post(lab.url + ROUTE, json=body).status_code == 403  # no XSRF token: refused
+        preflight = browser.options(
+            lab.url + ROUTE,
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert "access-control-allow-origin" not in preflight.headers
+
+
+# --- answers: what engine.infill gives for the same context --------------------------------------
+
+
+@pytest.mark.parametrize("repo_context", [False, True])
+def test_the_streamed_middle_equals_engine_infill_with_the_notebook_context(
+    lab, project, tiny_engine: StarCoderEngine, repo_context: bool
+):
+    root, notebook, cell = project
+    prefix, suffix = "volumes = [circle_area(r) * ", " for r in radii]"
+    nb = live(notebook, cell, prefix + suffix)
+    ctx = NotebookContext.from_notebook(nb, cell)
+    repo = {"repo": RepoIndex(root), "file_path": NOTEBOOK} if repo_context else {}
+    expected = tiny_engine.infill(prefix, suffix, notebook=ctx, max_tokens=N, temperature=0, **repo)
+    body = {
+        "prefix": prefix, "suffix": suffix, "path": NOTEBOOK, "notebook": nb, "cell": cell,
+        "max_tokens": N, "repo_context": repo_context, "request_id": f"nb-{repo_context}",
+    }  # fmt: skip
+    lines = answer_lines(ask(lab, body))
+    *texts, done = lines
+    assert texts and all(set(line) == {"text"} for line in texts)  # streamed, line by line
+    assert "".join(line["text"] for line in texts) == done["text"] == expected.text
+    assert done["done"] is True and done["finish_reason"] == expected.finish_reason
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (
+        expected.prompt_tokens, expected.completion_tokens,
+    )  # fmt: skip
+    if repo_context:  # the imported module came as context: the prompt is not the notebook's alone
+        alone = tiny_engine.fim_prompt(FIMRequest(prefix, suffix, notebook=ctx), N)
+        assert done["prompt_tokens"] > len(alone.token_ids)
+
+
+def test_a_py_file_gets_the_server_roots_repository_context(lab, project, tiny_engine: StarCoderEngine):
+    root, _, _ = project
+    prefix, suffix, path = "def report(r):\n    return ", "\n", "pkg/app.py"
+    with_repo = tiny_engine.infill(
+        prefix, suffix, repo=RepoIndex(root), file_path=path, max_tokens=N, temperature=0
+    )
+    plain = tiny_engine.infill(prefix, suffix, max_tokens=N, temperature=0)
+    assert with_repo.prompt_tokens > plain.prompt_tokens  # geometry.py is in the first one's prompt
+    for repo_context, expected in ((True, with_repo), (False, plain)):
+        body = {
+            "prefix": prefix,
+            "suffix": suffix,
+            "path": path,
+            "max_tokens": N,
+            "repo_context": repo_context,
+        }
+        done = answer_lines(ask(lab, body))[-1]
+        assert (done["text"], done["prompt_tokens"]) == (expected.text, expected.prompt_tokens)
+
+
+def test_base_url_generates_on_that_server(lab, project, tiny_engine: StarCoderEngine, tiny_path: Path):
+    """``base_url``: the model runs on another server (here our ``serve``), the prompt is built here."""
+    _, notebook, cell = project
+    prefix = "mean_area = sum(areas) / "
+    nb = live(notebook, cell, prefix)
+    expected = tiny_engine.infill(prefix, "", notebook=NotebookContext.from_notebook(nb, cell), max_tokens=N)
+    served = ServerThread(create_app(tiny_engine))
+    try:
+        body = {
+            "prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N, "base_url": served.url,
+            "model": str(tiny_path),  # the served model's tokenizer
+        }  # fmt: skip
+        done = answer_lines(ask(lab, body))[-1]
+    finally:
+        served.stop()
+    assert (done["text"], done["completion_tokens"]) == (expected.text, expected.completion_tokens)
+
+
+def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
+    lab, project, tiny_path: Path, gguf_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``backend="llama.cpp"`` (JupyterLab's setting): the server's engine starts a llama-server and
+    answers as the same managed engine does in-process."""
+    _, notebook, cell = project
+    prefix = "mean_area = sum(areas) / "
+    nb = live(notebook, cell, prefix)
+    monkeypatch.setenv(CACHE_ENV, str(gguf_cache))
+    managed = StarCoderEngine.load(tiny_path, backend="llama.cpp")
+    try:
+        ctx = NotebookContext.from_notebook(nb, cell)
+        expected = managed.infill(prefix, "", notebook=ctx, max_tokens=N, temperature=0)
+    finally:
+        managed.close()
+    body = {"prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N, "backend": "llama.cpp"}
+    done = answer_lines(ask(lab, body))[-1]
+    assert (done["text"], done["completion_tokens"]) == (expected.text, expected.completion_tokens)
+    assert lab.proc is not None
+    children = psutil.Process(lab.proc.pid).children(recursive=True)
+    assert any("llama-server" in " ".join(child.cmdline()) for child in children)  # not MLX's answer
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ("not json", 400, "not JSON"),
+        ({"suffix": "x"}, 400, "prefix"),
+        ({"prefix": "x", "notebook": {"nbformat": 4, "cells": []}}, 400, "cell"),
+        ({"prefix": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"prefix": "x", "backend": "torch"}, 400, "backend"),
+        ({"prefix": "x", "notebook": {"nbformat": 3, "cells": []}, "cell": 0}, 400, "format 4"),
+        ({"prefix": "x", "notebook": "MARKDOWN", "cell": 0}, 400, "notebook"),
+        ({"prefix": "x", "model": "/no/such/checkpoint"}, 404, "no/such/checkpoint"),
+    ],
+)
+def test_a_bad_request_gets_a_4xx_saying_what_is_wrong(lab, project, body, status, says):
+    if body == "not json":
+        reply = httpx.post(lab.url + ROUTE, content=b"{oops", headers=lab.auth, timeout=60)
+    else:
+        reply = ask(lab, body)
+    assert reply.status_code == status, reply.text
+    assert says in reply.json()["error"]
+
+
+def test_a_markdown_cell_as_the_hole_is_refused(lab, project):
+    _, notebook, _ = project
+    reply = ask(lab, {"prefix": "x", "notebook": notebook, "cell": 0})
+    assert reply.status_code == 400 and "markdown" in reply.json()["error"]
+
+
+# --- cancellation ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def long_hole(project, tiny_engine: StarCoderEngine) -> tuple[str, int]:
+    """A hole of the last cell that the model fills with hundreds of tokens, and how many it takes
+    when nobody stops it (found in-process: the checkpoint's weights are random)."""
+    _, notebook, cell = project
+    for prefix in LONG_CANDIDATES:
+        ctx = NotebookContext.from_notebook(live(notebook, cell, prefix), cell)
+        whole = tiny_engine.infill(prefix, "", notebook=ctx, max_tokens=LONG_TOKENS).completion_tokens
+        if whole >= LONG_ENOUGH:
+            return prefix, whole
+    raise AssertionError(f"none of {LONG_CANDIDATES} gets {LONG_ENOUGH} tokens from this checkpoint")
+
+
+def long_body(project, long_hole, request_id: str, path: str = NOTEBOOK) -> dict[str, Any]:
+    _, notebook, cell = project
+    prefix, _ = long_hole
+    return {
+        "prefix": prefix, "path": path, "notebook": live(notebook, cell, prefix), "cell": cell,
+        "max_tokens": LONG_TOKENS, "request_id": request_id,
+    }  # fmt: skip
+
+
+def test_a_client_that_disconnects_stops_its_generation(lab, project, long_hole, tiny_engine):
+    body = long_body(project, long_hole, "gone")
+    with httpx.stream("POST", lab.url + ROUTE, json=body, headers=lab.auth, timeout=300) as reply:
+        first = json.loads(next(reply.iter_lines()))
+        assert "text" in first  # generating: then the client leaves (the frontend aborts its fetch)
+    outcome, tokens = ended(lab, "gone")
+    assert outcome == "disconnected"
+    assert tokens < long_hole[1] / 2
+    # The server goes on answering, correctly.
+    _, notebook, cell = project
+    nb = live(notebook, cell, "y = ")
+    expected = tiny_engine.infill("y = ", "", notebook=NotebookContext.from_notebook(nb, cell), max_tokens=N)
+    body = {"prefix": "y = ", "notebook": nb, "cell": cell, "max_tokens": N, "path": NOTEBOOK}
+    assert answer_lines(ask(lab, body))[-1]["text"] == expected.text
+
+
+def test_a_newer_request_for_the_same_document_supersedes_the_older(lab, project, long_hole, tiny_engine):
+    older: list[dict[str, Any]] = []
+    streaming = threading.Event()
+
+    def read_older() -> None:
+        with httpx.stream(
+            "POST",
+            lab.url + ROUTE,
+            json=long_body(project, long_hole, "older"),
+            headers=lab.auth,
+            timeout=300,
+        ) as reply:
+            for line in reply.iter_lines():
+                older.append(json.loads(line))
+                streaming.set()
+
+    reader = threading.Thread(target=read_older)
+    reader.start()
+    assert streaming.wait(300)
+    _, notebook, cell = project
+    nb = live(notebook, cell, "z = ")
+    newer = answer_lines(ask(lab, {"prefix": "z = ", "notebook": nb, "cell": cell, "path": NOTEBOOK}))
+    reader.join(300)
+    expected = tiny_engine.infill("z = ", "", notebook=NotebookContext.from_notebook(nb, cell), max_tokens=64)
+    assert newer[-1]["text"] == expected.text and newer[-1]["finish_reason"] == expected.finish_reason
+    assert older[-1]["done"] is True and older[-1]["finish_reason"] == "superseded"
+    assert older[-1]["completion_tokens"] < long_hole[1] / 2
+    assert older[-1]["text"] == "".join(line.get("text", "") for line in older[:-1])
+    assert ended(lab, "older")[0] == "superseded"
+
+
+def test_a_request_for_another_document_does_not_supersede(lab, project, long_hole, tiny_engine):
+    _, notebook, cell = project
+    first: list[dict[str, Any]] = []
+    streaming = threading.Event()
+    body = {**long_body(project, long_hole, "other-doc"), "max_tokens": 40}
+
+    def read_first() -> None:
+        with httpx.stream("POST", lab.url + ROUTE, json=body, headers=lab.auth, timeout=300) as reply:
+            for line in reply.iter_lines():
+                first.append(json.loads(line))
+                streaming.set()
+
+    reader = threading.Thread(target=read_first)
+    reader.start()
+    assert streaming.wait(300)
+    nb = live(notebook, cell, "w = ")
+    answer_lines(ask(lab, {"prefix": "w = ", "notebook": nb, "cell": cell, "path": "other.ipynb"}))
+    reader.join(300)
+    whole = tiny_engine.infill(
+        body["prefix"], "", notebook=NotebookContext.from_notebook(body["notebook"], cell), max_tokens=40
+    )
+    assert first[-1]["finish_reason"] == whole.finish_reason != "superseded"
+    assert first[-1]["text"] == whole.text
+
+
+def test_the_extension_is_enabled_and_jupyterlab_serves_this_packages_bundle(lab):
+    """What ``pip install -e ".[jupyter]"`` gives: the server extension loaded by its shipped config, and
+    the prebuilt labextension found by JupyterLab: the page loads this package's bundle (an install
+    older than the bundle would serve another remoteEntry: reinstall)."""
+    assert "langchain_starcoder.jupyter | extension was successfully loaded" in lab.log_text()
+    page = httpx.get(f"{lab.url}lab?token={lab.token}", timeout=120).text
+    shipped = json.loads((LABEXTENSION_DIR / "package.json").read_text())
+    assert shipped["name"] == LABEXTENSION_NAME
+    assert LABEXTENSION_NAME in page
+    assert shipped["jupyterlab"]["_build"]["load"] in page
+
+
+# --- the shipped bundle and its TypeScript source ------------------------------------------------------
+
+
+def test_the_shipped_bundle_is_built_from_the_current_typescript_source():
+    """Rebuild with ``python -m langchain_starcoder.jupyter.bundle`` after changing labextension/."""
+    assert bundle_stamp() == source_hash(), (
+        "the labextension bundle is out of date with labextension/: rebuild it"
+    )
+    assert (LABEXTENSION_DIR / "schemas" / LABEXTENSION_NAME / "plugin.json").is_file()
+
+
+def test_any_change_to_the_source_changes_its_hash(tmp_path: Path):
+    source = tmp_path / "labextension"
+    shutil.copytree(SOURCE_DIR, source, ignore=shutil.ignore_patterns("node_modules", "lib", "*.tsbuildinfo"))
+    original = source_hash(source)
+    for name in ("src/provider.ts", "schema/plugin.json", "package.json"):
+        text = (source / name).read_text()
+        (source / name).write_text(text + " ")
+        assert source_hash(source) != original, name
+        (source / name).write_text(text)
+    (source / "src" / "extra.ts").write_text("export {};\n")
+    assert source_hash(source) != original
+
+
+# --- the engine's side of a cancel, seen from inside --------------------------------------------------
+
+
+class ServerInThisProcess(ServerApp):
+    """Jupyter's server run in a thread of the test process (signal handlers are the main thread's)."""
+
+    def init_signal(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def inside(project) -> Iterator[tuple[str, dict[str, str]]]:
+    root, _, _ = project
+    port, token = free_port(), secrets.token_hex(16)
+    started, apps = threading.Event(), []
+
+    def run() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        app = ServerInThisProcess()
+        app.initialize(
+            argv=[
+                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+                "--allow-root", "--no-browser",
+                "--ServerApp.jpserver_extensions", "langchain_starcoder.jupyter=True",
+            ]
+        )  # fmt: skip
+        apps.append(app)
+        app.io_loop.add_callback(started.set)
+        app.start()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not started.wait(0.2):
+        assert thread.is_alive() and time.monotonic() < deadline, "the Jupyter server did not start"
+    yield f"http://127.0.0.1:{port}/{ROUTE}", {"Authorization": f"token {token}"}
+    apps[0].io_loop.add_callback(apps[0].stop)
+    thread.join(60)
+
+
+@dataclass
+class Watched:
+    """A generation the engine ran, the tokens its worker produced for it, and its end."""
+
+    generation: Any
+    tokens: list[int] = field(default_factory=list)
+    end: Future | None = None
+
+
+def watch_generations(engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch) -> list[Watched]:
+    """Every generation the engine runs from now on (a live list)."""
+    seen: list[Watched] = []
+    submit = engine.backend.submit
+
+    def watched(generations: list) -> Future:
+        batch = [Watched(g) for g in generations]
+        for w in batch:
+            token = w.generation.sink.token
+
+            def counting(t: int, token: Any = token, tokens: list[int] = w.tokens) -> Any:
+                tokens.append(t)
+                return token(t)
+
+            w.generation.sink.token = counting
+        future = submit(generations)
+        for w in batch:
+            w.end = future
+        seen.extend(batch)
+        return future
+
+    monkeypatch.setattr(engine.backend, "submit", watched)
+    return seen
+
+
+@pytest.mark.parametrize("leave", ["disconnect", "supersede"])
+def test_the_engines_generation_stops_when_its_request_is_dropped(
+    inside, project, long_hole, tiny_path: Path, monkeypatch: pytest.MonkeyPatch, leave: str
+):
+    url, auth = inside
+    engine = registry.get_engine(tiny_path)  # the engine the server's requests for this model get
+    body = {**long_body(project, long_hole, leave), "model": str(tiny_path)}
+    whole = long_hole[1]
+    seen = watch_generations(engine, monkeypatch)
+    with httpx.stream("POST", url, json=body, headers=auth, timeout=300) as reply:
+        lines = reply.iter_lines()
+        assert "text" in json.loads(next(lines))
+        if leave == "supersede":  # a newer keystroke in the same file, while the older still streams
+            newer = httpx.post(
+                url, json={**body, "prefix": "y = ", "max_tokens": N}, headers=auth, timeout=300
+            )
+            assert json.loads(newer.text.splitlines()[-1])["done"] is True
+            assert json.loads(list(lines)[-1])["finish_reason"] == "superseded"
+    dropped = seen[0]
+    assert dropped.end is not None
+    dropped.end.result(timeout=300)  # the engine's worker is done with it...
+    assert dropped.generation.cancelled.is_set()
+    assert len(dropped.tokens) < whole / 2  # ...long before the whole answer
