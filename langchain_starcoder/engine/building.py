@@ -60,7 +60,16 @@ def parameter_count(config: dict[str, Any]) -> int:
     from ..loading import model_args
     from ..loading.weights import expected_tensors
 
-    return sum(math.prod(shape) for shape in expected_tensors(model_args(config)).values())
+    def count(layers: int) -> int:
+        args = model_args({**config, layer_key: layers})
+        return sum(math.prod(shape) for shape in expected_tensors(args).values())
+
+    # Counted from one and two layers: a config's layer count is not yet checked against its weights
+    # here, and listing the tensors of an absurd count would never end.
+    layer_key = "n_layer" if "n_layer" in config else "num_hidden_layers"
+    layers = int(config.get(layer_key) or 1)
+    one = count(1)
+    return one + (layers - 1) * (count(2) - one)
 
 
 def warn_if_slow_on_cpu(name: str, config: dict[str, Any]) -> None:
