@@ -5,9 +5,10 @@ from __future__ import annotations
 import queue
 import threading
 
-# MLX aborts the process at exit if a thread that ran MLX work has ended, or is woken while Python
-# shuts down. So worker threads never end and are never woken at exit: a closed backend's worker
-# waits on its retired queue until a new backend hands it a queue of its own.
+# MLX aborts the process at exit if a thread that ran MLX work has ended, is still evaluating, or is
+# woken while Python shuts down. So worker threads never end, are idle by then (backends still open
+# are closed at exit: see mlx.py) and are never woken: a closed backend's worker waits on its retired
+# queue until a new backend hands it a queue of its own.
 _pool_lock = threading.Lock()
 _idle_queues: list[queue.SimpleQueue] = []
 

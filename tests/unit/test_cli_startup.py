@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 
+from children import start_interruptible
+
 from langchain_starcoder import cli
 
 PROMPT = "def count_items(items):\n    "
@@ -80,7 +82,7 @@ def test_constants_repeated_to_start_fast_match_their_sources():
 def test_ctrl_c_during_start_up_is_one_line(tiny_path):
     """Interrupted while MLX is being imported: one line on stderr and exit 130, no traceback."""
     argv = ["-X", "importtime", "-m", "langchain_starcoder", "generate", "--model", str(tiny_path)]
-    proc = subprocess.Popen(
+    proc = start_interruptible(
         [sys.executable, *argv, "--prompt", PROMPT, "--max-tokens", "500"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
