@@ -1,0 +1,322 @@
+"""Where a fill-in-the-middle answer is complete: the rules, applied line by line as text arrives.
+
+The hole's context is read once (the lexical state where the cursor's line starts, the code around the
+cursor on its line, the suffix's first line); each call then reads only the lines that arrived since
+the last one, so a streaming caller pays per line, never per file.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidParameterError
+from .languages import Syntax, syntax_for
+from .scan import CODE, STRING, State, scanner_for
+
+MODES = ("auto", "line", "block", "none")
+
+# How the middle is being read: the cursor's line (a hole inside a line), a statement that goes on past
+# it, the lines of a block, the cursor's line whatever it holds (mode="line"), a string or comment.
+_LINE, _STATEMENT, _BLOCK, _LINE_ONLY, _INSIDE = range(5)
+#: A line whose last code character is one of these goes on on the next line.
+_CONTINUES = frozenset("+-*/%=&|^!?.:,\\~<")
+_PY_CONTINUES_WORDS = frozenset({"and", "or", "not", "in", "is", "if", "else", "lambda", "await", "yield"})
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_TRAILING_WORD = re.compile(r"[A-Za-z_]\w*$")
+_LABEL = re.compile(r"[A-Za-z_]\w*:\s*$")
+#: Leading ``.`` continues a statement in these languages (method chains on the next line).
+_CHAINS = frozenset({"javascript", "typescript", "kotlin", "swift", "scala"})
+_TAB = 4
+_SUFFIX_SCAN = 65536
+
+
+class MiddleEnd:
+    """The end of a fill-in-the-middle answer, decided incrementally while it is generated.
+
+    ``MiddleEnd(prefix, suffix, file_path=...)`` reads the hole once; ``feed(text)`` takes the middle
+    generated so far and returns how many of its characters to keep once the middle is complete within
+    it, else ``None``. Call it as often as you like (at each newline, say): it reads only the lines it
+    has not read yet. Feeding a text that does not extend the last one starts over. The rules:
+
+    - A hole inside a line (code before or after the cursor on its line) ends at the end of that line
+      once its statement is complete there; a statement that goes on (``if x:``, an open bracket, a
+      trailing operator) ends before the next line back at the cursor line's indentation, unless that
+      line continues it (``else``, ``except``, ``catch``...).
+    - A middle that starts on an empty line ends before the first line that leaves the block it starts
+      in: one indented less, or one that starts by closing a bracket opened before the middle.
+    - It ends before a line that repeats the suffix's first non-blank line.
+    - It never ends inside a string, comment or bracket it opened, nor after a line that continues
+      (a trailing ``\\`` or operator). A hole inside a string or comment ends where the middle closes it.
+    """
+
+    __slots__ = (
+        "_block_indent", "_comment_markers", "_cursor_indent", "_end", "_first_kind", "_inside_closer",
+        "_kept", "_kind", "_line_prefix", "_line_state", "_pos", "_prev_tail", "_scanner", "_seen",
+        "_st", "_suffix_line", "_suffix_rest", "mode", "syntax",
+    )  # fmt: skip
+
+    def __init__(self, prefix: str, suffix: str, file_path: str | None = None, mode: str = "auto"):
+        if mode not in MODES:
+            msg = f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}"
+            raise InvalidParameterError(msg)
+        if not isinstance(prefix, str) or not isinstance(suffix, str):
+            msg = "prefix and suffix must be strings (the text before and after the hole)"
+            raise InvalidParameterError(msg)
+        self.mode = mode
+        self.syntax: Syntax = syntax_for(file_path, prefix[-6000:] + "\n" + suffix[:2000])
+        self._scanner = scanner_for(self.syntax)
+        block = self.syntax.block_comment
+        self._comment_markers = (*self.syntax.line_comments, *((block[0],) if block else ()))
+        line_start = prefix.rfind("\n") + 1
+        st = State()
+        self._scanner.scan(prefix, 0, line_start, st, brackets=False)  # where the cursor's line starts
+        self._line_state = st.rebased()
+        self._line_prefix = line_prefix = prefix[line_start:]
+        self._cursor_indent = _width(line_prefix)
+        at_cursor = self._line_state.copy()
+        self._scanner.scan(line_prefix, 0, len(line_prefix), at_cursor)
+        newline = suffix.find("\n")
+        self._suffix_rest = (suffix if newline < 0 else suffix[:newline]).rstrip("\r")
+        self._suffix_line = _first_full_line(suffix, newline)
+        self._inside_closer = ""
+        if at_cursor.mode != CODE and mode != "none" and self._suffix_closes(at_cursor, suffix):
+            self._inside_closer = at_cursor.closer
+        if mode == "none":
+            kind = None
+        elif self._inside_closer:
+            kind = _INSIDE
+        elif mode == "line":
+            kind = _LINE_ONLY
+        elif mode == "block" or not (line_prefix.strip() or self._suffix_rest.strip()):
+            kind = _BLOCK
+        else:
+            kind = _LINE
+        self._first_kind = kind
+        self._start(at_cursor)
+
+    def _suffix_closes(self, at_cursor: State, suffix: str) -> bool:
+        """Does the suffix close the string or comment the cursor is in? (It does when it holds one
+        closer more than it opens: an odd number of quotes, more ``*/`` than ``/*``; a plain quote
+        only on the cursor's line, where such strings end.)"""
+        closer = at_cursor.closer
+        if at_cursor.mode == STRING:
+            spans_lines = at_cursor.multiline and (len(closer) > 1 or closer == "`")
+            region = suffix[:_SUFFIX_SCAN] if spans_lines else self._suffix_rest
+            count = region.count(closer) - (region.count("\\" + closer) if at_cursor.escapes else 0)
+            return count % 2 == 1
+        region = suffix[:_SUFFIX_SCAN]
+        block = self.syntax.block_comment
+        return region.count(closer) > (region.count(block[0]) if block else 0)
+
+    def _start(self, at_cursor: State | None = None) -> None:
+        if at_cursor is None:
+            at_cursor = self._line_state.copy()
+            self._scanner.scan(self._line_prefix, 0, len(self._line_prefix), at_cursor)
+        self._kind = self._first_kind
+        self._st = at_cursor.rebased() if self._kind == _BLOCK else at_cursor
+        self._pos = 0
+        self._seen = ""
+        self._end: int | None = None
+        self._kept = 0
+        self._prev_tail = ""
+        # mode "block" with code before the cursor: the cursor line's block; else the middle's first line's
+        self._block_indent = (
+            self._cursor_indent if self.mode == "block" and self._line_prefix.strip() else None
+        )
+
+    def feed(self, text: str) -> int | None:
+        """How many characters of ``text`` (the middle so far) to keep, once it is complete; else None."""
+        if not isinstance(text, str):
+            msg = f"feed takes the middle generated so far as a string, not {type(text).__name__}"
+            raise InvalidParameterError(msg)
+        if self._first_kind is None:
+            return None
+        if not text.startswith(self._seen):
+            self._start()
+        if self._end is None:
+            self._end = self._read(text)
+            self._seen = text if self._end is not None else text[: self._pos]
+        return self._end
+
+    # --- reading lines ---------------------------------------------------------------------------
+
+    def _read(self, text: str) -> int | None:
+        while True:
+            s = self._pos
+            newline = text.find("\n", s)
+            partial = newline < 0
+            e = len(text) if partial else newline
+            if self._kind == _INSIDE:
+                at = self._scanner.find_close(text, s, e if partial else e + 1, self._st)
+                if at >= 0:
+                    return self._inside_end(text, at)
+                if partial:
+                    return None
+                self._pos = e + 1
+                continue
+            if s > 0 and self._kind != _LINE_ONLY and self._ends_before(text, s, e, partial=partial):
+                return self._kept
+            if partial:
+                return None
+            mode_before = self._st.mode
+            sig = self._scanner.scan(text, s, e + 1, self._st)
+            line_end = e - 1 if e > s and text[e - 1] == "\r" else e
+            if self._kind in (_LINE, _LINE_ONLY):
+                end = self._line_end(text, s, line_end)
+                if end is not None:
+                    return end
+            self._keep(text, s, line_end, sig, mode_before)
+            if sig > s:  # a literal (a string, a regular expression ending in ``/``) continues nothing
+                self._prev_tail = "" if sig == self._st.literal_end else text[max(s, sig - 8) : sig]
+            self._pos = e + 1
+
+    def _line_end(self, text: str, s: int, line_end: int) -> int | None:
+        """At the end of the cursor's line (mode "line": of any line): is the middle complete here?"""
+        if self._kind == _LINE_ONLY:
+            return line_end if self._st.mode == CODE and self._st.depth <= 0 else None
+        middle = text[s:line_end]
+        if middle.strip():
+            if self._complete(self._line_prefix + middle + self._suffix_rest):
+                return line_end
+        elif self._complete(self._line_prefix + self._suffix_rest):
+            self._kind = _BLOCK  # nothing written on the cursor's line: a block starts on the next
+            self._st = self._st.rebased()
+            return None
+        self._kind = _STATEMENT
+        return None
+
+    def _keep(self, text: str, s: int, line_end: int, sig: int, mode_before: int) -> None:
+        """Move the end kept so far past this line, unless it is blank or a comment that may belong to
+        the code after the middle (a comment indented out of the block)."""
+        line = text[s:line_end]
+        if not line.strip():
+            return
+        if s == 0:
+            self._kept = line_end
+            if self._kind == _BLOCK and self._block_indent is None:
+                self._block_indent = _width(self._line_prefix + line)
+            return
+        if mode_before == CODE and sig < 0:  # a comment line
+            limit = self._block_indent if self._kind == _BLOCK else self._cursor_indent + 1
+            if limit is not None and _width(line) < limit:
+                return
+        elif self._kind == _BLOCK and self._block_indent is None and mode_before == CODE:
+            self._block_indent = _width(line)
+        self._kept = line_end
+
+    def _ends_before(self, text: str, s: int, e: int, *, partial: bool) -> bool | None:
+        """Does the middle end before the line starting at ``s``? (None: not known from a partial line.)"""
+        st = self._st
+        if st.mode != CODE or st.depth > 0:
+            return False
+        if st.depth < 0:
+            return True  # the middle closed a bracket opened before it, on an earlier line
+        first = s
+        while first < e and text[first] in " \t\r\f":
+            first += 1
+        if first == e:
+            return None if partial else False
+        char = text[first]
+        if char in ")]}":
+            return True
+        if _continues(self._prev_tail):
+            return False
+        rest = text[first:e]
+        syntax = self.syntax
+        if partial and any(marker.startswith(rest) for marker in self._comment_markers):
+            return None
+        if not partial and self._suffix_line is not None and text[s:e].rstrip() == self._suffix_line:
+            return True
+        if rest.startswith(self._comment_markers) or (syntax.preprocessor and char == "#"):
+            return False
+        indent = _width(text[s:first])
+        word = _WORD.match(rest)
+        unfinished_word = partial and word is not None and word.end() == len(rest)
+        if self._kind == _BLOCK:
+            if self._block_indent is None or indent >= self._block_indent:
+                return False
+            if syntax.indent_blocks:
+                return True
+            if unfinished_word:
+                return None  # it may be a label
+            return not (_LABEL.match(rest) and not rest.startswith("default"))
+        # a statement begun on the cursor's line: it ends at a line back at the cursor's indentation
+        if indent > self._cursor_indent:
+            return False
+        if unfinished_word:
+            return None  # the first word may still grow into ``else``
+        return word is None or word.group() not in syntax.continue_words
+
+    def _complete(self, line: str) -> bool:
+        """Is the statement of this whole line (from the cursor line's start) complete at its end?"""
+        st = self._line_state.copy()
+        sig = self._scanner.scan(line, 0, len(line), st)
+        if st.mode != CODE or st.depth > 0:
+            return False
+        if sig < 0:
+            return True  # blank or a comment
+        tail = line[:sig]
+        syntax = self.syntax
+        if sig != st.literal_end and _continues(tail[-8:]):
+            return False
+        if syntax.indent_blocks:
+            word = _TRAILING_WORD.search(tail)
+            return word is None or word.group() not in _PY_CONTINUES_WORDS
+        if syntax.needs_semicolon and tail[-1] not in ";}":
+            start = tail.lstrip()
+            return start.startswith("@") or (syntax.preprocessor and start.startswith("#"))
+        return True
+
+    def _inside_end(self, text: str, at: int) -> int:
+        """The end of a middle written inside a string or comment, whose closer starts at ``at``: a
+        closer on a line of its own goes with that line (the suffix has both)."""
+        line_start = text.rfind("\n", 0, at) + 1
+        if line_start > 0 and not text[line_start:at].strip() and not self._suffix_rest.strip():
+            end = line_start - 1
+            return end - 1 if end > 0 and text[end - 1] == "\r" else end
+        return at
+
+
+def _continues(tail: str) -> bool:
+    """Does a line whose code ends with ``tail`` (its last characters) go on on the next line?"""
+    if not tail:
+        return False
+    if tail.endswith(("=>", "->")):
+        return True
+    return tail[-1] in _CONTINUES and not tail.endswith(("++", "--", "...", "import *"))
+
+
+def _width(line: str) -> int:
+    """The indentation of a line, tabs counted as four columns."""
+    n = 0
+    for char in line:
+        if char == " ":
+            n += 1
+        elif char == "\t":
+            n += _TAB - n % _TAB
+        else:
+            break
+    return n
+
+
+def _first_full_line(suffix: str, newline: int) -> str | None:
+    """The suffix's first non-blank line after the cursor's own, without trailing whitespace."""
+    while newline >= 0:
+        start = newline + 1
+        newline = suffix.find("\n", start)
+        line = suffix[start : len(suffix) if newline < 0 else newline].rstrip()
+        if line:
+            return line
+    return None
+
+
+def middle_end(
+    prefix: str, suffix: str, text: str, *, file_path: str | None = None, mode: str = "auto"
+) -> int | None:
+    """How many characters of ``text`` (a middle generated for the hole between ``prefix`` and
+    ``suffix``) to keep when the middle is complete within it, else None. See :class:`MiddleEnd`.
+
+    ``mode``: "auto" (the rules), "line" (the cursor's line only), "block" (the cursor's block),
+    "none" (never ends). The language comes from ``file_path``'s ending, else from the code.
+    """
+    return MiddleEnd(prefix, suffix, file_path, mode).feed(text)
