@@ -23,6 +23,11 @@ class InvalidParameterError(StarCoderError, ValueError):
     """A setting or request parameter is out of range or of the wrong type."""
 
 
+class GrammarError(InvalidParameterError):
+    """A ``json_schema``, ``regex`` or ``grammar`` that is invalid, or too big or too complex for the
+    grammar engine's limits; raised before any decoding (or when a limit is hit while decoding)."""
+
+
 class ContextLengthError(InvalidParameterError):
     """The prompt plus the tokens to generate do not fit in the model's context window."""
 

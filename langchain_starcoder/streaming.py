@@ -13,12 +13,15 @@ import asyncio
 import queue
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends import Generation
 from .overlap import SuffixOverlap
 from .stops import StopMatcher
 from .types import CompletionChunk, GenerationParams
+
+if TYPE_CHECKING:
+    from .backends.grammar import Grammar
 
 Emit = Callable[[Any], None]
 # ChunkSink.start without prompt_seconds: the prompt is timed from start to the first token.
@@ -72,13 +75,22 @@ class ChunkSink:
 
     The last chunk carries ``finish_reason``, the counts and timings; it also carries the text of
     the last token when the generation ends at ``max_tokens``, so no stream ends on an empty chunk
-    then.
+    then. With a ``grammar`` the whole text is checked against it once at the end (whichever backend
+    wrote it): "stop" only for a full match, see :attr:`~langchain_starcoder.types.Completion.constrained`.
     """
 
     def __init__(
-        self, tokenizer: Any, params: GenerationParams, prompt_tokens: int, emit: Emit, trim: str | None
+        self,
+        tokenizer: Any,
+        params: GenerationParams,
+        prompt_tokens: int,
+        emit: Emit,
+        trim: str | None,
+        grammar: Grammar | None = None,
     ):
         self._text = TextStream(tokenizer, params)
+        self._grammar = grammar
+        self._pieces: list[str] = []  # the text shown so far, kept for the grammar's check
         self._overlap = SuffixOverlap(trim) if trim else None
         self._max_tokens = params.max_tokens
         self._prompt_tokens = prompt_tokens
@@ -116,11 +128,14 @@ class ChunkSink:
         text = self._held + self._shown(self._text.finish("length"))
         if self._overlap is not None:
             text += self._overlap.finish()
+        reason = self._text.finish_reason
+        if self._grammar is not None:  # "stop" only for a full match; else the text is an incomplete prefix
+            reason = "stop" if self._grammar.accepts("".join(self._pieces)) else "length"
         self._emit(
             CompletionChunk(
                 text,
                 self._text.take_ids(),
-                finish_reason=self._text.finish_reason,
+                finish_reason=reason,
                 prompt_tokens=self._prompt_tokens,
                 cached_tokens=self._cached,
                 completion_tokens=len(self._text.token_ids),
@@ -129,11 +144,15 @@ class ChunkSink:
                 generation_seconds=end - first,
                 accepted_draft_tokens=self._accepted,
                 draft_tokens=self._drafted,
+                constrained=self._grammar is not None,
             )
         )
 
     def _shown(self, text: str) -> str:
-        return self._overlap.feed(text) if self._overlap is not None and text else text
+        shown = self._overlap.feed(text) if self._overlap is not None and text else text
+        if self._grammar is not None and shown:
+            self._pieces.append(shown)
+        return shown
 
 
 class ChunkStream(Iterator[CompletionChunk]):
@@ -183,6 +202,8 @@ class AsyncChunkStream(AsyncIterator[CompletionChunk]):
             raise StopAsyncIteration
         if self._generation is None:
             self._generation = await self._start()
+            if self._done:  # closed by another task while the prompt was built: cancel what was submitted
+                self._generation.cancelled.set()
         try:
             event = await self._events.get()
         except BaseException:  # the task was cancelled while waiting

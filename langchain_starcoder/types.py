@@ -5,6 +5,7 @@ This module imports nothing from the package but its errors, so every other modu
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidParameterError, StarCoderError
+from .errors import GrammarError, InvalidParameterError, StarCoderError
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Completion:
     speculative decoding."""
     draft_tokens: int = 0
     """Tokens drafted for verification, accepted or not; 0 without speculative decoding."""
+    constrained: bool = False
+    """Whether a ``json_schema``, ``regex`` or ``grammar`` constrained the decoding. Then
+    ``finish_reason`` "stop" means the text matches the constraint in full (a valid output), and
+    "length" means it does not: the text is an incomplete prefix of a valid output, cut by
+    ``max_tokens`` or by a stop string (named in ``stop_sequence``) or stop id."""
 
     @property
     def prompt_tps(self) -> float | None:
@@ -71,6 +77,8 @@ class CompletionChunk:
     """On the last chunk: generated tokens that came from a verified draft."""
     draft_tokens: int | None = None
     """On the last chunk: tokens drafted for verification."""
+    constrained: bool | None = None
+    """On the last chunk: whether a constraint applied (see :attr:`Completion.constrained`)."""
 
 
 def join_chunks(chunks: Iterable[CompletionChunk]) -> Completion:
@@ -93,6 +101,7 @@ def join_chunks(chunks: Iterable[CompletionChunk]) -> Completion:
                 generation_seconds=chunk.generation_seconds or 0.0,
                 accepted_draft_tokens=chunk.accepted_draft_tokens or 0,
                 draft_tokens=chunk.draft_tokens or 0,
+                constrained=bool(chunk.constrained),
             )
     msg = "The generation ended without a final chunk."
     raise StarCoderError(msg)
@@ -124,6 +133,7 @@ def counts(completion: Completion | CompletionChunk) -> dict[str, Any]:
         "stop_sequence": completion.stop_sequence,
         "accepted_draft_tokens": completion.accepted_draft_tokens,
         "draft_tokens": completion.draft_tokens,
+        "constrained": completion.constrained,
     }
 
 
@@ -157,7 +167,19 @@ class GenerationParams:
     prompt_lookup_num_tokens: int | None = None
     """Prompt-lookup speculative decoding (greedy only): drafts of up to this many tokens copied from
     the prompt and the text so far, verified in one forward pass; the output is unchanged. None:
-    the backend's default (up to 10, only where its measured costs say a draft pays); 0: off."""
+    the backend's default (up to 10, only where its measured costs say a draft pays); 0: off.
+    Under a constraint only a set length drafts, and drafts stop at the first token it rejects."""
+    json_schema: dict[str, Any] | str | None = None
+    """Constrain the output to JSON that validates against this JSON Schema (a dict, or its JSON
+    text; kept as a dict). At most one of ``json_schema``, ``regex`` and ``grammar``; see
+    :attr:`Completion.constrained` for what ``finish_reason`` then says."""
+    regex: str | None = None
+    """Constrain the output to a full match of this regular expression (Rust's ``regex`` syntax)."""
+    grammar: str | None = None
+    """Constrain the output to this context-free grammar: a Lark grammar in llguidance's dialect
+    (``start: ...``, with ``/regex/`` terminals and ``%json {...}`` schemas), or llama.cpp's GBNF
+    (``root ::= ...``). Text with a line that begins ``start:`` (or ``%llguidance``) is Lark;
+    anything else is read as GBNF and converted to Lark by llguidance."""
 
     @classmethod
     def create(cls, **settings: Any) -> GenerationParams:
@@ -182,11 +204,32 @@ class GenerationParams:
             stop=tuple(dict.fromkeys(stops)),
             stop_token_ids=frozenset(int(t) for t in values["stop_token_ids"]),
             prompt_lookup_num_tokens=_opt(int, values["prompt_lookup_num_tokens"]),
+            json_schema=_schema(values["json_schema"]),
+            regex=values["regex"],
+            grammar=values["grammar"],
         )
 
     def settings(self) -> dict[str, Any]:
         """The settings as keywords of :meth:`create` (``stop_token_ids`` included)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def constrained(self) -> bool:
+        """Whether a ``json_schema``, ``regex`` or ``grammar`` is set."""
+        return self.json_schema is not None or self.regex is not None or self.grammar is not None
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """The constraint as ``(kind, text)``: kind "json_schema" (its compact JSON text), "regex"
+        or "grammar"; None without one. Compiled grammars are cached under it."""
+        if self.json_schema is not None:
+            # (keys in their order: a schema's property order is the order the output has)
+            return "json_schema", json.dumps(self.json_schema, separators=(",", ":"))
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        return None
 
 
 #: The settings a caller sets by name (``stop_token_ids`` is filled in by the front).
@@ -196,6 +239,48 @@ _DEFAULTS = GenerationParams().settings()
 
 def _opt(kind: type, value: Any) -> Any:
     return None if value is None else kind(value)
+
+
+#: The settings that constrain the output; at most one per request.
+CONSTRAINT_KEYS = ("json_schema", "regex", "grammar")
+
+
+def _schema(schema: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """A JSON Schema given as a dict or as JSON text, as a dict of its own (checked: JSON, an object)."""
+    if schema is None:
+        return None
+    try:
+        value = json.loads(schema if isinstance(schema, str) else json.dumps(schema))
+    except RecursionError:
+        msg = "json_schema is nested too deeply to read; flatten it (or use $defs and $ref)."
+        raise GrammarError(msg) from None
+    except (TypeError, ValueError) as e:  # (json.JSONDecodeError is a ValueError)
+        what = "JSON text" if isinstance(schema, str) else "made of JSON values (dict, list, str, number...)"
+        msg = f"json_schema must be {what}: {e}."
+        raise GrammarError(msg) from None
+    if not isinstance(value, dict):
+        msg = f"json_schema must be a JSON object (a dict), not {type(value).__name__}."
+        raise GrammarError(msg)
+    return value
+
+
+def _check_constraint(v: dict[str, Any]) -> None:
+    given = [key for key in CONSTRAINT_KEYS if v[key] is not None]
+    if len(given) > 1:
+        msg = f"Give at most one of json_schema, regex and grammar, not {' and '.join(given)}."
+        raise GrammarError(msg)
+    schema = v["json_schema"]
+    if schema is not None and not isinstance(schema, dict | str):
+        msg = f"json_schema must be a dict or JSON text, not {type(schema).__name__}."
+        raise GrammarError(msg)
+    for key in ("regex", "grammar"):
+        value = v[key]
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            msg = f"{key} must be a non-empty string, not {value!r}."
+            raise GrammarError(msg)
+        check_text(value, key)
 
 
 def _check_settings(v: dict[str, Any]) -> None:
@@ -234,6 +319,7 @@ def _check_settings(v: dict[str, Any]) -> None:
     ids = v["stop_token_ids"]
     if isinstance(ids, str | bytes) or not isinstance(ids, Iterable) or not all(is_int(t) for t in ids):
         raise bad(f"stop_token_ids must be a list of token ids (integers), not {ids!r}.")
+    _check_constraint(v)
 
 
 def is_int(x: Any) -> bool:

@@ -23,6 +23,11 @@ The contract, in prose:
   ``finish``; the ids it sends are those it would send without speculation.
   Then ``sink.finish()`` (a backend that learns the prompt-cache hit only at the end, as vLLM
   reports it, passes it there).
+- A constraint (``params.json_schema``, ``regex`` or ``grammar``) comes compiled for the front's
+  tokenizer as ``Generation.grammar``: an in-process backend masks each step with a copy of its
+  matcher (:mod:`.masking`); a remote backend passes the setting on to its server. Either way the
+  front checks the finished text against it, so an output the grammar does not accept in full is
+  never reported with finish_reason "stop" (it gets "length").
 - ``Generation.cancelled`` is set when the caller leaves (a closed stream, a cancelled task). The
   backend checks it before a queued generation starts, between prefill chunks and between tokens,
   and then stops without calling ``finish``; it never blocks the next request for long.
@@ -39,11 +44,14 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..types import GenerationParams
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 
 class TokenSink(Protocol):
@@ -75,6 +83,8 @@ class Generation:
     params: GenerationParams
     sink: TokenSink
     cancelled: threading.Event = field(default_factory=threading.Event)
+    grammar: Grammar | None = None
+    """``params``' constraint compiled for the front's tokenizer (None without one)."""
 
 
 class Backend(Protocol):

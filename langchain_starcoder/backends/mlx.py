@@ -6,6 +6,8 @@ callers reach it through a job queue (see :mod:`langchain_starcoder.backends` fo
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
 import threading
 import weakref
@@ -22,7 +24,8 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt
 
 from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
-from ..types import GenerationParams, is_int
+from ..progress import advance_to, prefill_bar, prefill_steps
+from ..types import is_int
 from . import Generation
 from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, hash_weights_aside
 from .prompt_cache.disk import MIN_GAIN_TOKENS
@@ -42,6 +45,22 @@ T = TypeVar("T")
 
 class _Cancelled(Exception):
     """Raised inside mlx-lm's prefill loop (through its progress callback) to stop between chunks."""
+
+
+# MLX aborts the process ("terminate called without an active exception") if a worker is evaluating
+# when Python shuts down: a stream left open, a draft model catching up after a request. So backends
+# still open at exit are closed then, which cancels their work and waits until their workers are idle.
+_open_backends: weakref.WeakSet[MLXBackend] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_backends() -> None:
+    for backend in list(_open_backends):
+        backend.close()
+
+
+# A forked child has none of its parent's worker threads: nothing there to close or wait for.
+os.register_at_fork(after_in_child=_open_backends.clear)
 
 
 class MLXBackend:
@@ -90,9 +109,10 @@ class MLXBackend:
         start_worker(self._jobs)
         self._closed = False
         self._lock = threading.Lock()
-        # A backend dropped unclosed frees its worker; at exit nothing is done (see _serve).
+        # A backend dropped unclosed frees its worker (one open at exit is closed instead, above).
         self._retire_worker = weakref.finalize(self, retire_worker, self._jobs)
         self._retire_worker.atexit = False
+        _open_backends.add(self)
         self._prompt_caches = PromptCacheStore(max_prompt_caches, max_prompt_cache_bytes)
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
         self._disk: DiskPromptCache | None = None  # (set once the weights are loaded; close() reads it)
@@ -143,6 +163,7 @@ class MLXBackend:
             head_dim=self.config.head_dim,
             kv_bits=self.kv_bits,
             kv_group_size=self.kv_group_size,
+            max_tokens=self.context_window,
         )
         return DiskPromptCache(folder, cache_key(parts), max_bytes, layout)
 
@@ -177,6 +198,7 @@ class MLXBackend:
             if self._closed:
                 return
             self._closed = True
+            _open_backends.discard(self)
             cleared: Future[None] = Future()
             self._jobs.put(lambda: (self._prompt_caches.clear(), cleared.set_result(None)))
         for generation in list(self._live):
@@ -243,7 +265,7 @@ class MLXBackend:
             return
         cache, cached = self._take_cache(gen.prompt)
         gen.sink.start(cached)
-        speculation = self._speculation(gen.params)
+        speculation = self._speculation(gen)
         if speculation is None:
             held = self._decode_plain(gen, cache, cached)
         else:
@@ -255,13 +277,12 @@ class MLXBackend:
             gen.sink.finish()
         self._store(held, cache)  # after finish: a draft model's catching up does not delay the caller
 
-    def _speculation(self, params: GenerationParams) -> tuple[str, int, PassCosts | None] | None:
-        """How to draft for these settings (a set length always drafts; None lets the measured
-        costs decide), or None: greedy decoding only, without a repetition penalty (whose scores
-        depend on the history a draft would change), and not where drafts cannot pay."""
-        if params.temperature > 0 or params.repetition_penalty is not None:
+    def _speculation(self, gen: Generation) -> tuple[str, int, PassCosts | None] | None:
+        """How to draft (a set length always drafts; None: where the measured costs say it pays), or None:
+        greedy only, without a repetition penalty (its scores depend on the history a draft changes)."""
+        if gen.params.temperature > 0 or gen.params.repetition_penalty is not None:
             return None
-        lookup = params.prompt_lookup_num_tokens
+        lookup = gen.params.prompt_lookup_num_tokens
         if self.draft_model is not None and not lookup:
             kind, k_set, k_auto = "draft", self.num_draft_tokens, DEFAULT_DRAFT_TOKENS
         else:
@@ -269,13 +290,13 @@ class MLXBackend:
         if k_set is not None:
             return (kind, k_set, None) if k_set > 0 else None
         costs = self._costs[kind]
-        if costs.never_pays(k_auto):  # e.g. compute-bound passes: plain steps are faster
+        if gen.grammar is not None or costs.never_pays(k_auto):  # (a grammar's mask makes every step wait)
             return None
         return kind, k_auto, costs
 
     def _prefill(self, model: Any, cache: list[Any], ids: Sequence[int], gen: Generation | None) -> None:
         """Run ``ids`` into ``cache`` in chunks; a cancel of ``gen`` takes effect between them."""
-        for start in range(0, len(ids), self._prefill_chunk):
+        for start in prefill_steps(len(ids), self._prefill_chunk, shown=gen is not None):
             if gen is not None and gen.cancelled.is_set():
                 raise _Cancelled
             model(mx.array(ids[start : start + self._prefill_chunk])[None], cache=cache)
@@ -318,7 +339,7 @@ class MLXBackend:
 
             _, accepted, drafted = decode(
                 self.model, target, ids, max_tokens=gen.params.max_tokens, drafter=drafter,
-                k_max=k_max, costs=costs, emit=emit,
+                k_max=k_max, costs=costs, emit=emit, grammar=gen.grammar,
             )  # fmt: skip
             gen.sink.speculated(accepted, drafted)
             if kind == "draft":
@@ -335,9 +356,13 @@ class MLXBackend:
         if params.seed is not None:
             mx.random.seed(params.seed)
 
-        def check_cancel(done: int, total: int) -> None:
+        bar = prefill_bar(len(ids) - cached - 1, self._prefill_chunk)  # (the last goes in with a decode step)
+
+        def check_cancel(done: int, total: int) -> None:  # (mlx-lm calls it once a prefill step)
+            nonlocal bar
             if gen.cancelled.is_set():
                 raise _Cancelled
+            bar = bar and advance_to(bar, done)  # closed when done: before the first token streams
 
         # mlx-lm computes token n+1 before it yields token n, so at max_tokens it would run one forward
         # pass past the end (a whole decode step of waiting for the next request): ask for one token
@@ -354,7 +379,7 @@ class MLXBackend:
             self.model,
             max_tokens=params.max_tokens - 1,
             sampler=sample,
-            logits_processors=logits_processors_for(params, ids[:cached]),
+            logits_processors=logits_processors_for(params, ids[:cached], gen.grammar),
             prompt_cache=cache,
             prefill_step_size=self._prefill_chunk,
             prompt_progress_callback=check_cancel,
@@ -372,6 +397,8 @@ class MLXBackend:
             pass  # stopped between prefill chunks: what the cache holds is exact
         finally:
             steps.close()
+            if bar is not None:
+                bar.close()
         return ids + generated
 
     def _take_cache(self, ids: list[int]) -> tuple[list[Any], int]:
@@ -405,7 +432,8 @@ class MLXBackend:
         )
         try:
             prompts = [g.prompt for g in gens]
-            uids = generator.insert(prompts, max_tokens=[g.params.max_tokens for g in gens])
+            rows = [logits_processors_for(params, (), g.grammar) or [] for g in gens]  # a matcher per row
+            uids = generator.insert(prompts, [g.params.max_tokens for g in gens], logits_processors=rows)
             live = dict(zip(uids, gens, strict=True))
             for gen in gens:
                 gen.sink.start(0)

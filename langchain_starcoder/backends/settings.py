@@ -1,5 +1,5 @@
-"""What an MLX backend's settings become: mlx-lm samplers and logits processors, prefill steps, KV-cache
-groups, and the checks of its cache bounds."""
+"""What an MLX backend's settings become: mlx-lm samplers and logits processors (a grammar's mask among
+them), prefill steps, KV-cache groups, and the checks of its cache bounds."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from ..errors import InvalidParameterError
 from ..types import PENALTY_CONTEXT, GenerationParams, is_int
+from .grammar import Grammar
+from .masking import GrammarMask
 
 
 def sampler_for(params: GenerationParams) -> Any:
@@ -23,17 +25,21 @@ def sampler_for(params: GenerationParams) -> Any:
     )
 
 
-def logits_processors_for(params: GenerationParams, cached: Sequence[int]) -> list[Any] | None:
-    """mlx-lm's processors; with a reused cache they also see the cached tail of the prompt."""
+def logits_processors_for(
+    params: GenerationParams, cached: Sequence[int], grammar: Grammar | None = None
+) -> list[Any] | None:
+    """mlx-lm's processors (with a reused cache they also see the cached tail of the prompt), then the
+    mask of a fresh matcher of ``grammar`` (last: the penalties see the model's own logits)."""
+    mask = [] if grammar is None else [GrammarMask(grammar.matcher(), grammar.vocab_size)]
     if params.repetition_penalty is None:
-        return None
+        return mask or None
     processors = make_logits_processors(
         repetition_penalty=params.repetition_penalty, repetition_context_size=PENALTY_CONTEXT
     )
     if not cached:
-        return processors
+        return processors + mask
     head = mx.array(list(cached[-PENALTY_CONTEXT:]))
-    return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors]
+    return [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits) for p in processors] + mask
 
 
 def prefill_chunk(model: Any) -> int:

@@ -23,6 +23,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 from mlx_lm.utils import common_prefix_len
 
+from .grammar import Grammar
+from .masking import DraftGuide
+
 #: Longest n-gram prompt lookup matches first, and the shortest it falls back to.
 NGRAM_MAX, NGRAM_MIN = 3, 2
 #: prompt_lookup_num_tokens=None: the longest draft the backend tries.
@@ -301,9 +304,12 @@ def decode(
     k_max: int,
     costs: PassCosts | None,
     emit: Callable[[int], bool],
+    grammar: Grammar | None = None,
 ) -> tuple[list[int], int, int]:
     """Greedy decoding after ``tokens`` (the cache holds all but its last), drafting where it pays
     (``costs``: what this model's passes cost), or always up to ``k_max`` tokens (``costs=None``).
+    With a ``grammar`` drafts are cut at their first token it rejects, each position's argmax is over
+    the tokens it allows (:class:`.masking.DraftGuide`), and no step is chained on a token not yet known.
 
     ``emit(token)`` takes each token in order; True stops. Returns the emitted tokens, the accepted
     draft tokens among them and the drafted count. The cache is left as a plain greedy run leaves
@@ -311,6 +317,7 @@ def decode(
     """
     prompt_len = len(tokens)
     seq = list(tokens)  # the prompt and every decided token
+    guide = None if grammar is None else DraftGuide(grammar.matcher(), grammar.vocab_size)
     stats = Acceptance()
     shadow = _Shadow(drafter, k_max, stats) if drafter.virtual else None
     since_probe = 0
@@ -346,10 +353,19 @@ def decode(
                 since_probe, best_k = 0, min(2, k_max)
         return best_k
 
-    def launch(inputs: mx.array) -> mx.array:
-        out = mx.argmax(model(inputs[None], cache=cache)[0], axis=-1)
+    def launch(inputs: mx.array, draft: Sequence[int] = ()) -> mx.array:
+        logits = model(inputs[None], cache=cache)[0]
+        if guide is not None:  # the masks are computed (on a helper thread) while the model runs
+            allowed = guide.masks(draft)
+            mx.async_eval(logits)
+            logits = mx.where(mx.array(allowed.result()), logits, -mx.inf)
+        out = mx.argmax(logits, axis=-1)
         mx.async_eval(out)
         return out
+
+    def propose(k: int) -> list[int]:
+        draft = drafter.propose(k) if k > 0 else []
+        return guide.clip(draft) if guide is not None else draft
 
     def room() -> int:
         return max_tokens - (len(seq) - prompt_len)
@@ -357,16 +373,16 @@ def decode(
     emitted: list[int] = []
     accepted = drafted = 0
     k = max(plan(), 0)
-    draft = drafter.propose(k) if k > 0 else []
+    draft = propose(k)
     attempt = k > 0  # whether the pass in flight verifies a draft (or found none to verify)
-    pending = launch(mx.array([seq[-1], *draft]))
+    pending = launch(mx.array([seq[-1], *draft]), draft)
     pipelined = False  # whether the pass in flight was chained on the lazy token before it
     clock = time.perf_counter()
     while True:
         # Decide the tokens of the pass in flight; launch the next pass before handing them out.
         next_k = plan() if not attempt and room() > 1 else None
         following = None
-        if next_k == 0:
+        if next_k == 0 and guide is None:
             following = launch(pending)  # chained on the lazy token: no wait between steps
             new, flags = [pending.item()], [False]
         else:
@@ -382,6 +398,8 @@ def decode(
         clock, pipelined = now, following is not None
         seq.extend(new)
         drafter.extend(new)
+        if guide is not None:
+            guide.accept(new)
         if following is None:
             if attempt:
                 stats.note(n, len(draft))
@@ -390,9 +408,9 @@ def decode(
                 trim_prompt_cache(cache, excess)
             if room() > 0:
                 next_k = plan() if next_k is None else next_k
-                draft = drafter.propose(next_k) if next_k > 0 else []
+                draft = propose(next_k)
                 attempt = next_k > 0
-                following = launch(mx.array([seq[-1], *draft]))
+                following = launch(mx.array([seq[-1], *draft]), draft)
                 if shadow is not None:
                     shadow.draft = None  # drafts are scored by passes again
         else:

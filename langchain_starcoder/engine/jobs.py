@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Backend, Generation
+from ..backends.grammar import Grammar, GrammarCompiler
 from ..errors import ContextLengthError, InvalidParameterError
 from ..fim import FIMPrompt
 from ..streaming import ChunkSink, ChunkStream, Emit
@@ -32,6 +33,7 @@ class Job:
     ids: list[int]
     params: GenerationParams
     trim: str | None = None  # the suffix a FIM middle must not repeat
+    grammar: Grammar | None = None  # params' constraint, compiled
 
 
 # --- checks ----------------------------------------------------------------------------------------
@@ -153,14 +155,23 @@ def ids_job(ids: list[int], params: GenerationParams, context_window: int) -> Jo
 
 
 def fim_job(prompt: FIMPrompt, params: GenerationParams, request: FIMRequest) -> Job:
-    """The job of a FIM request's prompt: its layout's stop ids added, the suffix to trim kept."""
+    """The job of a FIM request's prompt: its layout's stop ids added, the suffix to trim kept (not
+    under a constraint: there the grammar says where the middle ends, and a trim could break it)."""
     params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | set(prompt.stop_token_ids))
-    return Job(prompt.token_ids, params, request.suffix if request.trim_suffix_overlap else None)
+    trim = request.trim_suffix_overlap and not params.constrained
+    return Job(prompt.token_ids, params, request.suffix if trim else None)
+
+
+def constrain(job: Job, grammars: GrammarCompiler) -> Job:
+    """``job`` with its constraint compiled (cached per constraint); a bad one raises
+    :class:`~langchain_starcoder.errors.GrammarError` here, before anything is decoded."""
+    constraint = job.params.constraint
+    return job if constraint is None else dataclasses.replace(job, grammar=grammars.compile(constraint))
 
 
 def to_generation(tokenizer: Any, job: Job, emit: Emit) -> Generation:
-    sink = ChunkSink(tokenizer, job.params, len(job.ids), emit, job.trim)
-    return Generation(job.ids, job.params, sink)
+    sink = ChunkSink(tokenizer, job.params, len(job.ids), emit, job.trim, job.grammar)
+    return Generation(job.ids, job.params, sink, grammar=job.grammar)
 
 
 def submit_one(backend: Backend, tokenizer: Any, job: Job, emit: Emit) -> Generation:

@@ -208,3 +208,19 @@ def test_llama_cpp_managed_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: 
     assert metrics == ["decode tokens/s", "prefill tokens/s", "time to first token, cold"]
     assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
     assert list((tmp_path / "w").glob("*-Q4_0.gguf"))  # the one file both engines load
+
+
+def test_structured_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
+    """A 10-field JSON schema against unconstrained decoding, side by side (benchmarks/structured.py)."""
+    assert "structured" in OPTIONAL
+    assert main(["--preset", "tiny", "--only", "structured", "--quiet", "--workdir", str(tmp_path / "w"),
+                 "--out", str(tmp_path), "--reps", "1", "--warmup", "0"]) == 0  # fmt: skip
+    (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
+    rows = [(r["metric"], r["b"], r["goal"]) for r in section["rows"]]
+    assert rows == [
+        ("decode tokens/s", "unconstrained", {"op": ">=", "value": 0.9}),
+        ("time to first token", "unconstrained", {"op": "<=", "value": 1.2}),
+        ("time to first token", "unconstrained", None),
+    ]
+    assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
+    assert section["data"]["mask"]["median_us"] > 0 and section["data"]["finish_reasons"]
