@@ -21,7 +21,7 @@ from . import registry
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError
 from .registry import DEFAULT_MODEL
-from .types import GENERATION_KEYS, GenerationParams
+from .types import CONSTRAINT_KEYS, GENERATION_KEYS, GenerationParams
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -38,6 +38,13 @@ RUN_ARGS = frozenset({"callbacks", "tags", "metadata", "run_name", "run_id"})
 
 # How a remote engine talks to its server: part of the engine's identity, not of the output's.
 _CONNECTION = ("timeout", "deadline", "max_retries")
+
+
+def json_schema_of(value: Any) -> Any:
+    """A Pydantic model class as its JSON Schema; anything else as it is (the engine checks it)."""
+    if isinstance(value, type) and issubclass(value, BaseModel):
+        return value.model_json_schema()
+    return value
 
 
 def merge_stops(*stops: Sequence[str] | str | None) -> list[str]:
@@ -104,6 +111,19 @@ class StarCoderSettings(BaseModel):
     stop: list[str] | None = None
     """Stop strings: the text ends before the first one that appears. A call's ``stop`` is added
     to these (both apply)."""
+
+    json_schema: dict[str, Any] | str | None = None
+    """Constrained decoding: every answer is JSON valid against this JSON Schema (a dict, its JSON text,
+    or a Pydantic model class). An answer that runs out of ``max_tokens`` first ends with
+    ``finish_reason="length"``: it is incomplete, not valid. At most one of ``json_schema``, ``regex``
+    and ``grammar``; a call that gives one (``invoke(p, regex=...)``) replaces this one."""
+
+    regex: str | None = None
+    """Constrained decoding: every answer matches this regular expression in full."""
+
+    grammar: str | None = None
+    """Constrained decoding: every answer is a sentence of this grammar (Lark in llguidance's dialect,
+    or llama.cpp's GBNF)."""
 
     streaming: bool = False
     """If True, ``invoke`` generates through the streaming path, so callbacks see every token."""
@@ -187,6 +207,11 @@ class StarCoderSettings(BaseModel):
     @classmethod
     def _stop_to_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _model_to_schema(cls, value: Any) -> Any:
+        return json_schema_of(value)
 
     @model_validator(mode="after")
     def _check_settings(self) -> Self:
@@ -275,7 +300,10 @@ class StarCoderSettings(BaseModel):
             )
             raise InvalidParameterError(msg)
         settings = {**self._default_generation(), "parse_special_tokens": self.parse_special_tokens}
+        if any(overrides.get(k) is not None for k in CONSTRAINT_KEYS):  # a call's constraint replaces ours
+            settings.update(dict.fromkeys(CONSTRAINT_KEYS))
         settings.update((k, v) for k, v in overrides.items() if k != "stop")
+        settings["json_schema"] = json_schema_of(settings["json_schema"])
         settings["stop"] = merge_stops(self.stop, overrides.get("stop"), stop)
         return settings
 

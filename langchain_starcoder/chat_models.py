@@ -4,43 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, UsageMetadata
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
-from langchain_core.runnables.config import get_config_list
 
-from .base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
-from .chat import chat_prompt_ids, resolve_chat_template
+from .base import MODEL_CONFIG, StarCoderSettings
+from .chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
+from .chat_batching import (
+    BATCHED,
+    by_prompt,
+    generate_args,
+    groups,
+    messages_of,
+    settings_of,
+    shared_config,
+    take_batched,
+)
+from .chat_tools import (
+    ChunkReader,
+    StructuredMethod,
+    openai_tools,
+    reply_fields,
+    split_plan,
+    structured_output,
+    turns,
+)
 from .engine import StarCoderEngine
-from .errors import InvalidParameterError, UnsupportedModelError
+from .errors import UnsupportedModelError
+from .tools import Tool, ToolPlan, constrained
 from .types import Completion, CompletionChunk, counts
 
 DEFAULT_CHAT_MODEL = "mlx-community/starcoder2-15b-instruct-v0.1-4bit"
-
-_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
-
-
-def _role(message: BaseMessage) -> str:
-    if isinstance(message, ChatMessage):
-        return message.role
-    return _ROLES.get(message.type, message.type)
-
-
-def _content(message: BaseMessage) -> str:
-    """The text of a message; StarCoder2 reads text only."""
-    if isinstance(message.content, list):
-        for block in message.content:
-            if not isinstance(block, str) and block.get("type") != "text":
-                msg = f"ChatStarCoder reads text only; a message holds a {block.get('type')!r} block."
-                raise InvalidParameterError(msg)
-    return message.text
 
 
 def _usage(completion: Completion | CompletionChunk) -> UsageMetadata:
@@ -54,56 +53,6 @@ def _usage(completion: Completion | CompletionChunk) -> UsageMetadata:
     )
 
 
-# --- one engine batch for a LangChain batch ----------------------------------------------------------
-# LangChain's chat ``batch`` runs one ``invoke`` per input, and ``generate`` one ``_generate`` per
-# message list. So ``batch`` goes through ``generate`` when the inputs share one config, and
-# ``generate`` first runs all its prompts as one engine batch; each ``_generate`` then takes its
-# answer from ``_BATCHED`` (LangChain still does the callbacks, tracing and output per list).
-
-_BATCHED: ContextVar[dict[tuple[int, ...], deque[Completion]] | None] = ContextVar(
-    "starcoder_chat_batch", default=None
-)
-
-
-def _take_batched(ids: list[int]) -> Completion | None:
-    answers = (_BATCHED.get() or {}).get(tuple(ids))
-    return answers.popleft() if answers else None
-
-
-def _by_prompt(prompts: list[list[int]], completions: Sequence[Completion]) -> dict:
-    answers: dict[tuple[int, ...], deque[Completion]] = defaultdict(deque)
-    for ids, completion in zip(prompts, completions, strict=True):
-        answers[tuple(ids)].append(completion)
-    return answers
-
-
-_SHARED_CONFIG_KEYS = ("callbacks", "tags", "metadata", "run_name", "max_concurrency")
-
-
-def _shared_config(
-    inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None, return_exceptions: bool
-) -> RunnableConfig | None:
-    """The one config of a batch that can run as ``generate`` calls, else None."""
-    if return_exceptions or len(inputs) < 2:
-        return None
-    configs = get_config_list(config, len(inputs))
-    first = configs[0]
-    if any(c.get("run_id") for c in configs):
-        return None
-    if any(c.get(k) != first.get(k) for c in configs[1:] for k in _SHARED_CONFIG_KEYS):
-        return None
-    return first
-
-
-def _groups(inputs: list[Any], config: RunnableConfig) -> Iterator[list[Any]]:
-    size = config.get("max_concurrency") or len(inputs)
-    return (inputs[start : start + size] for start in range(0, len(inputs), size))
-
-
-def _generate_args(config: RunnableConfig, kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {key: config.get(key) for key in ("callbacks", "tags", "metadata", "run_name")} | kwargs
-
-
 class ChatStarCoder(StarCoderSettings, BaseChatModel):
     """StarCoder2 instruct checkpoints (e.g. starcoder2-15b-instruct) as a LangChain chat model,
     run locally on Apple MLX.
@@ -111,8 +60,13 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     Messages go through the checkpoint's chat template (or ``chat_template=``); the template's
     own text is tokenized with control tokens, message contents as data, so a message that
     quotes ``<|endoftext|>`` cannot end the prompt. Weights load on first use, once, through the
-    shared engine registry. StarCoder2 was not trained for tool calling or structured output,
-    and reads text only.
+    shared engine registry. StarCoder2 reads text only.
+
+    Tool calls and structured output are constrained decoding: StarCoder2 was not trained for them, so
+    the engine holds the answer to the shape (a call of one of the tools with arguments valid against
+    its schema, or the schema's JSON). The shape is always right; how well the model fills it depends
+    on the checkpoint. An answer cut by ``max_tokens`` inside a call comes back as an invalid tool call
+    (``finish_reason`` "length"), never as a call.
 
     Setup:
         .. code-block:: bash
@@ -175,6 +129,25 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
 
             chat.invoke(messages).response_metadata
             # {'model_name': ..., 'finish_reason': 'stop', 'prompt_tokens': 25, ...}
+
+    Tool calling and structured output:
+        .. code-block:: python
+
+            def get_weather(city: str) -> str:
+                "The weather in a city."
+
+            chat.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?").tool_calls
+            # [{'name': 'get_weather', 'args': {'city': 'Paris'}, 'id': 'call_...', 'type': 'tool_call'}]
+
+            class Answer(BaseModel):  # pydantic
+                code: str
+                explanation: str
+
+            chat.with_structured_output(Answer).invoke("Reverse a string in Python.")
+            # Answer(code='...', explanation='...')
+
+    JSON schema, regex or grammar of any answer (``json_schema=``, ``regex=``, ``grammar=``, as fields or
+    per call) constrain decoding the same way.
     """
 
     # Set here too: LangChain's base classes would otherwise turn extra="forbid" back to "ignore".
@@ -196,20 +169,69 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {**self._identifying_settings(), "chat_template": self.chat_template}
 
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        """Not available: StarCoder models were not trained for tool calling."""
-        msg = (
-            "StarCoder models have no tool calling (they were not trained for it), so ChatStarCoder "
-            "cannot bind tools or give structured output. Ask for the format in the prompt instead."
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """This model, calling ``tools`` (LangChain tools, Pydantic models, functions or OpenAI dicts).
+
+        Args:
+            tools: What the model may call; the prompt lists them, with their argument schemas.
+            tool_choice: "auto" (or None): the model answers in text or calls a tool; "any" (or
+                "required", True): it calls one of the tools; a tool's name: it calls that tool; "none":
+                it answers in text. Decoding enforces the choice and each tool's argument schema.
+            parallel_tool_calls: True lets one answer make several calls (a JSON list); by default
+                an answer makes one call.
+            kwargs: Other settings bound with the tools (``max_tokens``...).
+        """
+        formatted = openai_tools(tools)
+        ToolPlan([Tool.from_openai(t) for t in formatted], tool_choice)  # a bad choice is refused now
+        return self.bind(
+            tools=formatted, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, **kwargs
         )
-        raise NotImplementedError(msg)
+
+    def with_structured_output(  # type: ignore[override]
+        self,
+        schema: Any = None,
+        *,
+        method: StructuredMethod = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """This model answering in ``schema``'s shape (a Pydantic model, a TypedDict, a JSON schema or
+        an OpenAI tool), parsed: a Pydantic model's instance, else a dict.
+
+        Args:
+            schema: The shape of the answer (optional with "json_mode": any JSON object).
+            method: "json_schema" (default): decoding follows the schema's JSON schema;
+                "function_calling": the answer is a call of a tool with the schema's arguments;
+                "json_mode": a JSON object (held to the schema too, when one is given).
+            include_raw: Return ``{"raw": AIMessage, "parsed": ..., "parsing_error": ...}`` instead.
+            strict: Accepted for compatibility: the constraint is always strict. Objects take only the
+                properties the schema names (``additionalProperties`` false where it is not set).
+        """
+        if kwargs:
+            msg = f"Unknown argument(s) {sorted(kwargs)} for with_structured_output."
+            raise ValueError(msg)
+        return structured_output(self, schema, method, include_raw)
 
     # --- prompts -----------------------------------------------------------------------------------
 
     def _prompt_ids(
-        self, engine: StarCoderEngine, messages: Sequence[BaseMessage], *, check_size: bool = True
+        self,
+        engine: StarCoderEngine,
+        messages: Sequence[BaseMessage],
+        plan: ToolPlan | None = None,
+        *,
+        check_size: bool = True,
     ) -> list[int]:
-        """The prompt for ``messages``: the template's text with control tokens, contents as data."""
+        """The prompt for ``messages``: the template's text with control tokens, contents as data; with
+        tools, what the plan tells the model about them."""
         template = resolve_chat_template(engine, self.chat_template)
         if template is None:
             msg = (
@@ -218,8 +240,8 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
                 "instruct checkpoint, or use StarCoderLLM for a base model."
             )
             raise UnsupportedModelError(msg)
-        pairs = [(_role(m), _content(m)) for m in messages]
-        return chat_prompt_ids(engine, pairs, template, check_size=check_size)
+        pairs = turns(messages, template_roles(template))
+        return tool_chat_prompt_ids(engine, pairs, template, plan, check_size=check_size)
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` from the model's own tokenizer."""
@@ -230,11 +252,10 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
     ) -> int:
-        """The length of the prompt these messages make, chat template included."""
-        if tools:
-            msg = "StarCoder models have no tool calling, so ChatStarCoder cannot count tool tokens."
-            raise InvalidParameterError(msg)
-        return len(self._prompt_ids(self.engine, messages, check_size=False))  # counts any length
+        """The length of the prompt these messages make, chat template (and tools, as with
+        ``tool_choice="auto"``) included."""
+        plan, _ = split_plan({"tools": tools})
+        return len(self._prompt_ids(self.engine, messages, plan, check_size=False))  # counts any length
 
     # --- generation ----------------------------------------------------------------------------------
 
@@ -243,6 +264,14 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         settings.pop("parse_special_tokens")  # contents are data, the template's text is control
         return model, settings
 
+    def _request(
+        self, stop: Sequence[str] | None, kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any], ToolPlan | None]:
+        """The model, the engine keywords and the tool plan (None without tools) of one call."""
+        plan, rest = split_plan(kwargs)
+        model, settings = self._call(stop, rest)
+        return model, constrained(settings, plan), plan
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -250,11 +279,11 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        model, settings = self._call(stop, kwargs)
+        model, settings, plan = self._request(stop, kwargs)
         engine = self._engine_for(model)
-        ids = self._prompt_ids(engine, messages)
-        completion = _take_batched(ids) or engine.generate(ids, **settings)
-        return _chat_result(completion, model)
+        ids = self._prompt_ids(engine, messages, plan)
+        completion = take_batched(ids) or engine.generate(ids, **settings)
+        return _chat_result(completion, model, plan)
 
     async def _agenerate(
         self,
@@ -263,11 +292,11 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        model, settings = self._call(stop, kwargs)
+        model, settings, plan = self._request(stop, kwargs)
         engine = await self._aengine_for(model)
-        ids = await asyncio.to_thread(self._prompt_ids, engine, messages)
-        completion = _take_batched(ids) or await engine.agenerate(ids, **settings)
-        return _chat_result(completion, model)
+        ids = await asyncio.to_thread(self._prompt_ids, engine, messages, plan)
+        completion = take_batched(ids) or await engine.agenerate(ids, **settings)
+        return _chat_result(completion, model, plan)
 
     def _stream(
         self,
@@ -277,16 +306,18 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         # BaseChatModel reports each chunk to the callbacks itself.
-        model, settings = self._call(stop, kwargs)
+        model, settings, plan = self._request(stop, kwargs)
         engine = self._engine_for(model)
-        ids = self._prompt_ids(engine, messages)
-        if (done := _take_batched(ids)) is not None:  # a batch that streams: answered already
-            yield _chat_chunk(_whole(done), model)
+        ids = self._prompt_ids(engine, messages, plan)
+        reader = ChunkReader(plan) if plan is not None else None
+        if (done := take_batched(ids)) is not None:  # a batch that streams: answered already
+            yield _chat_chunk(_whole(done), model, reader)
             return
         chunks = engine.stream(ids, **settings)
         with contextlib.closing(chunks):
             for piece in chunks:
-                yield _chat_chunk(piece, model)
+                if (chunk := _chat_chunk(piece, model, reader)) is not None:
+                    yield chunk
 
     async def _astream(
         self,
@@ -295,18 +326,20 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        model, settings = self._call(stop, kwargs)
+        model, settings, plan = self._request(stop, kwargs)
         engine = await self._aengine_for(model)
-        ids = await asyncio.to_thread(self._prompt_ids, engine, messages)
-        if (done := _take_batched(ids)) is not None:
-            yield _chat_chunk(_whole(done), model)
+        ids = await asyncio.to_thread(self._prompt_ids, engine, messages, plan)
+        reader = ChunkReader(plan) if plan is not None else None
+        if (done := take_batched(ids)) is not None:
+            yield _chat_chunk(_whole(done), model, reader)
             return
         chunks = engine.astream(ids, **settings)
         async with contextlib.aclosing(chunks):
             async for piece in chunks:
-                yield _chat_chunk(piece, model)
+                if (chunk := _chat_chunk(piece, model, reader)) is not None:
+                    yield chunk
 
-    # --- batching (see _BATCHED) ---------------------------------------------------------------------
+    # --- batching (see chat_batching) -----------------------------------------------------------------
 
     def _batchable(self, count: int) -> bool:
         from langchain_core.globals import get_llm_cache
@@ -317,46 +350,46 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     def _batch_prompts(
         self, messages: list[list[BaseMessage]], kwargs: dict[str, Any]
     ) -> tuple[StarCoderEngine, list[list[int]], dict[str, Any]]:
-        model, settings = self._call(kwargs.get("stop"), {k: v for k, v in kwargs.items() if k != "stop"})
+        model, settings, plan = self._request(
+            kwargs.get("stop"), {k: v for k, v in kwargs.items() if k != "stop"}
+        )
         engine = self._engine_for(model)
         prompts = []
         for m in messages:
             # A list that cannot be formatted raises on its own turn, with its own run.
             with contextlib.suppress(Exception):
-                prompts.append(self._prompt_ids(engine, m))
+                prompts.append(self._prompt_ids(engine, m, plan))
         return engine, prompts, settings
 
     def generate(self, messages: list[list[BaseMessage]], *args: Any, **kwargs: Any) -> LLMResult:
         if args or not self._batchable(len(messages)):
             return super().generate(messages, *args, **kwargs)
-        engine, prompts, settings = self._batch_prompts(messages, _settings_of(kwargs))
+        engine, prompts, settings = self._batch_prompts(messages, settings_of(kwargs))
         try:
-            answers = _by_prompt(prompts, engine.generate_batch(prompts, **settings)) if prompts else {}
+            answers = by_prompt(prompts, engine.generate_batch(prompts, **settings)) if prompts else {}
         except Exception:
             answers = {}  # one bad prompt: each list then runs (and fails) on its own
-        token = _BATCHED.set(answers)
+        token = BATCHED.set(answers)
         try:
             return super().generate(messages, **kwargs)
         finally:
-            _BATCHED.reset(token)
+            BATCHED.reset(token)
 
     async def agenerate(self, messages: list[list[BaseMessage]], *args: Any, **kwargs: Any) -> LLMResult:
         if args or not self._batchable(len(messages)):
             return await super().agenerate(messages, *args, **kwargs)
         engine, prompts, settings = await asyncio.to_thread(
-            self._batch_prompts, messages, _settings_of(kwargs)
+            self._batch_prompts, messages, settings_of(kwargs)
         )
         try:
-            answers = (
-                _by_prompt(prompts, await engine.agenerate_batch(prompts, **settings)) if prompts else {}
-            )
+            answers = by_prompt(prompts, await engine.agenerate_batch(prompts, **settings)) if prompts else {}
         except Exception:
             answers = {}
-        token = _BATCHED.set(answers)
+        token = BATCHED.set(answers)
         try:
             return await super().agenerate(messages, **kwargs)
         finally:
-            _BATCHED.reset(token)
+            BATCHED.reset(token)
 
     def batch(
         self,
@@ -366,14 +399,14 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:  # type: ignore[override]
-        shared = _shared_config(inputs, config, return_exceptions)
+        shared = shared_config(inputs, config, return_exceptions)
         if shared is None:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        args = _generate_args(shared, kwargs)
+        args = generate_args(shared, kwargs)
         return [
             m
-            for group in _groups(inputs, shared)
-            for m in _answers(self.generate(self._lists(group), **args))
+            for group in groups(inputs, shared)
+            for m in messages_of(self.generate(self._lists(group), **args))
         ]
 
     async def abatch(
@@ -384,32 +417,23 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[AIMessage]:  # type: ignore[override]
-        shared = _shared_config(inputs, config, return_exceptions)
+        shared = shared_config(inputs, config, return_exceptions)
         if shared is None:
             return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-        args = _generate_args(shared, kwargs)
-        groups = _groups(inputs, shared)
-        return [m for group in groups for m in _answers(await self.agenerate(self._lists(group), **args))]
+        args = generate_args(shared, kwargs)
+        return [
+            m
+            for group in groups(inputs, shared)
+            for m in messages_of(await self.agenerate(self._lists(group), **args))
+        ]
 
     def _lists(self, inputs: list[LanguageModelInput]) -> list[list[BaseMessage]]:
         return [self._convert_input(i).to_messages() for i in inputs]
 
 
-def _answers(result: LLMResult) -> list[AIMessage]:
-    return [g[0].message for g in result.generations]  # type: ignore[attr-defined]
-
-
-def _settings_of(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The generation keywords among ``generate``'s arguments (not callbacks, tags...)."""
-    return {k: v for k, v in kwargs.items() if k not in RUN_ARGS}
-
-
-def _chat_result(completion: Completion, model: str) -> ChatResult:
-    message = AIMessage(
-        content=completion.text,
-        usage_metadata=_usage(completion),
-        response_metadata={"model_name": model},
-    )
+def _chat_result(completion: Completion, model: str, plan: ToolPlan | None) -> ChatResult:
+    fields = reply_fields(plan.read(completion.text)) if plan is not None else {"content": completion.text}
+    message = AIMessage(**fields, usage_metadata=_usage(completion), response_metadata={"model_name": model})
     return ChatResult(
         generations=[ChatGeneration(message=message, generation_info=counts(completion))],
         llm_output={"model_name": model},
@@ -421,13 +445,14 @@ def _whole(completion: Completion) -> CompletionChunk:
     return CompletionChunk(**vars(completion))
 
 
-def _chat_chunk(piece: CompletionChunk, model: str) -> ChatGenerationChunk:
-    if piece.finish_reason is None:
-        return ChatGenerationChunk(message=AIMessageChunk(content=piece.text))
+def _chat_chunk(piece: CompletionChunk, model: str, reader: ChunkReader | None) -> ChatGenerationChunk | None:
+    """The chunk of a streamed piece; None for a piece a tool plan holds back (until a call completes)."""
+    last = piece.finish_reason is not None
+    fields = reader.fields(piece.text, last) if reader is not None else {"content": piece.text}
+    if not last:
+        shows = reader is None or any(fields.values())  # (a plan holds text back until it knows)
+        return ChatGenerationChunk(message=AIMessageChunk(**fields)) if shows else None
     message = AIMessageChunk(
-        content=piece.text,
-        usage_metadata=_usage(piece),
-        response_metadata={"model_name": model},
-        chunk_position="last",
+        **fields, usage_metadata=_usage(piece), response_metadata={"model_name": model}, chunk_position="last"
     )
     return ChatGenerationChunk(message=message, generation_info=counts(piece))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from llama_index.core.base.llms.generic_utils import completion_response_to_chat_response
 from llama_index.core.base.llms.generic_utils import messages_to_prompt as generic_messages_to_prompt
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -22,22 +21,25 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.bridge.pydantic import ConfigDict, ValidationError
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import LLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
 
 from .base import StarCoderSettings
-from .chat import chat_prompt_ids, resolve_chat_template
+from .chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
+from .llama_index_responses import astream_responses, chat_answer, completion_response, stream_responses
+from .llama_index_tools import TOOL_KEYS, ToolsAndStructure, turns
 from .registry import DEFAULT_MODEL
 from .retrievers.llama_index import RepoNodeRetriever
-from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks
+from .tools import ToolPlan, constrained, plan_of
+from .types import FIMRequest
 
 dispatcher = get_dispatcher(__name__)
 
 __all__ = ["DEFAULT_MODEL", "RepoNodeRetriever", "StarCoder"]
 
 
-class StarCoder(StarCoderSettings, LLM):
+class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
     """StarCoder2 code models on Apple MLX, as a LlamaIndex LLM.
 
     Setup:
@@ -135,6 +137,30 @@ class StarCoder(StarCoderSettings, LLM):
             llm = StarCoder(model="path/to/starcoder2-15b-instruct")
             print(llm.chat([ChatMessage(role="user", content="Write a bubble sort.")]).message.content)
 
+    Tools (function calling; decoding holds each call to its tool's argument schema):
+        .. code-block:: python
+
+            from llama_index.core.tools import FunctionTool
+
+            add = FunctionTool.from_defaults(fn=lambda a, b: a + b, name="add", description="Add a and b.")
+            response = llm.chat_with_tools([add], user_msg="What is 1 + 2?", tool_required=True)
+            llm.get_tool_calls_from_response(response)  # [ToolSelection(tool_name='add', ...)]
+
+    Structured prediction (decoding follows the model's JSON schema):
+        .. code-block:: python
+
+            from pydantic import BaseModel
+            from llama_index.core.prompts import PromptTemplate
+
+
+            class Point(BaseModel):
+                x: int
+                y: int
+
+
+            llm.structured_predict(Point, PromptTemplate("A point near {place}."), place="the origin")
+            llm.as_structured_llm(Point).chat([ChatMessage(role="user", content="A point.")])
+
     In a query engine:
         .. code-block:: python
 
@@ -212,8 +238,8 @@ class StarCoder(StarCoderSettings, LLM):
         return LLMMetadata(
             context_window=engine.context_window,
             num_output=self.max_tokens,
-            is_chat_model=resolve_chat_template(engine, self.chat_template) is not None,
-            is_function_calling_model=False,
+            is_chat_model=(chat := resolve_chat_template(engine, self.chat_template) is not None),
+            is_function_calling_model=chat,  # tools go through chat
             model_name=engine.name,
         )
 
@@ -227,13 +253,13 @@ class StarCoder(StarCoderSettings, LLM):
         """Complete ``prompt``; keyword arguments override the generation settings for this call."""
         settings = self._generation(kwargs)
         completion = self.get_engine().generate(self._prompt(prompt, formatted), **settings)
-        return _completion_response(completion)
+        return completion_response(completion)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream a completion: each response has the text so far and the new ``delta``."""
         settings = self._generation(kwargs)
-        return _stream_responses(self.get_engine().stream(self._prompt(prompt, formatted), **settings))
+        return stream_responses(self.get_engine().stream(self._prompt(prompt, formatted), **settings))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -241,7 +267,7 @@ class StarCoder(StarCoderSettings, LLM):
         settings = self._generation(kwargs)
         engine = await self.aget_engine()
         completion = await engine.agenerate(self._prompt(prompt, formatted), **settings)
-        return _completion_response(completion)
+        return completion_response(completion)
 
     @llm_completion_callback()
     async def astream_complete(
@@ -250,13 +276,18 @@ class StarCoder(StarCoderSettings, LLM):
         """Async :meth:`stream_complete`; the event loop stays free while the model runs."""
         settings = self._generation(kwargs)
         engine = await self.aget_engine()
-        return _astream_responses(engine.astream(self._prompt(prompt, formatted), **settings))
+        return astream_responses(engine.astream(self._prompt(prompt, formatted), **settings))
 
     # --- chat ----------------------------------------------------------------------------------------
 
-    def _chat_prompt(self, engine: StarCoderEngine, messages: Sequence[ChatMessage]) -> str | list[int]:
-        """The prompt for ``messages``: the chat template's control text as tokens, contents as data."""
+    def _chat_prompt(
+        self, engine: StarCoderEngine, messages: Sequence[ChatMessage], plan: ToolPlan | None = None
+    ) -> str | list[int]:
+        """The prompt for ``messages``: the chat template's control text as tokens, contents as data;
+        with tools, what the plan tells the model about them."""
         if self.chat_template is None and self.messages_to_prompt is not generic_messages_to_prompt:
+            if plan is not None and plan.mode != "none":
+                messages = [ChatMessage(role=MessageRole.SYSTEM, content=plan.instructions()), *messages]
             return self.messages_to_prompt(messages)
         template = resolve_chat_template(engine, self.chat_template)
         if template is None:
@@ -266,43 +297,48 @@ class StarCoder(StarCoderSettings, LLM):
                 "on StarCoder, or use an instruct checkpoint; for a base model use complete()."
             )
             raise UnsupportedModelError(msg)
-        roles = [m.role.value if isinstance(m.role, MessageRole) else str(m.role) for m in messages]
-        return chat_prompt_ids(
-            engine, list(zip(roles, [m.content or "" for m in messages], strict=True)), template
-        )
+        return tool_chat_prompt_ids(engine, turns(messages, template_roles(template)), template, plan)
+
+    def _chat_call(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], ToolPlan | None]:
+        """The engine keywords and the tool plan (None without tools) of one chat call."""
+        plan = plan_of(kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls"))
+        settings = self._generation({k: v for k, v in kwargs.items() if k not in TOOL_KEYS})
+        return constrained(settings, plan), plan
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """Answer ``messages`` through the checkpoint's chat template."""
-        settings = self._generation(kwargs)
+        """Answer ``messages`` through the checkpoint's chat template (``tools=``, ``tool_choice=``:
+        see :meth:`chat_with_tools`)."""
+        settings, plan = self._chat_call(kwargs)
         engine = self.get_engine()
-        completion = engine.generate(self._chat_prompt(engine, messages), **settings)
-        return _chat_response(_completion_response(completion))
+        completion = engine.generate(self._chat_prompt(engine, messages, plan), **settings)
+        return chat_answer(completion, plan)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        """Stream the answer to ``messages``; each response has the message so far and ``delta``."""
-        settings = self._generation(kwargs)
+        """Stream the answer to ``messages``; each response has the message so far and ``delta`` (and
+        the tool calls complete so far)."""
+        settings, plan = self._chat_call(kwargs)
         engine = self.get_engine()
-        chunks = engine.stream(self._chat_prompt(engine, messages), **settings)
-        return _stream_responses(chunks, chat=True)
+        chunks = engine.stream(self._chat_prompt(engine, messages, plan), **settings)
+        return stream_responses(chunks, chat=True, plan=plan)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async :meth:`chat`; the event loop stays free while the model runs."""
-        settings = self._generation(kwargs)
+        settings, plan = self._chat_call(kwargs)
         engine = await self.aget_engine()
-        prompt = await asyncio.to_thread(self._chat_prompt, engine, messages)
+        prompt = await asyncio.to_thread(self._chat_prompt, engine, messages, plan)
         completion = await engine.agenerate(prompt, **settings)
-        return _chat_response(_completion_response(completion))
+        return chat_answer(completion, plan)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`; the event loop stays free while the model runs."""
-        settings = self._generation(kwargs)
+        settings, plan = self._chat_call(kwargs)
         engine = await self.aget_engine()
-        prompt = await asyncio.to_thread(self._chat_prompt, engine, messages)
-        return _astream_responses(engine.astream(prompt, **settings), chat=True)
+        prompt = await asyncio.to_thread(self._chat_prompt, engine, messages, plan)
+        return astream_responses(engine.astream(prompt, **settings), chat=True, plan=plan)
 
     # --- fill in the middle --------------------------------------------------------------------------
     # The callback decorators need the prompt positional: callbacks see ``prefix`` as the prompt.
@@ -325,7 +361,7 @@ class StarCoder(StarCoderSettings, LLM):
 
     @llm_completion_callback()
     def _infill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponse:
-        return _completion_response(self.get_engine().infill(request, **settings))
+        return completion_response(self.get_engine().infill(request, **settings))
 
     @dispatcher.span
     def stream_infill(
@@ -337,7 +373,7 @@ class StarCoder(StarCoderSettings, LLM):
 
     @llm_completion_callback()
     def _stream_infill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponseGen:
-        return _stream_responses(self.get_engine().stream_infill(request, **settings))
+        return stream_responses(self.get_engine().stream_infill(request, **settings))
 
     @dispatcher.span
     async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any) -> CompletionResponse:
@@ -348,7 +384,7 @@ class StarCoder(StarCoderSettings, LLM):
     @llm_completion_callback()
     async def _ainfill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponse:
         engine = await self.aget_engine()
-        return _completion_response(await engine.ainfill(request, **settings))
+        return completion_response(await engine.ainfill(request, **settings))
 
     @dispatcher.span
     async def astream_infill(
@@ -363,7 +399,7 @@ class StarCoder(StarCoderSettings, LLM):
         self, prefix: str, *, request: FIMRequest, settings: dict
     ) -> CompletionResponseAsyncGen:
         engine = await self.aget_engine()
-        return _astream_responses(engine.astream_infill(request, **settings))
+        return astream_responses(engine.astream_infill(request, **settings))
 
     def _infill_args(
         self, prefix: str | FIMRequest, suffix: str, kwargs: dict[str, Any]
@@ -374,65 +410,3 @@ class StarCoder(StarCoderSettings, LLM):
         settings = self._generation(rest)
         settings.pop("parse_special_tokens")  # FIM parts are always data
         return value.request(), settings
-
-
-# --- engine results -> LlamaIndex responses -------------------------------------------------------
-
-
-def _completion_response(completion: Completion, *, delta: str | None = None) -> CompletionResponse:
-    """A response whose ``additional_kwargs`` hold the counts and whose ``raw`` adds the token ids,
-    timings and an OpenAI-style ``usage`` (the shape LlamaIndex's ``TokenCountingHandler`` reads)."""
-    info = counts(completion)
-    raw = {
-        **info,
-        "token_ids": list(completion.token_ids),
-        "prompt_seconds": completion.prompt_seconds,
-        "generation_seconds": completion.generation_seconds,
-        "prompt_tps": completion.prompt_tps,
-        "generation_tps": completion.generation_tps,
-        "usage": completion.usage(),
-    }
-    return CompletionResponse(text=completion.text, delta=delta, additional_kwargs=info, raw=raw)
-
-
-def _response(chunks: list[CompletionChunk], text: str) -> CompletionResponse | None:
-    """The response after the latest chunk (``text``: all so far); the last one carries the counts."""
-    last = chunks[-1]
-    if last.finish_reason is not None:
-        return _completion_response(join_chunks(chunks), delta=last.text)
-    # Skip empty pieces (text held back while it may be a stop string's start).
-    return CompletionResponse(text=text, delta=last.text) if last.text else None
-
-
-def _chat_response(response: CompletionResponse) -> ChatResponse:
-    chat = completion_response_to_chat_response(response)  # LlamaIndex's own (counts on the message)
-    chat.delta, chat.additional_kwargs = response.delta, response.additional_kwargs  # and beside it
-    return chat
-
-
-def _stream_responses(chunks: Iterator[CompletionChunk], chat: bool = False) -> Iterator[Any]:
-    seen: list[CompletionChunk] = []
-    text = ""
-    try:
-        for chunk in chunks:
-            seen.append(chunk)
-            text += chunk.text
-            if (response := _response(seen, text)) is not None:
-                yield _chat_response(response) if chat else response
-    finally:
-        chunks.close()  # type: ignore[attr-defined]  # a consumer that stops early cancels the generation
-
-
-async def _astream_responses(
-    chunks: AsyncIterator[CompletionChunk], chat: bool = False
-) -> AsyncIterator[Any]:
-    seen: list[CompletionChunk] = []
-    text = ""
-    try:
-        async for chunk in chunks:
-            seen.append(chunk)
-            text += chunk.text
-            if (response := _response(seen, text)) is not None:
-                yield _chat_response(response) if chat else response
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]

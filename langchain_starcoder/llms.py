@@ -68,6 +68,10 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
             handlers see every token (``on_llm_new_token``) while the answer is produced.
         parse_special_tokens: bool
             False encodes every prompt as data (control-token strings stay text).
+        json_schema: dict | str | type[BaseModel] | None, regex: str | None, grammar: str | None
+            Constrained decoding (one at most): every answer is JSON valid against the schema, a
+            full match of the regex, or a sentence of the grammar (Lark or GBNF). Also per call
+            (``llm.invoke(p, json_schema=...)``), and for FIM middles.
 
     Key init args — client params:
         model: str
@@ -124,10 +128,18 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
 
             llm.get_num_tokens("def add(a, b):")  # with the model's own tokenizer
 
+    Structured output:
+        .. code-block:: python
+
+            point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+            llm.invoke("# a point as JSON\n", json_schema=point)  # '{"x": 3}'
+            llm.infill("total = ", "\nprint(total)", regex=r"[0-9]+")
+
     Streams yield text only (never an empty piece); the counts arrive with the callbacks' last
     chunk. Each generation's ``generation_info`` holds ``finish_reason`` ("stop" or "length"),
-    ``prompt_tokens``, ``cached_tokens`` (reused from the KV prompt cache), ``completion_tokens``
-    and ``stop_sequence``.
+    ``prompt_tokens``, ``cached_tokens`` (reused from the KV prompt cache), ``completion_tokens``,
+    ``stop_sequence`` and ``constrained``. Under a constraint "stop" means the answer matches it in
+    full, and "length" that it was cut first (incomplete, not valid).
     """
 
     # Set here too: LangChain's base classes would otherwise turn extra="forbid" back to "ignore".

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import threading
 import time
@@ -21,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
+from langchain_starcoder.errors import GrammarError
 from langchain_starcoder.gguf_testing import LlamaServer, free_port, write_gguf
 from langchain_starcoder.testing.vllm_server import VLLMServer
 from langchain_starcoder.types import ContextFile, FIMRequest
@@ -596,6 +599,86 @@ def test_chat_over_a_server(served: Served, chat_path: Path, tmp_path: Path) -> 
     assert got.content == want.content and got.content
     assert "".join(c.content for c in remote.stream(messages)) == want.content
     assert got.usage_metadata == want.usage_metadata
+
+
+# --- constrained decoding: the server enforces it -----------------------------------------------------
+# The front only checks a remote answer against the constraint (finish_reason "stop" when it matches in
+# full); the tokens come from the server, so a valid answer that ends is the server's enforcement.
+
+POINT = {
+    "type": "object",
+    "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
+    "required": ["x", "ok"],
+    "additionalProperties": False,
+}
+YES_NO = r"(yes|no) [0-9][0-9]?"
+YES_NO_GBNF = 'root ::= ("yes" | "no") " " [0-9] [0-9]?'
+YES_NO_LARK = 'start: ("yes" | "no") " " /[0-9][0-9]?/'
+
+
+def _yes_no(text: str) -> None:
+    assert re.fullmatch(YES_NO, text), text
+
+
+@pytest.mark.parametrize(
+    ("constraint", "check"),
+    [
+        ({"json_schema": POINT}, lambda text: jsonschema.validate(json.loads(text), POINT)),
+        ({"regex": YES_NO}, _yes_no),
+        ({"grammar": YES_NO_GBNF}, _yes_no),
+    ],
+    ids=["json_schema", "regex", "gbnf"],
+)
+def test_the_server_enforces_the_constraint(served: Served, constraint: dict, check: Any) -> None:
+    for prompt in PROMPTS[:2]:
+        got = served.remote.generate(prompt, max_tokens=200, temperature=0.0, **constraint)
+        assert got.constrained and got.finish_reason == "stop", got.text
+        check(got.text)
+        streamed = "".join(c.text for c in served.remote.stream(prompt, max_tokens=200, **constraint))
+        assert streamed == got.text
+    # A FIM middle too, and an answer cut by max_tokens says so.
+    middle = served.remote.infill(FIM_REQUESTS["psm"], max_tokens=200, **constraint)
+    assert middle.finish_reason == "stop"
+    check(middle.text)
+    cut = served.remote.generate(PROMPTS[0], max_tokens=1, **constraint)
+    assert cut.finish_reason == "length" and cut.constrained
+
+
+def test_a_lark_grammar_goes_to_vllm_and_is_refused_by_llama_cpp(served: Served) -> None:
+    if served.kind == "llama.cpp":
+        with pytest.raises(GrammarError, match="GBNF"):
+            served.remote.generate(PROMPTS[0], max_tokens=8, grammar=YES_NO_LARK)
+        assert served.remote.generate(PROMPTS[0], max_tokens=2).completion_tokens == 2  # still usable
+        return
+    got = served.remote.generate(PROMPTS[0], max_tokens=16, grammar=YES_NO_LARK)
+    assert got.finish_reason == "stop"
+    _yes_no(got.text)
+
+
+def test_tool_calls_and_structured_output_over_a_server(
+    served: Served, chat_path: Path, tmp_path: Path
+) -> None:
+    """ChatStarCoder's tool call and StarCoderLLM's json_schema, decoded by the server."""
+    from langchain_starcoder import ChatStarCoder
+
+    tokenizer = Path(
+        shutil.copytree(chat_path, tmp_path / "chat", ignore=shutil.ignore_patterns("*.safetensors"))
+    )
+    shutil.copy(served.path / "config.json", tokenizer / "config.json")
+    # Room for whitespace: llama.cpp's JSON grammar allows some between tokens (ours, none in a call).
+    chat = ChatStarCoder(base_url=served.url, model="tiny", tokenizer=str(tokenizer), max_tokens=220)
+    add = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": POINT | {"properties": {"a": POINT["properties"]["x"]}, "required": ["a"]},
+        },
+    }
+    message = chat.bind_tools([add], tool_choice="any").invoke("What is 1 + 2?")
+    [call] = message.tool_calls
+    assert call["name"] == "add" and set(call["args"]) == {"a"} and 0 <= call["args"]["a"] <= 99
+    llm = StarCoderLLM(base_url=served.url, model="tiny", tokenizer=str(served.path), max_tokens=200)
+    jsonschema.validate(json.loads(llm.invoke(PROMPTS[0], json_schema=POINT)), POINT)
 
 
 def test_fields_for_a_server_are_checked(clean_path: Path) -> None:

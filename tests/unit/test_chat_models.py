@@ -1,16 +1,12 @@
 """ChatStarCoder: LangChain's standard unit tests, plus what the standard suites do not cover.
 
-(The standard integration suite is in tests/integration/test_chat_models_standard.py.) StarCoder2 was
-not trained for tool calling (nor structured output, which LangChain builds on it): those tests run and
-are expected to fail with NotImplementedError.
+(The standard integration suite is in tests/integration/test_chat_models_standard.py; tool calls and
+structured output beyond it in test_tool_calls.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,29 +46,6 @@ SERIALIZED = {
 }
 
 
-NO_TOOLS = pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="StarCoder2 was not trained for tool calling: ChatStarCoder has no bind_tools, so neither "
-    "tools nor structured output (which LangChain builds on tools)",
-)
-
-
-def expected_to_fail(base: type, name: str) -> Callable[..., Any]:
-    """The standard test ``base.name``, marked NO_TOOLS (its parametrization kept)."""
-    test = getattr(base, name)
-    if inspect.iscoroutinefunction(test):
-
-        async def run(self: Any, *args: Any, **kwargs: Any) -> None:
-            await test(self, *args, **kwargs)
-    else:
-
-        def run(self: Any, *args: Any, **kwargs: Any) -> None:
-            test(self, *args, **kwargs)
-
-    return NO_TOOLS(functools.wraps(test)(run))
-
-
 class TestChatStarCoderUnit(ChatModelUnitTests):
     @property
     def chat_model_class(self) -> type[BaseChatModel]:
@@ -91,7 +64,11 @@ class TestChatStarCoderUnit(ChatModelUnitTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return True  # so that the tool tests run, and show (xfail) that there is none
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
 
     @pytest.fixture
     def snapshot(self) -> Any:
@@ -108,8 +85,6 @@ class TestChatStarCoderUnit(ChatModelUnitTests):
         super().test_serdes(model, snapshot)
 
 
-for _name in ("test_bind_tool_pydantic", "test_with_structured_output"):
-    setattr(TestChatStarCoderUnit, _name, expected_to_fail(ChatModelUnitTests, _name))
 # --- beyond the standard suites ---------------------------------------------------------------
 
 
@@ -282,7 +257,7 @@ def test_message_checks(chat: ChatStarCoder) -> None:
     with pytest.raises(InvalidParameterError, match="text only"):
         chat.invoke([HumanMessage(content=[{"type": "image", "url": "https://example.com/cat.png"}])])
     with pytest.raises(InvalidParameterError, match="Unknown argument"):
-        chat.invoke("hi", tools=[{"name": "x"}])
+        chat.invoke("hi", tool=[{"name": "x"}])
 
 
 @pytest.mark.filterwarnings("ignore::langchain_core._api.beta_decorator.LangChainBetaWarning")
@@ -311,13 +286,6 @@ def test_streamed_message_chunks(chat: ChatStarCoder) -> None:
     chunks = list(chat.stream("Hello"))
     assert all(isinstance(c, AIMessageChunk) for c in chunks)
     assert chunks[-1].chunk_position == "last"
-
-
-def test_bind_tools_says_why_not() -> None:
-    chat = ChatStarCoder(model=HUB_MODEL)
-    for call in (lambda: chat.bind_tools([]), lambda: chat.with_structured_output({"title": "x"})):
-        with pytest.raises(NotImplementedError, match="StarCoder models have no tool calling"):
-            call()
 
 
 def test_a_streaming_batch_is_generated_once(chat: ChatStarCoder, backend_spy: Any) -> None:

@@ -16,6 +16,7 @@ import httpx
 
 from ...types import PENALTY_CONTEXT, GenerationParams
 from .. import Generation
+from .constraints import llama_cpp_fields
 from .errors import ServerError
 from .protocol import ServerProtocol
 from .transport import Clock, Transport
@@ -38,8 +39,9 @@ class LlamaCpp(ServerProtocol):
         self._id_bytes = {i: b for b, i in self._token_bytes.items()}
 
     def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
-        """The request: the prompt as ids and our sampling settings, with llama.cpp's other samplers
-        turned off. Stop strings stay with the front (they need our detokenizer)."""
+        """The request: the prompt as ids, our sampling settings, with llama.cpp's other samplers
+        turned off, and the constraint (:mod:`.constraints`). Stop strings stay with the front (they
+        need our detokenizer)."""
         return {
             "prompt": prompt,
             "n_predict": params.max_tokens,
@@ -60,6 +62,7 @@ class LlamaCpp(ServerProtocol):
             "dry_multiplier": 0.0,
             "xtc_probability": 0.0,
             "mirostat": 0,
+            **llama_cpp_fields(params),  # json_schema or a GBNF grammar: the server enforces it
         }
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:

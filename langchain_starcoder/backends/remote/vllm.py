@@ -11,6 +11,7 @@ import httpx
 
 from ...types import GenerationParams
 from .. import Generation
+from .constraints import vllm_fields
 from .errors import ServerError
 from .protocol import ServerProtocol
 from .transport import Clock, Transport
@@ -46,7 +47,7 @@ class VLLM(ServerProtocol):
         }
         if params.seed is not None:  # vLLM's seeds are signed 64-bit (-1: a random one); ours unsigned
             body["seed"] = params.seed % 2**63
-        return body
+        return body | vllm_fields(params)  # the constraint, which the server enforces
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
         """Hand each streamed id to the sink; at the server's own end, read on to the usage chunk."""
