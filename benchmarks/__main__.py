@@ -8,6 +8,7 @@ Examples::
     python -m benchmarks --baselines          # add transformers (torch) and the roofline
     python -m benchmarks --only fullmodel     # the default model at full depth (30 layers, 4-bit)
     python -m benchmarks --only repo          # repository context: cross-file identifier recall
+    python -m benchmarks --only typing --typing-repo DIR   # time to ghost text over replayed typing
     python -m benchmarks --preset tiny        # every checkpoint tiny: checks the harness in seconds
     python -m benchmarks --write-results      # also publish the table: benchmarks/results.{json,md}
 
@@ -63,6 +64,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "results.md (real preset only)",
     )  # fmt: skip
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json or checkpoint for --only repo counts")
+    parser.add_argument(
+        "--typing-repo", type=Path,
+        help="a git repository whose history --only typing replays (default: a small one made on the spot)",
+    )  # fmt: skip
     parser.add_argument("--no-openblas", action="store_true", help="leave out the OpenBLAS variants")
     parser.add_argument("--keep-going", action="store_true", help="report a failing benchmark and go on")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the table")
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
     ctx = Context(Checkpoints(args.workdir, tiny=tiny, log=log), quick=args.quick, reps=reps,
                   warmup=args.warmup, log=log, openblas=not args.no_openblas,
-                  tokenizer=args.tokenizer)  # fmt: skip
+                  tokenizer=args.tokenizer, typing_repo=args.typing_repo)  # fmt: skip
     meta = {
         "command": f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "selected": selected,

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .chat_models import ChatStarCoder
+    from .ends import MiddleEnd, middle_end
     from .engine import StarCoderEngine
     from .errors import (
         CheckpointError,
         ContextLengthError,
         EngineClosedError,
+        GrammarError,
         InvalidParameterError,
         ModelNotFoundError,
         StarCoderError,
@@ -43,7 +45,9 @@ _EXPORTS = {
     "FIMPromptTemplate": "prompts",
     "FIMRequest": "types",
     "GenerationParams": "types",
+    "GrammarError": "errors",
     "InvalidParameterError": "errors",
+    "MiddleEnd": "ends",
     "ModelNotFoundError": "errors",
     "NotebookContext": "notebook",
     "StarCoderEngine": "engine",
@@ -55,6 +59,7 @@ _EXPORTS = {
     "RepoRetriever": "retrievers",
     "UnsupportedModelError": "errors",
     "build_fim_prompt": "fim",
+    "middle_end": "ends",
 }
 
 __all__ = [
@@ -69,7 +74,9 @@ __all__ = [
     "FIMPromptTemplate",
     "FIMRequest",
     "GenerationParams",
+    "GrammarError",
     "InvalidParameterError",
+    "MiddleEnd",
     "ModelNotFoundError",
     "NotebookContext",
     "RepoIndex",
@@ -81,6 +88,7 @@ __all__ = [
     "StarCoderPromptTemplate",
     "UnsupportedModelError",
     "build_fim_prompt",
+    "middle_end",
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import disk_cache, jupyter, llama_cpp_managed, speculative, vllm_server
+from .. import disk_cache, jupyter, llama_cpp_managed, speculative, structured, typing_replay, vllm_server
 from ..harness import Section
 from .blas import bench_blas
 from .common import Context, prefill_rate
@@ -19,6 +19,13 @@ def bench_repo(ctx: Context) -> Section:
     from .. import repo_context
 
     return repo_context.section(repo_context.run(ctx.checkpoints.workdir, ctx.tokenizer, ctx.log))
+
+
+def bench_ends(ctx: Context) -> Section:
+    """Where a middle ends (issue 31): exact and premature ends on real code; benchmarks/ends.py."""
+    from .. import ends
+
+    return ends.section(ends.run(ctx.log))
 
 
 #: Every benchmark, in report order; the default run takes all but the optional ones.
@@ -41,9 +48,13 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "vllm": vllm_server.bench_vllm,
     "speculative": speculative.bench_speculative,
     "jupyter": jupyter.bench_jupyter,
+    "typing": typing_replay.bench_typing,
+    "ends": bench_ends,
+    "structured": structured.bench_structured,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
-#: runs the others (``remote`` starts a llama-server, ``jupyter`` a jupyter lab and a browser).
+#: runs the others (``remote`` starts a llama-server, ``jupyter`` a jupyter lab and a browser; ``ends`` is
+#: model-free, on real repositories' code; ``structured`` trains a 49,152-token tokenizer once).
 OPTIONAL = (
     "baselines",
     "fullmodel",
@@ -53,6 +64,9 @@ OPTIONAL = (
     "llamacpp",
     "vllm",
     "jupyter",
+    "typing",
+    "ends",
+    "structured",
 )
 
 __all__ = ["BENCHMARKS", "OPTIONAL", "Context", "batch_variants", "prefill_rate"]

@@ -33,6 +33,8 @@ class Context:
     """Figures one benchmark leaves for a later one (the baselines reuse the BLAS numbers)."""
     tokenizer: Path | None = None
     """A tokenizer.json or checkpoint folder for the repository-context token counts (--tokenizer)."""
+    typing_repo: Path | None = None
+    """A git repository (checkout or bare) whose history the typing benchmark replays (--typing-repo)."""
 
     @property
     def tiny(self) -> bool:

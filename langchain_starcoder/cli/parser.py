@@ -215,6 +215,16 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "send file_path (relative to DIR), after the client's input_extra (default: none)",
     )  # fmt: skip
     p.add_argument(
+        "--no-supersede", action="store_true",
+        help="let a client's older /infill (or /v1/completions with suffix) request for a document run on "
+        "when it sends a newer one (default: the older is cancelled; docs/server.md, 'While you type')",
+    )  # fmt: skip
+    p.add_argument(
+        "--fim-mode", choices=("psm", "spm"), default="psm",
+        help="the FIM layout of /infill and /v1/completions with suffix (default psm; spm puts the suffix "
+        "first, so a keystroke at the hole prefills only the prefix's end)",
+    )  # fmt: skip
+    p.add_argument(
         "--batch-window-ms", type=float, default=0, metavar="MS",
         help="batch non-streamed requests with the same settings that arrive within MS of each other "
         "(default 0: off, each request reuses the prompt cache)",

@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
         load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
         max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
-        prompt_lookup_num_tokens=args.prompt_lookup,
+        prompt_lookup_num_tokens=args.prompt_lookup, supersede=not args.no_supersede, fim_mode=args.fim_mode,
     )  # fmt: skip
     config = BoundedConfig(
         app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,

@@ -98,6 +98,7 @@ class StarCoderEngine:
         self._codec = codec_for(tokenizer)
         self._encode_parsed = parsing_encoder(tokenizer)
         self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
+        self._grammars = jobs.GrammarCompiler(tokenizer, backend.vocab_size, self.eos_token_ids)
 
     @classmethod
     def load(
@@ -351,6 +352,13 @@ class StarCoderEngine:
             lambda: self._prepare(prompt, settings), partial(jobs.submit_one, self.backend, self.tokenizer)
         )
 
+    def astream_fim_prompt(
+        self, request: FIMRequest, prompt: fim.FIMPrompt, **settings: Any
+    ) -> AsyncIterator[CompletionChunk]:
+        """:meth:`astream` of ``request`` with ``prompt``: as fim_prompt built it for these settings."""
+        submit = partial(jobs.submit_one, self.backend, self.tokenizer)
+        return AsyncChunkStream(lambda: self._prepare(request, settings, built=prompt), submit)
+
     def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Generate for several prompts at once (truly batched), each as it would alone (greedy).
         Prompts of every kind (text, ids, :class:`FIMRequest`) may share one batch."""
@@ -361,18 +369,19 @@ class StarCoderEngine:
         batch = await asyncio.to_thread(self._prepare_batch, prompts, settings)
         return await jobs.acollect(self.backend, self.tokenizer, batch)
 
-    def _prepare(self, prompt: Prompt, settings: dict[str, Any]) -> jobs.Job:
-        """``prompt`` made ready for the backend: checked, tokenized, in the context window."""
+    def _prepare(self, prompt: Prompt, settings: dict[str, Any], built: Any = None) -> jobs.Job:
+        """``prompt`` made ready for the backend: checked, tokenized (or ``built``), in the context window."""
         params, parse = jobs.split_settings(dict(settings), self.backend, self.eos_token_ids)
         if isinstance(prompt, FIMRequest):  # FIM parts are always data: parse_special_tokens does not apply
-            return jobs.fim_job(self.fim_prompt(prompt, params.max_tokens), params, prompt)
+            job = jobs.fim_job(built or self.fim_prompt(prompt, params.max_tokens), params, prompt)
+            return jobs.constrain(job, self._grammars)
         if isinstance(prompt, str):
             jobs.check_text_prompt(prompt)
             self.check_prompt_size(len(prompt), params.max_tokens)  # before tokenizing it whole
             ids = self.encode(prompt, special_tokens=parse)
         else:
             ids = jobs.prompt_ids(prompt, self.vocab_size)
-        return jobs.ids_job(ids, params, self.context_window)
+        return jobs.constrain(jobs.ids_job(ids, params, self.context_window), self._grammars)
 
     def _prepare_batch(self, prompts: Sequence[Prompt], settings: dict[str, Any]) -> list[jobs.Job]:
         return [self._prepare(p, settings) for p in jobs.check_batch(prompts)]

@@ -3,8 +3,9 @@
 A Starlette app whose handlers translate request shapes into engine calls and back: ``app`` (the
 routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
 and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
-``limits`` (body size, text bound, list counts) and ``connections`` (uvicorn's request deadline, connection
-limit).
+``limits`` (body size, text bound, list counts), ``connections`` (uvicorn's request deadline, connection
+limit), ``supersede`` (a newer request for a document cancels the older) and ``stable_context`` (each
+document's context files in their last order).
 
 Endpoints:
 
@@ -26,6 +27,11 @@ Endpoints:
 - llama.cpp's ``POST /completion`` (one prompt: text, token ids or both mixed; whole or streamed, with
   ids when ``return_tokens``) and ``GET /props``: so ``StarCoderEngine.connect("http://host:8080",
   model=...)`` drives this server like a llama-server.
+
+While you type (docs/server.md): a newer ``/infill`` or ``/v1/completions`` (with ``suffix``) request for
+the same document (client, ``file_path``, ``id_slot``) cancels the older one still running, which answers as
+cancelled; ``n_predict``/``max_tokens`` 0 prefills and caches without answering text; ``fim_mode`` "spm"
+puts the suffix first (a keystroke then prefills only the prefix's changed end).
 
 Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input
 (a list field with more items than ``limits`` allows too), 401 without the API key when one is set, 413 when

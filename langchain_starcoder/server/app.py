@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from ..engine import StarCoderEngine
 from ..errors import InvalidParameterError
-from ..types import GenerationParams, is_int
+from ..types import FIM_MODES, GenerationParams, is_int
 from . import llama_api, openai_api
 from .limits import DEFAULT_MAX_BODY_BYTES
 from .state import ServerState
@@ -29,6 +29,8 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     repo: RepoIndex | None = None,
     prompt_lookup_num_tokens: int | None = None,
+    supersede: bool = True,
+    fim_mode: str = "psm",
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the package docs for the endpoints).
 
@@ -55,14 +57,24 @@ def create_app(
             A request without ``file_path`` gets no repository context.
         prompt_lookup_num_tokens: Prompt-lookup speculative decoding for requests that do not set
             their own ``prompt_lookup_num_tokens`` (None: the engine's default; 0: off).
+        supersede: A fill-in-the-middle request (``/infill``, ``/v1/completions`` with a ``suffix``)
+            that names its document (``file_path`` or ``id_slot``) cancels the client's older request
+            for it still running, which answers as cancelled; and each document's context files keep
+            their last order, so the prompt cache's common prefix stays long (docs/server.md, "While
+            you type"). On by default; answers are exactly what each request gives alone.
+        fim_mode: The FIM layout of those requests: "psm" (prefix, suffix, middle; the default) or
+            "spm" (suffix first: an edit at the hole prefills only the prefix's changed end).
     """
+    if fim_mode not in FIM_MODES:
+        msg = f"fim_mode must be one of {', '.join(FIM_MODES)}, not {fim_mode!r}."
+        raise InvalidParameterError(msg)
     if not is_int(max_body_bytes) or max_body_bytes <= 0:
         msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
         raise InvalidParameterError(msg)
     GenerationParams.create(prompt_lookup_num_tokens=prompt_lookup_num_tokens)  # a bad value fails here
     server = ServerState(
         engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo,
-        prompt_lookup=prompt_lookup_num_tokens,
+        prompt_lookup=prompt_lookup_num_tokens, supersede=supersede, fim_mode=fim_mode,
     )  # fmt: skip
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),

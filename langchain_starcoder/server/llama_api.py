@@ -16,8 +16,11 @@ from .errors import bad_request
 from .limits import MAX_RESPONSE_FIELDS, check_count, check_ids_fit, check_text_fits
 from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
 from .shapes import files_used, final_answer, pick_fields
+from .stable_context import reordered_used
 from .state import ServerState
 from .streams import join, sse, time_limited, unless_gone
+from .structured import llama_constraint
+from .supersede import Document, document_of, supersedable
 
 #: Tokens at most for ``/infill`` and ``/completion`` without ``n_predict`` (or with -1, "until done").
 DEFAULT_N_PREDICT = 256
@@ -65,12 +68,12 @@ async def completion(server: ServerState, request: Request) -> Response:
     speaks). Text is data unless the server parses control tokens (``parse_special_tokens``)."""
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
-    for key in ("grammar", "json_schema", "n_probs"):  # constrained output and probabilities: not here
-        if body.get(key):
-            raise bad_request(f"/completion does not support {key}.", key)
+    if body.get("n_probs"):  # token probabilities: not here
+        raise bad_request("/completion does not support n_probs.", "n_probs")
     prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
     n_predict = field(body, "n_predict", int, -1)
     settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict, server.prompt_lookup)
+    settings |= llama_constraint(body)
     with_tokens = field(body, "return_tokens", bool, False)
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, server.generate(engine, prompt, settings))
@@ -114,10 +117,18 @@ def _completion_prompt(server: ServerState, engine: StarCoderEngine, prompt: Any
 
 
 def _infill_prompt(
-    server: ServerState, engine: StarCoderEngine, request: FIMRequest, max_tokens: int
-) -> tuple[FIMRequest, FIMPrompt]:
-    request = server.with_repo_context(engine, request, max_tokens)
-    return request, engine.fim_prompt(request, max_tokens)
+    server: ServerState,
+    engine: StarCoderEngine,
+    request: FIMRequest,
+    max_tokens: int,
+    document: Document | None,
+) -> tuple[FIMRequest, FIMPrompt, list[str]]:
+    """The request as run, its prompt (built once: the engine runs this one) and ``input_extra_used``."""
+    given = len(request.context_files)  # the client's input_extra: first, and what input_extra_used reports
+    request, order = server.editor_request(engine, request, max_tokens, document)
+    prompt = engine.fim_prompt(request, max_tokens)
+    used = reordered_used(files_used(request.context_files, prompt.files_kept), order, given)
+    return request, prompt, used
 
 
 async def infill(server: ServerState, request: Request) -> Response:
@@ -127,22 +138,26 @@ async def infill(server: ServerState, request: Request) -> Response:
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
     max_tokens = 1 if warm_up else (DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
-    settings = llama_settings(body, max_tokens, server.prompt_lookup)
+    settings = llama_settings(body, max_tokens, server.prompt_lookup) | llama_constraint(body)
     limit_ms = field(body, "t_max_predict_ms", (int, float), 0)
     fields = body.get("response_fields")
     if isinstance(fields, list):
         check_count(fields, MAX_RESPONSE_FIELDS, "fields", "response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
-    given = fim_request.context_files  # the client's input_extra: first, and what input_extra_used reports
-    fim_request, prompt = await asyncio.to_thread(_infill_prompt, server, engine, fim_request, max_tokens)
-    used = files_used(given, prompt.files_kept)
+    document = document_of(request, fim_request.file_path, field(body, "id_slot", int))
+    fim_request, prompt, used = await asyncio.to_thread(
+        _infill_prompt, server, engine, fim_request, max_tokens, document
+    )
     truncated = (
         prompt.prefix_chars_kept < len(fim_request.prefix)
         or prompt.suffix_chars_kept < len(fim_request.suffix)
         or any(u != "whole" for u in used)
     )
-    stream = time_limited(engine.astream(fim_request, **settings), limit_ms, len(prompt.token_ids))
+    prompt_tokens = len(prompt.token_ids)
+    chunks = engine.astream_fim_prompt(fim_request, prompt, **settings)
+    chunks = supersedable(server.documents, document, chunks, prompt_tokens, warm_up=warm_up)
+    stream = time_limited(chunks, limit_ms, prompt_tokens)
 
     def final(c: Completion, content: str) -> dict[str, Any]:
         out = final_answer(server.name, c, content, truncated, n_predict)

@@ -4,34 +4,38 @@ and ``/v1/models``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..backends.remote.backend import OUR_SERVER
-from ..chat import chat_prompt_ids, resolve_chat_template
+from ..chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from ..engine import StarCoderEngine
 from ..fim import fim_stop_token_ids
-from ..types import CompletionChunk, FIMRequest, join_chunks
+from ..tools import constrained
+from ..types import Completion, CompletionChunk, FIMRequest, is_int, join_chunks
 from .errors import bad_request
 from .limits import MAX_MESSAGES, MAX_PROMPTS, check_count, check_ids_fit, check_text_fits
 from .parsing import (
     field,
     include_usage,
     is_ids,
-    message_content,
     openai_settings,
     read_body,
     refuse_unsupported,
     text,
     text_ids,
 )
-from .shapes import usage_body
+from .shapes import CANCELLED, usage_body
 from .state import ServerState
-from .streams import sse, unless_gone
+from .streams import join, sse, unless_gone
+from .structured import ChatAnswer, chat_turns, response_format, tool_plan
+from .supersede import Document, document_of, supersedable
 
 #: OpenAI's defaults for the legacy completions endpoint (``max_tokens`` 16, ``temperature`` 1).
 OPENAI_MAX_TOKENS = 16
@@ -59,8 +63,15 @@ async def completions(server: ServerState, request: Request) -> Response:
     body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0, server.prompt_lookup)
+    warm_up = is_int(settings["max_tokens"]) and settings["max_tokens"] == 0  # prefill and cache, no text
+    if warm_up:
+        settings["max_tokens"] = 1  # (the token is not answered: the prompt's cache is what is kept)
+    suffix = body.get("suffix") is not None  # fill in the middle: a newer request for its document supersedes
+    document = document_of(request, body.get("file_path"), body.get("id_slot")) if suffix else None
     # Tokenizing runs off the event loop.
-    prompts = await asyncio.to_thread(_completion_prompts, server, engine, body, settings["max_tokens"])
+    prompts = await asyncio.to_thread(
+        _completion_prompts, server, engine, body, settings["max_tokens"], document
+    )
     middle = engine.token_id("<fim_middle>")
     if any(isinstance(p, list) and middle in p for p in prompts):
         # A FIM prompt written by the client (parsed or as ids): end the middle as infill does.
@@ -73,13 +84,24 @@ async def completions(server: ServerState, request: Request) -> Response:
                 "choices": choices, **more}  # fmt: skip
 
     def choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+        text = "" if warm_up or finish == CANCELLED else text  # a cancelled answer's text is stale
         return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
 
+    def answered(c: Completion) -> Completion:
+        return dataclasses.replace(c, completion_tokens=0) if warm_up else c
+
+    def claimed() -> AsyncIterator[CompletionChunk]:  # (the engine's stream, as it is without a document)
+        chunks = engine.astream(prompts[0], **settings)
+        return supersedable(server.documents, document, chunks, None, warm_up=warm_up)
+
     if not stream:
-        if len(prompts) == 1:
+        if len(prompts) == 1 and document is not None and server.documents is not None:
+            done = [await unless_gone(request, join(claimed()))]
+        elif len(prompts) == 1:
             done = [await unless_gone(request, server.generate(engine, prompts[0], settings))]
         else:  # several prompts: one batch (seeded sampling: one by one, each as alone)
             done = await unless_gone(request, server.generate_all(engine, prompts, settings))
+        done = [answered(c) for c in done]
         choices = [choice(i, c.text, c.finish_reason) for i, c in enumerate(done)]
         return JSONResponse(chunk(choices, usage=usage_body(done)))
     if len(prompts) > 1:
@@ -87,16 +109,24 @@ async def completions(server: ServerState, request: Request) -> Response:
     with_usage = include_usage(body)
 
     def events(c: CompletionChunk) -> list[dict[str, Any]]:
-        out = [chunk([choice(0, c.text, c.finish_reason)])] if c.text or c.finish_reason else []
+        out = (
+            [chunk([choice(0, c.text, c.finish_reason)])]
+            if (c.text and not warm_up) or c.finish_reason
+            else []
+        )
         if c.finish_reason is not None and with_usage:
-            out.append(chunk([], usage=usage_body([join_chunks([c])])))
+            out.append(chunk([], usage=usage_body([answered(join_chunks([c]))])))
         return out
 
-    return await sse(request, engine.astream(prompts[0], **settings), events, done_marker=True)
+    return await sse(request, claimed(), events, done_marker=True)
 
 
 def _completion_prompts(
-    server: ServerState, engine: StarCoderEngine, body: dict[str, Any], max_tokens: Any
+    server: ServerState,
+    engine: StarCoderEngine,
+    body: dict[str, Any],
+    max_tokens: Any,
+    document: Document | None,
 ) -> list[Any]:
     """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given (with
     our extra ``file_path``: the hole's path, and with ``--repo`` its repository context)."""
@@ -126,7 +156,7 @@ def _completion_prompts(
         raise bad_request("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
     file_path = None if file_path is None else text(file_path, "file_path")
     return [
-        server.with_repo_context(engine, FIMRequest(p, suffix, file_path=file_path), max_tokens)
+        server.editor_request(engine, FIMRequest(p, suffix, file_path=file_path), max_tokens, document)[0]
         for p in items
     ]
 
@@ -145,15 +175,17 @@ async def chat(server: ServerState, request: Request) -> Response:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list.", "messages")
     check_count(messages, MAX_MESSAGES, "messages", "messages")
-    pairs = [
-        (text(m.get("role") if isinstance(m, dict) else None, "role"), message_content(m)) for m in messages
-    ]
+    pairs = chat_turns(messages, template_roles(template))
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    settings = openai_settings(body, 256, 1.0, server.prompt_lookup)
+    plan, output = tool_plan(body), response_format(body)
+    if plan is not None and plan.mode != "none" and output:
+        raise bad_request("Give tools or a JSON response_format, not both: one constraint at a time.")
+    settings = constrained({**openai_settings(body, 256, 1.0, server.prompt_lookup), **output}, plan)
     chars = sum(len(content) for _, content in pairs)
     check_text_fits(chars, server.max_text_chars, engine.context_window, "messages")
-    ids = await asyncio.to_thread(chat_prompt_ids, engine, pairs, template)
+    ids = await asyncio.to_thread(tool_chat_prompt_ids, engine, pairs, template, plan)
+    answer = ChatAnswer(plan)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(kind: str, choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
@@ -162,18 +194,20 @@ async def chat(server: ServerState, request: Request) -> Response:
 
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, server.generate(engine, ids, settings))
-        message = {"role": "assistant", "content": done.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason}
+        message, finish = answer.message(done)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         return JSONResponse(chunk("chat.completion", [choice], usage=usage_body([done])))
     with_usage = include_usage(body)
     first = [True]
 
     def events(c: CompletionChunk) -> list[dict[str, Any]]:
         out = []
-        if c.text or c.finish_reason:
-            delta = {"content": c.text} | ({"role": "assistant"} if first[0] else {})
+        deltas, finish = answer.deltas(c)
+        for i, delta in enumerate(deltas):
+            delta = delta | ({"role": "assistant"} if first[0] else {})
             first[0] = False
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": c.finish_reason}
+            last = finish if i == len(deltas) - 1 else None
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": last}
             out.append(chunk("chat.completion.chunk", [choice]))
         if c.finish_reason is not None and with_usage:
             out.append(chunk("chat.completion.chunk", [], usage=usage_body([join_chunks([c])])))

@@ -9,6 +9,8 @@ from ..types import Completion, ContextFile, usage
 
 #: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
 TIME_LIMIT = "time_limit"
+#: ``finish_reason`` (and llama.cpp ``stop_type``) of an answer a newer request for its document cancelled.
+CANCELLED = "cancelled"
 
 
 def usage_body(done: list[Completion]) -> dict[str, Any]:
@@ -39,7 +41,9 @@ def final_answer(model: str, c: Completion, content: str, truncated: bool, n_pre
     prompt_ms = None if c.prompt_seconds is None else c.prompt_seconds * 1000  # None: not known
     predicted_ms = c.generation_seconds * 1000
     cut = c.finish_reason == TIME_LIMIT
+    cancelled = c.finish_reason == CANCELLED
     stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" or cut else "eos")
+    stop_type = CANCELLED if cancelled else stop_type
     out = {
         "content": content,
         "id_slot": 0,
@@ -65,9 +69,11 @@ def final_answer(model: str, c: Completion, content: str, truncated: bool, n_pre
             "predicted_per_second": predicted / c.generation_seconds if c.generation_seconds > 0 else 0.0,
         },
     }
-    if cut:  # how much of the prompt the cache served is not known for an answer cut by time
+    if cut or cancelled:  # how much of the prompt the cache served is not known for an answer cut short
         del out["tokens_cached"]
         out["timings"]["prompt_n"] = c.prompt_tokens
+    if cancelled:  # no content: an editor keeps what it gets for its text (llama.vim skips an answer without)
+        del out["content"], out["has_new_line"]
     return out
 
 

@@ -21,6 +21,8 @@ from ..tokens import max_text_chars
 from ..types import Completion, FIMRequest, is_int
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
+from .stable_context import ContextOrders
+from .supersede import Document, Documents
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class ServerState:
         max_body_bytes: int,
         repo: Any = None,
         prompt_lookup: int | None = None,
+        supersede: bool = True,
+        fim_mode: str = "psm",
     ):
         self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
@@ -52,6 +56,12 @@ class ServerState:
         self.repo = repo
         #: Requests' ``prompt_lookup_num_tokens`` unless they set their own (None: the engine's default).
         self.prompt_lookup = prompt_lookup
+        #: Each document's running FIM requests (None: a newer request supersedes none); supersede.py.
+        self.documents = Documents() if supersede else None
+        #: Each document's context files in their last order (None: as given); stable_context.py.
+        self.context_orders = ContextOrders() if supersede else None
+        #: The FIM layout of /infill and /v1/completions with a suffix: "psm" or "spm".
+        self.fim_mode = fim_mode
         #: The most characters a text can have and still fit the context window (None: no bound).
         self.max_text_chars: int | None = None
         if isinstance(engine, StarCoderEngine):
@@ -68,6 +78,19 @@ class ServerState:
         if self.repo is None or not request.file_path or not is_int(max_tokens):
             return request  # a bad max_tokens is refused by the generation, in its own words
         return engine.add_repo_context(dataclasses.replace(request, repo=self.repo), max_tokens)
+
+    def editor_request(
+        self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any, document: Document | None
+    ) -> tuple[FIMRequest, list[int]]:
+        """A FIM request of /infill or /v1/completions as it is run: in the server's layout, with the
+        repository's context, its files in the document's last order; and that order (the positions of
+        the request's files after :meth:`with_repo_context`). Blocking: call it in a thread."""
+        request = self.with_repo_context(engine, dataclasses.replace(request, mode=self.fim_mode), max_tokens)
+        files = request.context_files
+        if self.context_orders is None:
+            return request, list(range(len(files)))
+        order = self.context_orders.order(document, files)
+        return dataclasses.replace(request, context_files=tuple(files[i] for i in order)), order
 
     @property
     def name(self) -> str:

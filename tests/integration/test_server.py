@@ -602,7 +602,7 @@ def test_chat_completions_use_the_template_with_contents_as_data(chat_path: Path
 
 def test_the_docs_client_block_runs_against_the_server(server):
     page = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
-    (code,) = re.findall(r"```py\n(.*?)```", page, flags=re.S)
+    code = re.findall(r"```py\n(.*?)```", page, flags=re.S)[0]  # (the tools one: test_server_structured.py)
     code = code.replace("http://127.0.0.1:8080", server)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -760,9 +760,7 @@ def test_completion_refuses_what_is_not_one_prompt(server, prompt, status):
     assert reply.json()["error"]["param"] == "prompt"
 
 
-@pytest.mark.parametrize(
-    "extra", [{"grammar": "root ::= [a-z]+"}, {"json_schema": {"type": "string"}}, {"n_probs": 3}]
-)
+@pytest.mark.parametrize("extra", [{"n_probs": 3}])  # (grammar, json_schema: test_server_structured.py)
 def test_completion_refuses_what_it_does_not_implement(server, extra):
     reply = _post(f"{server}/completion", {"prompt": PROMPT, "n_predict": 2, **extra})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == next(iter(extra))
