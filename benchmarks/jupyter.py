@@ -79,6 +79,15 @@ def _live(notebook: dict[str, Any], cell: int, text: str) -> dict[str, Any]:
     return edited
 
 
+def _on_own_thread(work: Any, *args: Any) -> Any:
+    """``work(*args)`` on a thread of its own: Playwright's sync API refuses a thread where an asyncio
+    loop runs (a caller's, or pytest-asyncio's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(work, *args).result()
+
+
 def _browser_latencies(lab: Any, cell: int, words: list[str], log: Any) -> tuple[list[float], int]:
     """Seconds from the last keystroke of each word to its first ghost-text character, and how many
     pauses showed no ghost text within :data:`MISS_SECONDS` (left out of the figures)."""
@@ -190,7 +199,7 @@ def _one_shape(ctx: Any, shape: Shape, section: Section) -> None:
             warm = {"prefix": "warm = ", "notebook": notebook, "cell": cell, "max_tokens": 1}
             httpx.post(f"{lab.url}langchain-starcoder/complete", json=warm, headers=lab.auth, timeout=600)
             try:
-                latencies, misses = _browser_latencies(lab, cell, words, ctx.log)
+                latencies, misses = _on_own_thread(_browser_latencies, lab, cell, words, ctx.log)
             except Exception as e:
                 msg = f"the browser part failed ({e}); the server's log ends:\n{lab.log_text()[-4000:]}"
                 raise RuntimeError(msg) from e

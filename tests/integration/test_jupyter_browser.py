@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +67,35 @@ def lab(lab_project, tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield lab
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Callable[[Callable[[Any], Any]], Any]]:
+    """Runs a function with the browser, on a thread of its own: Playwright's sync API refuses a thread
+    where an asyncio loop runs (pytest-asyncio's), and its own loop must not outlive these tests."""
     assert Path(CHROMIUM).is_file(), "Debian's chromium is needed: apt-get install -y chromium (.ci/run does)"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+    jobs: queue.Queue[tuple[Callable[[Any], Any], Future[Any]] | None] = queue.Queue()
+
+    def serve() -> None:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            while (job := jobs.get()) is not None:
+                work, future = job
+                try:
+                    future.set_result(work(chromium))
+                except BaseException as err:  # the test's own assertion errors too
+                    future.set_exception(err)
+            chromium.close()
+
+    thread = threading.Thread(target=serve, name="browser", daemon=True)
+    thread.start()
+
+    def run(work: Callable[[Any], Any]) -> Any:
+        future: Future[Any] = Future()
+        jobs.put((work, future))
+        return future.result(timeout=600)
+
+    yield run
+    jobs.put(None)
+    thread.join(timeout=60)
 
 
 def expected_middle(
@@ -104,8 +129,14 @@ def test_typing_in_a_cell_shows_the_models_ghost_text_and_tab_accepts_it(
     answers = {typed: expected_middle(tiny_engine, root, notebook, cell, typed) for typed in TYPED}
     typed, middle = shown_as_is(answers)
 
-    page = browser.new_page(viewport={"width": 1100, "height": 820})
-    try:
+    def drive(chromium: Any) -> str:
+        page = chromium.new_page(viewport={"width": 1100, "height": 820})
+        try:
+            return type_and_accept(page)
+        finally:
+            page.close()
+
+    def type_and_accept(page: Any) -> str:
         open_notebook(page, lab, NOTEBOOK, cells=cell + 1)
         edit_cell(page, cell)
         page.keyboard.type(typed, delay=60)
@@ -128,9 +159,9 @@ def test_typing_in_a_cell_shows_the_models_ghost_text_and_tab_accepts_it(
         )  # accepted: the ghost is gone...
         assert cell_text(page, cell) == typed + middle  # ...and its text is the cell's
         page.keyboard.press("Control+s")
-        saved = _saved_source(root / NOTEBOOK, cell, timeout=PAGE_MS / 1000)
-    finally:
-        page.close()
+        return _saved_source(root / NOTEBOOK, cell, timeout=PAGE_MS / 1000)
+
+    saved = browser(drive)
     assert saved == typed + middle
 
 
@@ -150,8 +181,14 @@ def test_a_py_file_gets_ghost_text_with_the_repository_context(
     }
     typed, middle = shown_as_is(answers)
 
-    page = browser.new_page(viewport={"width": 1100, "height": 820})
-    try:
+    def drive(chromium: Any) -> None:
+        page = chromium.new_page(viewport={"width": 1100, "height": 820})
+        try:
+            type_and_accept(page)
+        finally:
+            page.close()
+
+    def type_and_accept(page: Any) -> None:
         page.goto(f"{lab.url}lab/tree/{SCRIPT}?token={lab.token}", timeout=PAGE_MS)
         page.locator(".jp-FileEditor .cm-content").click(timeout=PAGE_MS)
         page.keyboard.press("Control+End")
@@ -175,8 +212,8 @@ def test_a_py_file_gets_ghost_text_with_the_repository_context(
         while (root / SCRIPT).read_text() == SCRIPT_HEAD:
             assert time.monotonic() < deadline, f"{SCRIPT} was not saved"
             time.sleep(0.2)
-    finally:
-        page.close()
+
+    browser(drive)
     assert (root / SCRIPT).read_text() == SCRIPT_HEAD + typed + middle
 
 
