@@ -26,6 +26,7 @@ def shell(tiny_path: Path, monkeypatch: pytest.MonkeyPatch):
     yield shell
     shell.run_cell("%unload_ext langchain_starcoder")
     manager.shutdown_kernel()
+    type(shell).clear_instance()  # else get_ipython() says later tests run in a kernel
 
 
 def test_load_ext_completes_with_the_kernel_history(
