@@ -118,12 +118,12 @@ def test_auto_grammar_takes_text_or_a_marked_call(chat_engine: StarCoderEngine) 
     plan = ToolPlan(tool_specs(Add), "auto")
     grammar = GrammarCompiler(chat_engine.tokenizer, chat_engine.vocab_size, chat_engine.eos_token_ids)
     compiled = grammar.compile(("grammar", plan.settings()["grammar"]))
-    assert compiled.verdict("The sum is 3.")[0]
-    assert compiled.verdict(MARKER + '{"name":"Add","arguments":{"a":1,"b":2}}') == (True, True)
-    assert not compiled.verdict(MARKER + "the sum")[0]
-    assert not compiled.verdict(MARKER + '{"name":"Sub","arguments":{}}')[0]
-    assert not compiled.verdict(MARKER + '{"name":"Add","arguments":{"a":1,"b":2,"c":3}}')[0]
-    assert not compiled.verdict(MARKER + '{"name":"Add","arguments":{"a":5000,"b":2}}')[0]
+    assert compiled.accepts("The sum is 3.")
+    assert compiled.accepts(MARKER + '{"name":"Add","arguments":{"a":1,"b":2}}')
+    assert not compiled.accepts(MARKER + "the sum")
+    assert not compiled.accepts(MARKER + '{"name":"Sub","arguments":{}}')
+    assert not compiled.accepts(MARKER + '{"name":"Add","arguments":{"a":1,"b":2,"c":3}}')
+    assert not compiled.accepts(MARKER + '{"name":"Add","arguments":{"a":5000,"b":2}}')
 
 
 @pytest.fixture
