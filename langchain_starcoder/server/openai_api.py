@@ -1,5 +1,6 @@
-"""OpenAI's endpoints: ``/v1/completions`` (with ``suffix`` for fill in the middle), ``/v1/chat/completions``
-and ``/v1/models``."""
+"""OpenAI's endpoints: ``/v1/completions`` (with ``suffix`` for fill in the middle, and a constraint as
+llama.cpp's ``grammar``/``json_schema``, OpenAI's ``response_format`` or vLLM's ``structured_outputs``),
+``/v1/chat/completions`` and ``/v1/models``."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from .parsing import (
 from .shapes import CANCELLED, usage_body
 from .state import ServerState
 from .streams import join, sse, unless_gone
-from .structured import ChatAnswer, chat_turns, response_format, tool_plan
+from .structured import ChatAnswer, chat_turns, completions_constraint, response_format, tool_plan
 from .supersede import Document, document_of, supersedable
 
 #: OpenAI's defaults for the legacy completions endpoint (``max_tokens`` 16, ``temperature`` 1).
@@ -63,6 +64,7 @@ async def completions(server: ServerState, request: Request) -> Response:
     body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0, server.prompt_lookup)
+    settings |= completions_constraint(body)
     warm_up = is_int(settings["max_tokens"]) and settings["max_tokens"] == 0  # prefill and cache, no text
     if warm_up:
         settings["max_tokens"] = 1  # (the token is not answered: the prompt's cache is what is kept)

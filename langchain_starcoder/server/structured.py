@@ -1,5 +1,6 @@
-"""Constrained output: llama.cpp's ``grammar`` and ``json_schema`` (``/completion``, ``/infill``) and OpenAI's
-``response_format``, ``tools`` and ``tool_choice`` (``/v1/chat/completions``) as engine settings and a
+"""Constrained output: llama.cpp's ``grammar`` and ``json_schema`` (``/completion``, ``/infill``,
+``/v1/completions``), OpenAI's ``response_format`` (``/v1/completions`` too), ``tools`` and ``tool_choice``
+(``/v1/chat/completions``) and vLLM's ``structured_outputs`` (``/v1/completions``) as engine settings and a
 tool plan, and answers with tool calls in OpenAI's shapes, whole or streamed.
 
 A grammar or schema the engine cannot compile is a 400 before any decoding (the engine raises
@@ -14,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..tools import InvalidToolCall, ToolCall, ToolPlan, call_text, plan_of, result_text
+from ..tools import COMPACT, InvalidToolCall, ToolCall, ToolPlan, call_text, plan_of, result_text
 from ..types import Completion, CompletionChunk
 from .errors import bad_request
 from .limits import check_count
@@ -22,6 +23,8 @@ from .parsing import field, message_content, text
 
 #: Tools of one request (OpenAI's own limit).
 MAX_TOOLS = 128
+#: Choices of one ``structured_outputs`` choice.
+MAX_CHOICES = 10_000
 
 
 def llama_constraint(body: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +59,69 @@ def response_format(body: dict[str, Any]) -> dict[str, Any]:
         return {"json_schema": schema}
     msg = 'response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", ...}.'
     raise bad_request(msg, "response_format")
+
+
+#: vLLM's ``structured_outputs`` fields that this server reads (each as the engine setting it becomes).
+STRUCTURED_OUTPUTS = ("json", "regex", "grammar", "choice", "json_object", "disable_any_whitespace")
+
+
+def completions_constraint(body: dict[str, Any]) -> dict[str, Any]:
+    """A ``/v1/completions`` request's constraint as engine settings: llama.cpp's ``grammar`` or
+    ``json_schema``, OpenAI's ``response_format`` or vLLM's ``structured_outputs``, one of them."""
+    given = {
+        name: settings
+        for name, settings in (
+            ("grammar", llama_constraint(body)),  # (the engine refuses grammar and json_schema together)
+            ("response_format", response_format(body)),
+            ("structured_outputs", structured_outputs(body)),
+        )
+        if settings
+    }
+    if len(given) > 1:
+        names = " and ".join("grammar/json_schema" if n == "grammar" else n for n in given)
+        raise bad_request(f"Give at most one constraint, not {names}.", next(iter(given)))
+    return next(iter(given.values()), {})
+
+
+def structured_outputs(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``structured_outputs`` (``json``, ``regex``, ``grammar``, ``choice`` or ``json_object``) as
+    engine settings; ``disable_any_whitespace`` asks for JSON without whitespace, as vLLM does."""
+    spec = field(body, "structured_outputs", dict, {})
+    where = "structured_outputs"
+    unknown = sorted(set(spec) - set(STRUCTURED_OUTPUTS))
+    if unknown:
+        msg = f"{where} does not take {', '.join(unknown)} here; it takes {', '.join(STRUCTURED_OUTPUTS)}."
+        raise bad_request(msg, where)
+    kinds = [k for k in STRUCTURED_OUTPUTS[:-1] if spec.get(k) not in (None, False)]
+    if len(kinds) > 1:
+        raise bad_request(f"{where} takes one of {', '.join(kinds)}, not several.", where)
+    if not kinds:
+        return {}
+    kind, value = kinds[0], spec[kinds[0]]
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise bad_request(f"{where} choice must be a non-empty list of strings.", where)
+        check_count(value, MAX_CHOICES, "choices", where)
+        return {"regex": "(?:" + "|".join(map(_literal_regex, value)) + ")"}
+    if kind in ("regex", "grammar"):
+        return {kind: text(value, f"{where} {kind}")}
+    schema = {"type": "object"} if kind == "json_object" else value
+    if spec.get("disable_any_whitespace"):  # llguidance's option in the schema, as our tool calls use it
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise bad_request(f"{where} json is invalid JSON: {e}.", where) from None
+        if not isinstance(schema, dict):
+            raise bad_request(f"{where} json must be a JSON Schema object.", where)
+        schema = {**schema, **COMPACT}
+    return {"json_schema": schema}
+
+
+def _literal_regex(choice: str) -> str:
+    """``choice`` as a regex that matches it alone (ASCII but letters, digits and ``_`` escaped)."""
+    escaped = (c if c.isalnum() or c == "_" or not c.isascii() else f"\\x{{{ord(c):02X}}}" for c in choice)
+    return "".join(escaped)
 
 
 def tool_plan(body: dict[str, Any]) -> ToolPlan | None:

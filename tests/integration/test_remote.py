@@ -620,13 +620,6 @@ def _yes_no(text: str) -> None:
     assert re.fullmatch(YES_NO, text), text
 
 
-VLLM_JSON_WHITESPACE = pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.32 (CPU) decodes json_schema with unbounded whitespace: the random-weight model pads to "
-    "max_tokens, so the object never closes (reported as length, never as valid); not yet mended (issue 32)",
-)
-
-
 @pytest.mark.parametrize(
     ("constraint", "check"),
     [
@@ -636,11 +629,7 @@ VLLM_JSON_WHITESPACE = pytest.mark.xfail(
     ],
     ids=["json_schema", "regex", "gbnf"],
 )
-def test_the_server_enforces_the_constraint(
-    served: Served, constraint: dict, check: Any, request: pytest.FixtureRequest
-) -> None:
-    if served.kind == "vllm" and "json_schema" in constraint:
-        request.applymarker(VLLM_JSON_WHITESPACE)
+def test_the_server_enforces_the_constraint(served: Served, constraint: dict, check: Any) -> None:
     for prompt in PROMPTS[:2]:
         got = served.remote.generate(prompt, max_tokens=200, temperature=0.0, **constraint)
         assert got.constrained and got.finish_reason == "stop", got.text
@@ -667,11 +656,9 @@ def test_a_lark_grammar_goes_to_vllm_and_is_refused_by_llama_cpp(served: Served)
 
 
 def test_tool_calls_and_structured_output_over_a_server(
-    served: Served, chat_path: Path, tmp_path: Path, request: pytest.FixtureRequest
+    served: Served, chat_path: Path, tmp_path: Path
 ) -> None:
     """ChatStarCoder's tool call and StarCoderLLM's json_schema, decoded by the server."""
-    if served.kind == "vllm":
-        request.applymarker(VLLM_JSON_WHITESPACE)
     from langchain_starcoder import ChatStarCoder
 
     tokenizer = Path(

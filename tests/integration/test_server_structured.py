@@ -134,6 +134,111 @@ def test_a_bad_grammar_or_schema_is_a_400_before_decoding(server: str, extra: di
     assert post(f"{server}/completion", {"prompt": "x", "n_predict": 2}).status_code == 200
 
 
+# --- /v1/completions: the same constraints, in llama.cpp's, OpenAI's and vLLM's fields -----------------
+
+CHOICES = ["yes", "no", "a.b (c)*"]  # (regex metacharacters: matched as text)
+
+
+def _json_point(text: str) -> None:
+    jsonschema.validate(json.loads(text), POINT)
+
+
+def _compact_point(text: str) -> None:
+    _json_point(text)
+    assert text == json.dumps(json.loads(text), separators=(",", ":"))
+
+
+def _matches(pattern: str) -> Any:
+    def check(text: str) -> None:
+        assert re.fullmatch(pattern, text), text
+
+    return check
+
+
+def _one_of(text: str) -> None:
+    assert text in CHOICES, text
+
+
+@pytest.mark.parametrize(
+    ("constraint", "check"),
+    [
+        ({"grammar": DIGITS}, _matches(r"(yes|no) [0-9][0-9]?")),
+        ({"json_schema": POINT}, _json_point),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": POINT}}},
+            _json_point,
+        ),
+        ({"structured_outputs": {"json": json.dumps(POINT)}}, _json_point),
+        ({"structured_outputs": {"json": POINT, "disable_any_whitespace": True}}, _compact_point),
+        ({"structured_outputs": {"regex": r"(yes|no) [0-9]"}}, _matches(r"(yes|no) [0-9]")),
+        ({"structured_outputs": {"grammar": DIGITS}}, _matches(r"(yes|no) [0-9][0-9]?")),
+        ({"structured_outputs": {"choice": CHOICES}}, _one_of),
+    ],
+    ids=[
+        "grammar",
+        "json_schema",
+        "response_format",
+        "so-json",
+        "so-compact",
+        "so-regex",
+        "so-grammar",
+        "choice",
+    ],
+)
+def test_v1_completions_follow_a_constraint(server: str, constraint: dict, check: Any) -> None:
+    url = f"{server}/v1/completions"
+    body = {"model": "chat", "prompt": "Answer: ", "max_tokens": 200, "temperature": 0, **constraint}
+    [whole] = post(url, body).json()["choices"]
+    assert whole["finish_reason"] == "stop", whole
+    check(whole["text"])
+    streamed = events(url, body)
+    assert "".join(e["choices"][0]["text"] for e in streamed if e["choices"]) == whole["text"]
+    # Sampled, several prompts (one batch), and a FIM middle (suffix) follow it too.
+    sampled = post(url, {**body, "prompt": ["x = ", "def f():"], "temperature": 1.0, "seed": 3}).json()
+    assert [c["finish_reason"] for c in sampled["choices"]] == ["stop", "stop"]
+    for choice in sampled["choices"]:
+        check(choice["text"])
+    [middle] = post(url, {**body, "prompt": "point = ", "suffix": "\nprint(point)\n"}).json()["choices"]
+    assert middle["finish_reason"] == "stop", middle
+    check(middle["text"])
+
+
+def test_v1_completions_cut_by_max_tokens_says_so(server: str) -> None:
+    body = {"model": "chat", "prompt": "{", "max_tokens": 3, "json_schema": POINT}
+    [choice] = post(f"{server}/v1/completions", body).json()["choices"]
+    assert choice["finish_reason"] == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(choice["text"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (
+            {"json_schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}},
+            "json_schema",
+        ),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}}, "json_schema"),
+        ({"structured_outputs": {"json": {"type": "object", "required": 3}}}, "json_schema"),
+        ({"structured_outputs": {"json": "{not json", "disable_any_whitespace": True}}, "invalid JSON"),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "regex"),
+        ({"structured_outputs": {"grammar": "root ::= [a-z"}}, "grammar"),
+        ({"structured_outputs": {"choice": []}}, "choice"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "does not take structural_tag"),
+        ({"structured_outputs": {"json": POINT, "regex": "a"}}, "not several"),
+        ({"grammar": DIGITS, "json_schema": POINT}, "at most one"),
+        ({"grammar": DIGITS, "response_format": {"type": "json_object"}}, "at most one constraint"),
+    ],
+)
+def test_v1_completions_refuse_a_bad_constraint_before_decoding(server: str, extra: dict, says: str) -> None:
+    for stream in (False, True):
+        body = {"model": "chat", "prompt": "x = ", "max_tokens": 4, "stream": stream, **extra}
+        reply = post(f"{server}/v1/completions", body)
+        assert reply.status_code == 400, reply.text
+        assert says in reply.json()["error"]["message"], reply.text
+    assert post(f"{server}/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
 # --- /v1/chat/completions ---------------------------------------------------------------------------------
 
 

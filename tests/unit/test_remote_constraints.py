@@ -4,6 +4,7 @@ them in tests/integration/test_remote.py."""
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -13,7 +14,12 @@ from hypothesis import strategies as st
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.backends.grammar import GrammarCompiler
-from langchain_starcoder.backends.remote.constraints import llama_cpp_fields, regex_to_gbnf, vllm_fields
+from langchain_starcoder.backends.remote.constraints import (
+    json_schema_lark,
+    llama_cpp_fields,
+    regex_to_gbnf,
+    vllm_fields,
+)
 from langchain_starcoder.backends.remote.llama_cpp import LlamaCpp
 from langchain_starcoder.backends.remote.vllm import VLLM
 from langchain_starcoder.errors import GrammarError
@@ -67,7 +73,6 @@ def test_what_gbnf_cannot_express_is_refused_clearly(regex: str, says: str) -> N
 
 def test_each_server_gets_the_constraint_in_its_fields() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    compact = {**schema, **COMPACT}
     gbnf = 'root ::= "a" | "b"'
     lark = 'start: "a" | "b"'
     assert llama_cpp_fields(GenerationParams.create()) == vllm_fields(GenerationParams.create()) == {}
@@ -79,10 +84,7 @@ def test_each_server_gets_the_constraint_in_its_fields() -> None:
     with pytest.raises(GrammarError, match="GBNF"):
         llama_cpp_fields(GenerationParams.create(grammar=lark))
     assert vllm_fields(GenerationParams.create(json_schema=schema)) == {
-        "structured_outputs": {"json": schema}
-    }
-    assert vllm_fields(GenerationParams.create(json_schema=compact)) == {
-        "structured_outputs": {"json": compact, "disable_any_whitespace": True}
+        "structured_outputs": {"grammar": json_schema_lark(schema)}
     }
     assert vllm_fields(GenerationParams.create(regex="a|b")) == {"structured_outputs": {"regex": "a|b"}}
     assert vllm_fields(GenerationParams.create(grammar=lark)) == {"structured_outputs": {"grammar": lark}}
@@ -91,4 +93,33 @@ def test_each_server_gets_the_constraint_in_its_fields() -> None:
     params = GenerationParams.create(json_schema=schema, max_tokens=4)
     assert LlamaCpp(transport, 100, {}).body([1, 2], params)["json_schema"] == schema  # type: ignore[arg-type]
     body = VLLM(transport, 100, "tiny").body([1, 2], params)  # type: ignore[arg-type]
-    assert body["structured_outputs"] == {"json": schema} and body["max_tokens"] == 4
+    assert body["structured_outputs"] == {"grammar": json_schema_lark(schema)} and body["max_tokens"] == 4
+
+
+def test_vllm_gets_a_schema_as_compact_json_in_llguidance_lark(compiler: GrammarCompiler) -> None:
+    """vLLM 0.32 ignores a request's whitespace settings, so the schema goes as a Lark grammar in
+    llguidance's dialect (which its xgrammar refuses, so its llguidance decodes it): compact JSON, a
+    subset of what our own json_schema decoding allows; a schema's own x-guidance options are kept."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "boolean"}}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    lark = json_schema_lark(schema)
+    assert lark.startswith("%llguidance {}\n")
+    remote = compiler.compile(("grammar", lark))
+    local = compiler.compile(GenerationParams.create(json_schema=schema).constraint)  # type: ignore[arg-type]
+    compact, spaced = '{"a":1,"b":[true,false]}', '{"a": 1, "b": [true, false]}'
+    assert remote.accepts(compact) and local.accepts(compact) and local.accepts(spaced)
+    assert not remote.accepts(spaced) and not remote.accepts('{"a":1}')
+    assert not remote.accepts('{"a":"1","b":[]}')
+    assert not remote.allows("{ ") and not remote.allows('{"a":1,\n')
+    # The schema's own options (our tool calls' COMPACT; separators with a space) go as they are.
+    assert json.loads(lark.split("%json ", 1)[1])["x-guidance"] == {"whitespace_flexible": False}
+    own = {
+        **schema,
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    }
+    assert compiler.compile(("grammar", json_schema_lark(own))).accepts(spaced)
+    assert json_schema_lark({**schema, **COMPACT}).count("x-guidance") == 1

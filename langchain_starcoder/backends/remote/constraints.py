@@ -4,13 +4,21 @@ so the server enforces it while it decodes (the front still checks the finished 
 - llama.cpp's ``/completion``: ``json_schema`` as it is; ``grammar`` in GBNF, so a GBNF grammar goes as it
   is, a regex is converted to GBNF here, and a Lark grammar is refused with what to do (llama-server is
   built without llguidance, the only way it reads Lark).
-- vLLM's ``/v1/completions`` (0.12 and later): ``structured_outputs`` with ``json``, ``regex`` or
-  ``grammar`` (vLLM reads GBNF and Lark; with ``auto`` its backend falls back to llguidance for what
-  xgrammar cannot do).
+- vLLM's ``/v1/completions`` (0.12 and later): ``structured_outputs`` with ``regex`` or ``grammar`` (vLLM
+  reads GBNF and Lark; with ``auto`` its backend falls back to llguidance for what xgrammar cannot do).
+  A ``json_schema`` goes as a Lark grammar in llguidance's dialect (``%llguidance {}`` and ``%json``),
+  the schema inside with JSON options that bound whitespace: vLLM 0.32 ignores a request's
+  ``disable_any_whitespace`` and ``whitespace_pattern`` (only its server-wide setting counts), its
+  xgrammar lets JSON pad whitespace without end (a weak model then never closes the object), and its
+  llguidance (< 1.8) repeats a ``whitespace_pattern`` without bound. xgrammar refuses that dialect, so
+  vLLM's ``auto`` decodes it with llguidance: compact JSON (``,`` and ``:``), which our engine's
+  whitespace rule also accepts, or the schema's own ``x-guidance`` options. A vLLM started with another
+  ``--structured-outputs-config.backend`` than ``auto`` (its default) or ``guidance`` refuses it.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -45,19 +53,22 @@ def llama_cpp_fields(params: GenerationParams) -> dict[str, Any]:
 
 
 def vllm_fields(params: GenerationParams) -> dict[str, Any]:
-    """vLLM's ``structured_outputs`` for ``params``' constraint (empty without one). A schema that asks
-    llguidance for JSON without whitespace (``x-guidance``) asks vLLM too (``disable_any_whitespace``)."""
-    schema = params.json_schema
-    if schema is not None:
-        fields: dict[str, Any] = {"json": schema}
-        if (schema.get("x-guidance") or {}).get("whitespace_flexible") is False:
-            fields["disable_any_whitespace"] = True
-        return {"structured_outputs": fields}
+    """vLLM's ``structured_outputs`` for ``params``' constraint (empty without one)."""
+    if params.json_schema is not None:
+        return {"structured_outputs": {"grammar": json_schema_lark(params.json_schema)}}
     if params.regex is not None:
         return {"structured_outputs": {"regex": params.regex}}
     if params.grammar is not None:
         return {"structured_outputs": {"grammar": params.grammar}}
     return {}
+
+
+def json_schema_lark(schema: dict[str, Any]) -> str:
+    """``schema`` as a Lark grammar in llguidance's dialect: compact JSON unless the schema carries its
+    own ``x-guidance`` options (the JSON our engine allows by default holds it, see :mod:`..grammar`)."""
+    if "x-guidance" not in schema:
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    return f"%llguidance {{}}\nstart: %json {json.dumps(schema, separators=(',', ':'))}\n"
 
 
 # --- regex -> GBNF -------------------------------------------------------------------------------------
