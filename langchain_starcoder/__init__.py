@@ -23,13 +23,14 @@ if TYPE_CHECKING:
         UnsupportedModelError,
     )
     from .fim import FIMPrompt, build_fim_prompt
+    from .fim_request import ContextFile, FIMRequest
     from .llms import StarCoderLLM
     from .notebook import NotebookContext
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
     from .repo import RepoIndex
     from .retrievers import RepoRetriever
     from .retrievers.llama_index import RepoNodeRetriever
-    from .types import Completion, CompletionChunk, ContextFile, FIMRequest, GenerationParams
+    from .types import Completion, CompletionChunk, GenerationParams
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that `import
 # langchain_starcoder` and the command line's --help do not pay for MLX, LangChain and LlamaIndex.
@@ -38,12 +39,12 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "Completion": "types",
     "CompletionChunk": "types",
-    "ContextFile": "types",
+    "ContextFile": "fim_request",
     "ContextLengthError": "errors",
     "EngineClosedError": "errors",
     "FIMPrompt": "fim",
     "FIMPromptTemplate": "prompts",
-    "FIMRequest": "types",
+    "FIMRequest": "fim_request",
     "GenerationParams": "types",
     "GrammarError": "errors",
     "InvalidParameterError": "errors",

@@ -62,9 +62,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ContextLengthError, UnsupportedModelError
+from .fim_request import ContextFile, FIMRequest
 from .notebook import NOTEBOOK_TOKENS, notebook_parts
 from .tokens import Codec, Encoded, codec_for
-from .types import ContextFile, FIMRequest
 
 #: Control tokens an infill stops at: the end of the file, or the model starting a new FIM/repo part.
 FIM_STOP_TOKENS = (
@@ -151,9 +151,9 @@ def build_fim_prompt(tokenizer: Any, prefix: str | FIMRequest, suffix: str = "",
         tokenizer: A :class:`~langchain_starcoder.StarCoderEngine` (its tokenizer and context
             window), a transformers tokenizer, mlx-lm's ``TokenizerWrapper`` or a
             ``tokenizers.Tokenizer``.
-        prefix: The code before the hole, or a whole :class:`~langchain_starcoder.types.FIMRequest`.
+        prefix: The code before the hole, or a whole :class:`~langchain_starcoder.fim_request.FIMRequest`.
         suffix: The code after the hole.
-        options: The other fields of :class:`~langchain_starcoder.types.FIMRequest`:
+        options: The other fields of :class:`~langchain_starcoder.fim_request.FIMRequest`:
             ``context_files`` (other files of the repository, most relevant first; any of them, a
             ``repo_name`` or a ``file_path`` selects StarCoder2's repository layout), ``repo_name``,
             ``file_path``, ``mode`` ("psm" or "spm") and ``max_prompt_tokens`` (the most tokens the

@@ -27,12 +27,12 @@ from .base import StarCoderSettings
 from .chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
+from .fim_request import FIMRequest
 from .llama_index_responses import astream_responses, chat_answer, completion_response, stream_responses
 from .llama_index_tools import TOOL_KEYS, ToolsAndStructure, turns
 from .registry import DEFAULT_MODEL
 from .retrievers.llama_index import RepoNodeRetriever
 from .tools import ToolPlan, constrained, plan_of
-from .types import FIMRequest
 
 dispatcher = get_dispatcher(__name__)
 
@@ -347,11 +347,12 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
     def infill(self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any) -> CompletionResponse:
         """Fill the hole between ``prefix`` and ``suffix``; the response text is the middle only.
 
-        Takes a :class:`~langchain_starcoder.types.FIMRequest` or its fields, as
+        Takes a :class:`~langchain_starcoder.fim_request.FIMRequest` or its fields, as
         :meth:`StarCoderEngine.infill` does: ``context_files`` (other files of the repository, as
         ``ContextFile(path, text)``), ``repo_name`` and ``file_path`` (StarCoder2's repository
         layout), ``mode`` ("psm" or "spm"), ``max_prompt_tokens`` (the budget the prompt is cut
-        to), ``trim_suffix_overlap`` (drop an end of the middle that repeats the suffix); other
+        to), ``trim_suffix_overlap`` (drop an end of the middle that repeats the suffix), ``end``
+        ("auto" by default: decoding stops where the code says the middle is complete); other
         keyword arguments override the generation settings. File text is data: a literal
         ``<file_sep>`` in a file cannot reshape the prompt. The response carries the counts as
         :meth:`complete`'s does.

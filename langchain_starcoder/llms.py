@@ -16,8 +16,9 @@ from langchain_core.runnables import RunnableConfig
 
 from .base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
 from .engine import StarCoderEngine
+from .fim_request import FIMRequest
 from .prompts import CarriedText, FIMText, TemplateText, fim_value
-from .types import Completion, CompletionChunk, FIMRequest, counts, join_chunks, usage
+from .types import Completion, CompletionChunk, counts, join_chunks, usage
 
 # LangChain's LLM cache keys an answer by the prompt's text and ``_identifying_params`` only: a
 # call's own settings (``invoke(p, max_tokens=5)``) and what a carried prompt holds beyond its text
@@ -301,9 +302,10 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     ) -> str:
         """The code that fits between ``prefix`` and ``suffix`` (the middle only).
 
-        Takes a :class:`~langchain_starcoder.types.FIMRequest` or its fields (``context_files``
+        Takes a :class:`~langchain_starcoder.fim_request.FIMRequest` or its fields (``context_files``
         may also hold ``(path, text)`` pairs or LangChain ``Document``s, ``repo_name``,
-        ``file_path``, ``mode``, ``max_prompt_tokens``, ``trim_suffix_overlap``). The prefix,
+        ``file_path``, ``mode``, ``max_prompt_tokens``, ``trim_suffix_overlap``, ``end``: "auto"
+        by default, decoding stops where the code says the middle is complete). The prefix,
         suffix, files and names are data: control-token strings in them stay plain text. It runs
         through :meth:`invoke`, so callbacks, tracing and the LLM cache apply; ``stop`` and the
         generation settings (``max_tokens``...) are keyword arguments as for ``invoke``.

@@ -28,8 +28,8 @@ from langchain_core.prompts import PromptTemplate, StringPromptTemplate
 from pydantic import Field, model_validator
 
 from .errors import InvalidParameterError
+from .fim_request import FIM_KEYS, ContextFile, FIMRequest
 from .notebook.cells import render_text
-from .types import FIM_KEYS, ContextFile, FIMRequest
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -93,9 +93,10 @@ class FIMText(CarriedText):
             return f"fim:repo:{uuid.uuid4().hex}"  # so no cached answer stands for it
         parts = (f.prefix, f.suffix, f.repo_name or "", f.file_path or "")
         parts += tuple(x for file in f.context_files for x in (file.path, file.text))
+        key = f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}:{f.end}:{f.min_indent}"
         if f.notebook is not None:  # cells and outputs may spell control tokens: key them exactly
-            return f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}:" + _digest((f, f.notebook))
-        return f"fim:{f.max_prompt_tokens}:{f.trim_suffix_overlap}" + _exact(parts, f)
+            return f"{key}:" + _digest((f, f.notebook))
+        return key + _exact(parts, f)
 
 
 # Text that may be a control token in some vocabulary (``<file_sep>``, ``<|endoftext|>``, ``<fim-prefix>``).
@@ -199,6 +200,10 @@ class FIMPromptValue(_InPrompts, PromptValue):
     """Token budget of the prompt; the engine trims the parts to fit."""
     trim_suffix_overlap: bool = True
     """Drop the end of the middle that repeats the start of the suffix."""
+    end: Literal["auto", "line", "block", "none"] = "auto"
+    """Where decoding stops once the hole is filled (see ``FIMRequest.end``)."""
+    min_indent: int = 0
+    """A later line indented less than this ends the middle (llama.cpp's ``n_indent``); 0: off."""
     repo: Any = Field(default=None, exclude=True)
     """A ``RepoIndex`` that picks the context files for ``file_path`` when none are given."""
     notebook: Any = Field(default=None, exclude=True)
@@ -244,6 +249,8 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
             Token budget of the prompt; the engine trims context files, then prefix and suffix.
         trim_suffix_overlap: bool
             Drop the end of the middle that repeats the start of the suffix (default True).
+        end: str
+            "auto" (default: stop where the code says the hole is filled), "line", "block" or "none".
         repo: RepoIndex | None
             Repository context: the index picks the related code of ``file_path`` (a required
             input then) within the budget the hole leaves; given ``context_files`` win.
@@ -300,6 +307,10 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
     trim_suffix_overlap: bool = True
     """Drop the end of the middle that repeats the start of the suffix."""
 
+    end: Literal["auto", "line", "block", "none"] = "auto"
+    """Where decoding stops once the hole is filled: "auto" (where the code says it is complete),
+    "line", "block" or "none" (see :func:`~langchain_starcoder.middle_end`)."""
+
     repo: Any = Field(default=None, exclude=True)
     """A :class:`~langchain_starcoder.RepoIndex`: the LLM fills the budget the hole's file leaves with
     the index's context for ``file_path`` (which then is required), unless ``context_files`` are given."""
@@ -320,6 +331,7 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
             mode=self.mode,
             max_prompt_tokens=self.max_prompt_tokens,
             trim_suffix_overlap=self.trim_suffix_overlap,
+            end=self.end,
             repo=self.repo,
         )
 

@@ -2,9 +2,10 @@
 
 A :class:`ChunkSink` runs on the backend's thread (see :mod:`langchain_starcoder.backends`): it
 detokenizes UTF-8-safely, ends the generation at stop ids and stop strings (holding back what could
-be the start of one), trims a FIM middle that repeats the suffix, and hands out chunks only when
-there is text to show. :class:`ChunkStream` and :class:`AsyncChunkStream` are what callers iterate;
-leaving one early, closing it, or dropping it unstarted cancels the generation.
+be the start of one) and where a FIM middle is complete (:class:`~langchain_starcoder.ends.MiddleGate`),
+trims a middle that repeats the suffix, and hands out chunks only when there is text to show.
+:class:`ChunkStream` and :class:`AsyncChunkStream` are what callers iterate; leaving one early,
+closing it, or dropping it unstarted cancels the generation.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .backends import Generation
+from .ends import MiddleGate
 from .overlap import SuffixOverlap
 from .stops import StopMatcher
 from .types import CompletionChunk, GenerationParams
@@ -87,9 +89,11 @@ class ChunkSink:
         emit: Emit,
         trim: str | None,
         grammar: Grammar | None = None,
+        gate: MiddleGate | None = None,
     ):
         self._text = TextStream(tokenizer, params)
         self._grammar = grammar
+        self._gate = gate
         self._pieces: list[str] = []  # the text shown so far, kept for the grammar's check
         self._overlap = SuffixOverlap(trim) if trim else None
         self._max_tokens = params.max_tokens
@@ -109,6 +113,8 @@ class ChunkSink:
     def token(self, token_id: int) -> bool:
         self._first = self._first or time.perf_counter()
         piece = self._shown(self._text.add(token_id))
+        if self._gate is not None and self._gate.ended and self._text.finish_reason is None:
+            self._text.finish_reason = "stop"  # the middle is complete: the rest of the text is cut
         stopped = self._text.finish_reason is not None
         if stopped or len(self._text.token_ids) >= self._max_tokens:
             self._held += piece  # the last chunk is next
@@ -125,9 +131,7 @@ class ChunkSink:
             self._cached = cached_tokens
         first = self._first or end
         timed = self._prompt_seconds is _TIMED_HERE
-        text = self._held + self._shown(self._text.finish("length"))
-        if self._overlap is not None:
-            text += self._overlap.finish()
+        text = self._held + self._shown(self._text.finish("length"), final=True)
         reason = self._text.finish_reason
         if self._grammar is not None:  # "stop" only for a full match; else the text is an incomplete prefix
             reason = "stop" if self._grammar.accepts("".join(self._pieces)) else "length"
@@ -145,14 +149,19 @@ class ChunkSink:
                 accepted_draft_tokens=self._accepted,
                 draft_tokens=self._drafted,
                 constrained=self._grammar is not None,
+                middle_end=self._gate.ended if self._gate is not None else None,
             )
         )
 
-    def _shown(self, text: str) -> str:
-        shown = self._overlap.feed(text) if self._overlap is not None and text else text
-        if self._grammar is not None and shown:
-            self._pieces.append(shown)
-        return shown
+    def _shown(self, text: str, final: bool = False) -> str:
+        """What of the detokenized ``text`` is shown: not past the middle's end nor into the suffix."""
+        if self._gate is not None:
+            text = self._gate.feed(text) + (self._gate.finish() if final else "")
+        if self._overlap is not None:
+            text = (self._overlap.feed(text) if text else "") + (self._overlap.finish() if final else "")
+        if self._grammar is not None and text:
+            self._pieces.append(text)
+        return text
 
 
 class ChunkStream(Iterator[CompletionChunk]):

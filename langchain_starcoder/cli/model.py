@@ -97,7 +97,7 @@ def split_marker(text: str, marker: str = FILL_MARKER, source: str = "the file")
 
 
 def _cmd_infill(args: argparse.Namespace) -> int:
-    from ..types import ContextFile
+    from ..fim_request import ContextFile
 
     if args.file is not None and (args.prefix is not None or args.suffix is not None):
         msg = "give either --file (with a marker) or --prefix/--suffix, not both."
@@ -128,7 +128,7 @@ def _cmd_infill(args: argparse.Namespace) -> int:
     engine = _load_engine(args)
     chunks = engine.stream_infill(
         prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
-        mode=args.mode, max_prompt_tokens=args.max_prompt_tokens, repo=repo, **settings,
+        mode=args.mode, end=args.end, max_prompt_tokens=args.max_prompt_tokens, repo=repo, **settings,
     )  # fmt: skip
     with _notes():
         middle = _stream(engine, chunks, echo=not args.write)

@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-repo", action="store_true", help="no repository context, even inside a git repository"
     )
     p.add_argument("--mode", choices=("psm", "spm"), default="psm")
+    p.add_argument(
+        "--end", choices=("auto", "line", "block", "none"), default="auto",
+        help="where decoding stops: auto (default: where the code says the hole is filled), the cursor's "
+        "line, its block, or none (the model's end, --stop or --max-tokens only)",
+    )  # fmt: skip
     p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
     p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
     _model_args(p)

@@ -1,11 +1,16 @@
 """Where a fill-in-the-middle answer ends: syntax-aware ends of the middle, decided while it is decoded.
 
 ``middle_end(prefix, suffix, text)`` says how much of a generated middle to keep once the middle is
-complete within it; :class:`MiddleEnd` does the same incrementally, one call per generated line. Pure:
-no model, no engine (the engine applies it while streaming, as it applies stop strings).
+complete within it; :class:`MiddleEnd` does the same incrementally, one call per generated line, and
+:class:`MiddleGate` applies it to a stream (holding back what may be cut). Pure: no model, no engine
+(the engine's sinks use the gate while streaming, as they apply stop strings).
 """
 
 from .languages import SYNTAXES, Syntax, guess_language, language_of_path
 from .rules import MODES, MiddleEnd, middle_end
+from .stream import MiddleGate
 
-__all__ = ["MODES", "SYNTAXES", "MiddleEnd", "Syntax", "guess_language", "language_of_path", "middle_end"]
+__all__ = [
+    "MODES", "SYNTAXES", "MiddleEnd", "MiddleGate", "Syntax",
+    "guess_language", "language_of_path", "middle_end",
+]  # fmt: skip

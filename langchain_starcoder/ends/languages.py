@@ -128,7 +128,9 @@ def guess_language(text: str) -> str:
     return best
 
 
-def syntax_for(file_path: str | None, text: str) -> Syntax:
-    """The rules of ``file_path``'s language, else of the language ``text`` looks like."""
-    name = language_of_path(file_path) or guess_language(text)
+def syntax_for(file_path: str | None, text: str, language: str | None = None) -> Syntax:
+    """The rules of ``file_path``'s language, else of ``language`` (a name of :data:`SYNTAXES`, such as a
+    notebook kernel's), else of the language ``text`` looks like."""
+    known = language.lower() if language and language.lower() in SYNTAXES else None
+    name = language_of_path(file_path) or known or guess_language(text)
     return SYNTAXES[name]

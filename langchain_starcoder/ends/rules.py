@@ -7,13 +7,13 @@ the last one, so a streaming caller pays per line, never per file.
 
 from __future__ import annotations
 
+import copy
 import re
 
 from ..errors import InvalidParameterError
+from ..fim_request import END_MODES as MODES
 from .languages import Syntax, syntax_for
 from .scan import CODE, STRING, State, scanner_for
-
-MODES = ("auto", "line", "block", "none")
 
 # How the middle is being read: the cursor's line (a hole inside a line), a statement that goes on past
 # it, the lines of a block, the cursor's line whatever it holds (mode="line"), a string or comment.
@@ -55,7 +55,15 @@ class MiddleEnd:
         "_st", "_suffix_line", "_suffix_rest", "mode", "syntax",
     )  # fmt: skip
 
-    def __init__(self, prefix: str, suffix: str, file_path: str | None = None, mode: str = "auto"):
+    def __init__(
+        self,
+        prefix: str,
+        suffix: str,
+        file_path: str | None = None,
+        mode: str = "auto",
+        *,
+        language: str | None = None,
+    ):
         if mode not in MODES:
             msg = f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}"
             raise InvalidParameterError(msg)
@@ -63,7 +71,7 @@ class MiddleEnd:
             msg = "prefix and suffix must be strings (the text before and after the hole)"
             raise InvalidParameterError(msg)
         self.mode = mode
-        self.syntax: Syntax = syntax_for(file_path, prefix[-6000:] + "\n" + suffix[:2000])
+        self.syntax: Syntax = syntax_for(file_path, prefix[-6000:] + "\n" + suffix[:2000], language)
         self._scanner = scanner_for(self.syntax)
         block = self.syntax.block_comment
         self._comment_markers = (*self.syntax.line_comments, *((block[0],) if block else ()))
@@ -137,6 +145,26 @@ class MiddleEnd:
             self._end = self._read(text)
             self._seen = text if self._end is not None else text[: self._pos]
         return self._end
+
+    def settled(self, text: str) -> int:
+        """How many characters of ``text`` are kept whatever is generated after it, given that
+        :meth:`feed` has read ``text`` up to its last newline: what a streaming caller may show."""
+        if self._end is not None:
+            return self._end
+        if self._first_kind is None:
+            return len(text)
+        if self._kind == _INSIDE:  # the closer may come on this line: lines before it are kept
+            end = self._pos - 1
+            return max(0, end - 1 if end > 0 and text[end - 1] == "\r" else end)
+        if self._pos == 0:  # the first line is kept whole, once it holds code
+            return len(text.rstrip())
+        return self._kept
+
+    def fresh(self) -> MiddleEnd:
+        """A copy that has read nothing of the middle (the hole is not read again): one per generation."""
+        other = copy.copy(self)
+        other._start()
+        return other
 
     # --- reading lines ---------------------------------------------------------------------------
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from .. import fim
 from ..errors import ContextLengthError, InvalidParameterError
+from ..fim_request import FIM_KEYS, ContextFile, FIMRequest
 from ..repo.rank import GAP_MARKER
 from ..tokens import Codec, codec_for
-from ..types import FIM_KEYS, ContextFile, FIMRequest
 from .jobs import check_room
 
 

@@ -18,9 +18,10 @@ import numpy as np
 
 from .. import fim
 from ..backends import Backend
+from ..fim_request import FIMRequest
 from ..streaming import AsyncChunkStream
 from ..tokens import codec_for, encode_segments, parsing_encoder
-from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, check_text, join_chunks
+from ..types import Completion, CompletionChunk, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
 from .building import connect_backend, llama_cpp_backend, mlx_backend
 from .jobs import Prompt
@@ -391,19 +392,18 @@ class StarCoderEngine:
     def infill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
         """Generate the code between ``prefix`` and ``suffix``; ``text`` is the middle only.
 
-        Takes a :class:`~langchain_starcoder.types.FIMRequest`, or its fields as arguments
+        Takes a :class:`~langchain_starcoder.fim_request.FIMRequest`, or its fields as arguments
         (``prefix``, ``suffix``, ``context_files``, ``repo_name``, ``file_path``, ``mode``,
-        ``max_prompt_tokens``, ``trim_suffix_overlap``), plus the generation settings of
-        :meth:`generate`, and ``repo``: a :class:`~langchain_starcoder.RepoIndex` that picks the
-        context files for ``file_path`` (its path in the repository) within the budget the hole's
-        part leaves, unless ``context_files`` are given (they win). The prompt is built by
-        :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; with context files, a repo
-        name or a file path, StarCoder2's repository layout), within ``max_prompt_tokens``
-        (default: the context window minus ``max_tokens``).
-        Generation stops at ``<|endoftext|>``, ``<file_sep>``, ``<repo_name>`` and the ``<fim_*>``
-        tokens, and at any ``stop`` string. With ``trim_suffix_overlap`` (default) an end of the
-        middle that repeats the start of the suffix is dropped (rule:
-        :class:`langchain_starcoder.overlap.SuffixOverlap`).
+        ``max_prompt_tokens``, ``trim_suffix_overlap``, ``end``, ``min_indent``, ``notebook``), the
+        settings of :meth:`generate`, and ``repo``: a :class:`~langchain_starcoder.RepoIndex` that picks
+        context files for ``file_path`` within the budget the hole leaves (given files win). The prompt
+        is built by :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; StarCoder2's repository
+        layout with context files, a repo name or a file path) within ``max_prompt_tokens`` (default:
+        the context window minus ``max_tokens``). Generation stops at ``<|endoftext|>``, ``<file_sep>``,
+        ``<repo_name>`` and the ``<fim_*>`` tokens, at any ``stop`` string, and with ``end="auto"``
+        (default) where the code says the middle is complete (:func:`~langchain_starcoder.middle_end`,
+        checked at each newline; ``Completion.middle_end`` says so). With ``trim_suffix_overlap``
+        (default) an end that repeats the start of the suffix is dropped (:mod:`.overlap`).
 
         Prompt cache: the layout puts the repo name and context files first, then the hole's file,
         so repeated infills with the same files reuse their KV cache and prefill only from the first

@@ -17,23 +17,27 @@ from typing import Any
 
 from ..backends import Backend, Generation
 from ..backends.grammar import Grammar, GrammarCompiler
+from ..ends import MiddleEnd, MiddleGate
 from ..errors import ContextLengthError, InvalidParameterError
 from ..fim import FIMPrompt
+from ..fim_request import FIMRequest
 from ..streaming import ChunkSink, ChunkStream, Emit
 from ..tokens import max_text_chars
-from ..types import Completion, CompletionChunk, FIMRequest, GenerationParams, is_int, join_chunks
+from ..types import Completion, CompletionChunk, GenerationParams, is_int, join_chunks
 
 Prompt = str | Sequence[int] | FIMRequest
 
 
 @dataclass(frozen=True)
 class Job:
-    """A request made ready for a backend: prompt ids, settings with every stop id, FIM trim."""
+    """A request made ready for a backend: prompt ids, settings with every stop id, a FIM middle's ends."""
 
     ids: list[int]
     params: GenerationParams
     trim: str | None = None  # the suffix a FIM middle must not repeat
     grammar: Grammar | None = None  # params' constraint, compiled
+    end: MiddleEnd | None = None  # where a FIM middle is complete (the hole read once, here)
+    min_indent: int = 0
 
 
 # --- checks ----------------------------------------------------------------------------------------
@@ -155,11 +159,16 @@ def ids_job(ids: list[int], params: GenerationParams, context_window: int) -> Jo
 
 
 def fim_job(prompt: FIMPrompt, params: GenerationParams, request: FIMRequest) -> Job:
-    """The job of a FIM request's prompt: its layout's stop ids added, the suffix to trim kept (not
-    under a constraint: there the grammar says where the middle ends, and a trim could break it)."""
+    """The job of a FIM request's prompt: its layout's stop ids added, the suffix to trim and the
+    middle's end kept (neither under a constraint: there the grammar says where the middle ends)."""
     params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids | set(prompt.stop_token_ids))
-    trim = request.trim_suffix_overlap and not params.constrained
-    return Job(prompt.token_ids, params, request.suffix if trim else None)
+    free = not params.constrained
+    trim = request.suffix if request.trim_suffix_overlap and free else None
+    end = None
+    if request.end != "none" and free:
+        language = getattr(request.notebook, "language", None)
+        end = MiddleEnd(request.prefix, request.suffix, request.file_path, request.end, language=language)
+    return Job(prompt.token_ids, params, trim, end=end, min_indent=request.min_indent if free else 0)
 
 
 def constrain(job: Job, grammars: GrammarCompiler) -> Job:
@@ -170,7 +179,8 @@ def constrain(job: Job, grammars: GrammarCompiler) -> Job:
 
 
 def to_generation(tokenizer: Any, job: Job, emit: Emit) -> Generation:
-    sink = ChunkSink(tokenizer, job.params, len(job.ids), emit, job.trim, job.grammar)
+    gate = MiddleGate(job.end and job.end.fresh(), job.min_indent) if job.end or job.min_indent else None
+    sink = ChunkSink(tokenizer, job.params, len(job.ids), emit, job.trim, job.grammar, gate)
     return Generation(job.ids, job.params, sink, grammar=job.grammar)
 
 

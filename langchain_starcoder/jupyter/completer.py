@@ -17,8 +17,8 @@ from .protocol import CompletionAsk
 
 if TYPE_CHECKING:
     from ..engine import StarCoderEngine
+    from ..fim_request import FIMRequest
     from ..repo import RepoIndex
-    from ..types import FIMRequest
 
 
 class Completer:
@@ -69,8 +69,8 @@ class Completer:
         """The request as the engine takes it: the live notebook's cells around the hole's cell, and, with
         ``repo_context``, the server root's repository context for the document's path. Blocking (the
         first repository scan reads the root's files): call it in a thread."""
+        from ..fim_request import FIMRequest
         from ..notebook import NotebookContext
-        from ..types import FIMRequest
 
         notebook = None
         if ask.notebook is not None:

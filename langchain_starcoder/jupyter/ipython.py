@@ -106,17 +106,17 @@ class StarCoderCompleter:
         return NotebookContext.from_notebook(notebook, len(cells))
 
     def middle(self, prefix: str, suffix: str) -> str:
-        """The model's greedy middle: the rest of the cursor's line when code follows it on the
-        line, else a block that ends at a blank line."""
-        rest_of_line = suffix.split("\n", 1)[0]
-        stop = ["\n"] if rest_of_line.strip() else ["\n\n"]
+        """The model's greedy middle, ended where the code says it is complete (``end="auto"``): the
+        cursor's block, or only the rest of its line when code follows the cursor there (a menu item
+        that spans lines would replace the code after the cursor)."""
+        inside_a_line = suffix.split("\n", 1)[0].strip()
         completion = self.engine.infill(
             prefix,
             suffix,
             notebook=self.context(prefix, suffix),
             max_tokens=self.max_tokens,
             temperature=0.0,
-            stop=stop,
+            stop=["\n"] if inside_a_line else (),
         )
         return completion.text.rstrip()
 

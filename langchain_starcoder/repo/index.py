@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import InvalidParameterError
-from ..types import ContextFile
+from ..fim_request import ContextFile
 from .chunks import FileEntry, TokenCounts, Unit
 from .files import FileTree, read_beneath, relative_path
 from .lexical import Window, WordIndex

@@ -20,10 +20,11 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, model_validator
 
 from ..errors import InvalidParameterError
+from ..fim_request import ContextFile
 from ..repo import GAP_MARKER, RepoIndex
 from ..repo.chunks import split_lines
 from ..repo.files import relative_path
-from ..types import ContextFile, is_int
+from ..types import is_int
 
 if TYPE_CHECKING:
     from typing_extensions import Self

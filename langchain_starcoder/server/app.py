@@ -10,7 +10,8 @@ from starlette.routing import Route
 
 from ..engine import StarCoderEngine
 from ..errors import InvalidParameterError
-from ..types import FIM_MODES, GenerationParams, is_int
+from ..fim_request import FIM_MODES
+from ..types import GenerationParams, is_int
 from . import llama_api, openai_api
 from .limits import DEFAULT_MAX_BODY_BYTES
 from .state import ServerState

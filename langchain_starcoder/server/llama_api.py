@@ -11,7 +11,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine import StarCoderEngine
 from ..fim import FIMPrompt
-from ..types import Completion, CompletionChunk, FIMRequest, is_int, join_chunks
+from ..fim_request import FIMRequest
+from ..types import Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
 from .limits import MAX_RESPONSE_FIELDS, check_count, check_ids_fit, check_text_fits
 from .parsing import field, infill_request, llama_settings, read_body, text, text_ids

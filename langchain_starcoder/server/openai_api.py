@@ -18,11 +18,13 @@ from ..backends.remote.backend import OUR_SERVER
 from ..chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from ..engine import StarCoderEngine
 from ..fim import fim_stop_token_ids
+from ..fim_request import FIMRequest
 from ..tools import constrained
-from ..types import Completion, CompletionChunk, FIMRequest, is_int, join_chunks
+from ..types import Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
 from .limits import MAX_MESSAGES, MAX_PROMPTS, check_count, check_ids_fit, check_text_fits
 from .parsing import (
+    end_fields,
     field,
     include_usage,
     is_ids,
@@ -157,10 +159,8 @@ def _completion_prompts(
     if not all(isinstance(p, str) for p in items):
         raise bad_request("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
     file_path = None if file_path is None else text(file_path, "file_path")
-    return [
-        server.editor_request(engine, FIMRequest(p, suffix, file_path=file_path), max_tokens, document)[0]
-        for p in items
-    ]
+    holes = [FIMRequest(p, suffix, file_path=file_path, **end_fields(body)) for p in items]
+    return [server.editor_request(engine, hole, max_tokens, document)[0] for hole in holes]
 
 
 # --- /v1/chat/completions -------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from typing import Any
 from starlette.requests import Request
 
 from ..engine import StarCoderEngine
-from ..types import ContextFile, FIMRequest, is_int
+from ..fim_request import ContextFile, FIMRequest
+from ..types import is_int
 from .errors import bad_request
 from .limits import MAX_CONTEXT_FILES, check_count, check_stops, check_text_fits, read_limited
 
@@ -135,6 +136,16 @@ def llama_settings(body: dict[str, Any], max_tokens: int, prompt_lookup: int | N
     return _with_lookup(settings, body, prompt_lookup)
 
 
+def end_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """Where a middle ends: our ``end`` ("auto" by default, "line", "block", "none") and llama.cpp's
+    ``n_indent`` (a later line indented less ends it), as FIMRequest fields."""
+    end = field(body, "end", str, "auto")
+    n_indent = field(body, "n_indent", int, 0)
+    if n_indent < 0:
+        raise bad_request(f"n_indent must be an integer >= 0 (0: off), not {n_indent}.", "n_indent")
+    return {"end": end, "min_indent": n_indent}
+
+
 def infill_request(body: dict[str, Any]) -> FIMRequest:
     """llama.cpp's /infill fields as a FIMRequest: ``prompt`` continues ``input_prefix`` (it is the
     text of the cursor's line before the cursor), ``input_extra`` files are repository context."""
@@ -154,5 +165,5 @@ def infill_request(body: dict[str, Any]) -> FIMRequest:
     return FIMRequest(
         prefix, suffix, context_files=tuple(files),
         repo_name=None if repo_name is None else text(repo_name, "repo_name"),
-        file_path=None if file_path is None else text(file_path, "file_path"),
+        file_path=None if file_path is None else text(file_path, "file_path"), **end_fields(body),
     )  # fmt: skip

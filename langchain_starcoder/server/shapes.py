@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..types import Completion, ContextFile, usage
+from ..fim_request import ContextFile
+from ..types import Completion, usage
 
 #: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
 TIME_LIMIT = "time_limit"
 #: ``finish_reason`` (and llama.cpp ``stop_type``) of an answer a newer request for its document cancelled.
 CANCELLED = "cancelled"
+#: ``stop_type`` of a middle that ended where the code does (``end``); one ended by ``n_indent`` is
+#: "limit", as llama.cpp reports it.
+MIDDLE_END = "middle_end"
 
 
 def usage_body(done: list[Completion]) -> dict[str, Any]:
@@ -43,6 +47,8 @@ def final_answer(model: str, c: Completion, content: str, truncated: bool, n_pre
     cut = c.finish_reason == TIME_LIMIT
     cancelled = c.finish_reason == CANCELLED
     stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" or cut else "eos")
+    if c.middle_end is not None:
+        stop_type = MIDDLE_END if c.middle_end == "syntax" else "limit"
     stop_type = CANCELLED if cancelled else stop_type
     out = {
         "content": content,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ..types import ContextFile
+from ..fim_request import ContextFile
 from .supersede import Document
 
 #: Documents whose order is remembered (least recently used go first).

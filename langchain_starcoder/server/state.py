@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..engine import StarCoderEngine
+from ..fim_request import FIMRequest
 from ..tokens import max_text_chars
-from ..types import Completion, FIMRequest, is_int
+from ..types import Completion, is_int
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
 from .stable_context import ContextOrders

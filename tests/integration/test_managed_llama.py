@@ -46,10 +46,10 @@ from test_remote import (  # noqa: F401  (the parity tests, run here over the ma
 from langchain_starcoder import StarCoderEngine, StarCoderLLM, cli
 from langchain_starcoder.backends.managed_llama import LlamaServerError
 from langchain_starcoder.errors import EngineClosedError, InvalidParameterError, StarCoderError
+from langchain_starcoder.fim_request import FIMRequest
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.testing import build_starcoder2
 from langchain_starcoder.testing.servers import free_port, wait_healthy
-from langchain_starcoder.types import FIMRequest
 
 REPO = Path(__file__).resolve().parents[2]
 

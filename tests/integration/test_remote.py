@@ -28,9 +28,9 @@ import pytest
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
 from langchain_starcoder.errors import GrammarError
+from langchain_starcoder.fim_request import ContextFile, FIMRequest
 from langchain_starcoder.gguf_testing import LlamaServer, free_port, write_gguf
 from langchain_starcoder.testing.vllm_server import VLLMServer
-from langchain_starcoder.types import ContextFile, FIMRequest
 
 GREEDY = {"max_tokens": 32, "temperature": 0.0}
 PROMPTS = [

@@ -25,9 +25,9 @@ from langchain_openai import OpenAI as LangChainOpenAI
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.chat import chat_prompt_ids, resolve_chat_template
+from langchain_starcoder.fim_request import ContextFile, FIMRequest
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread, free_port, wait_healthy
-from langchain_starcoder.types import ContextFile, FIMRequest
 
 PROMPT = "def count_items(items):\n    "
 PREFIX = "def add(a, b):\n    "

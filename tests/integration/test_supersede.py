@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from langchain_starcoder import fim
+from langchain_starcoder.fim_request import ContextFile, FIMRequest
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread
-from langchain_starcoder.types import ContextFile, FIMRequest
 
 PREFIX = "def add(a, b):\n    "
 SUFFIX = "\n\nprint(add(1, 2))\n"

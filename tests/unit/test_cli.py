@@ -212,6 +212,21 @@ def test_infill_prefix_and_suffix_options(capsys, tiny_path, tiny_engine):
     assert (code, out) == (0, expected.text)
 
 
+def test_infill_end_option(capsys, tiny_path, tiny_engine):
+    """--end none decodes past where the middle ends; the default stops there (a hole whose greedy
+    middle goes on past its end on the tiny checkpoint, as tests/unit/test_engine_ends.py finds)."""
+    prefix, suffix = "def walk(items):\n    result = 0\n    ", "\n    return result\n"
+    ended = tiny_engine.infill(prefix, suffix, max_tokens=64)
+    free = tiny_engine.infill(prefix, suffix, max_tokens=64, end="none")
+    assert ended.middle_end == "syntax" and len(ended.text) < len(free.text)
+    for option, want in (("auto", ended.text), ("none", free.text)):
+        code, out, _ = run(
+            capsys, "infill", "--model", tiny_path, "--prefix", prefix.replace("\n", r"\n"),
+            "--suffix", suffix.replace("\n", r"\n"), "--max-tokens", 64, "--end", option,
+        )  # fmt: skip
+        assert (code, out) == (0, want)
+
+
 def test_infill_write_fills_the_file_and_keeps_a_backup(capsys, tiny_path, tiny_engine, project):
     prefix, suffix = SOURCE.split("<FILL>")
     middle = tiny_engine.infill(prefix, suffix, max_tokens=10).text

@@ -334,7 +334,7 @@ def test_tokenizer_from_the_file_encodes_as_hugging_face(
 
 
 def _fim_request(text: str):
-    from langchain_starcoder.types import ContextFile, FIMRequest
+    from langchain_starcoder.fim_request import ContextFile, FIMRequest
 
     return FIMRequest(text, "\nprint(x)\n", context_files=[ContextFile("a.py", text)], repo_name="o/r")
 

@@ -51,9 +51,7 @@ def test_load_ext_completes_with_the_kernel_history(
     ]
 
     text = "total = pri"
-    expected = tiny_engine.infill(
-        text, "", notebook=ctx, max_tokens=extension.MAX_TOKENS, temperature=0.0, stop=["\n\n"]
-    )
+    expected = tiny_engine.infill(text, "", notebook=ctx, max_tokens=extension.MAX_TOKENS, temperature=0.0)
     # What ipykernel's do_complete asks (the experimental API Jupyter frontends use).
     with provisionalcompleter():
         completions = list(shell.Completer.completions(text, len(text)))

@@ -1,0 +1,113 @@
+"""A middle as it streams (langchain_starcoder.ends.MiddleGate): on holes cut from code no one here wrote
+(the standard library's json and email packages), fed in random pieces, nothing past the end is ever
+released, the result equals ``middle_end`` on the whole text, and the gate ends within a line of the end."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from benchmarks.ends_measure import make_holes
+from langchain_starcoder.ends import MiddleEnd, MiddleGate, middle_end
+
+
+def _stdlib_files() -> list[tuple[str, str]]:
+    files = []
+    for package in ("json", "email"):
+        root = Path(json.__file__).parent.parent / package
+        files += [(f"{package}/{p.name}", p.read_text(encoding="utf-8")) for p in sorted(root.glob("*.py"))]
+    return files
+
+
+HOLES = make_holes(_stdlib_files(), "python", seed=3, per_kind=60)
+
+
+def _expected(prefix: str, suffix: str, text: str, path: str) -> str:
+    end = middle_end(prefix, suffix, text + "\n", file_path=path)  # at the end the last line is whole
+    return text if end is None else text[: min(end, len(text))]
+
+
+def _end_of_next_code_line(text: str, at: int) -> int:
+    """Where the first non-blank line after ``at``'s line ends (the latest the gate may decide)."""
+    start = text.find("\n", at)
+    while start >= 0:
+        end = text.find("\n", start + 1)
+        line = text[start + 1 : len(text) if end < 0 else end]
+        if line.strip():
+            return len(text) if end < 0 else end
+        start = end
+    return len(text)
+
+
+def test_holes_were_cut() -> None:
+    assert len(HOLES) == 120 and {h.kind for h in HOLES} == {"block", "line"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_streamed_middle_never_passes_its_end_and_equals_middle_end(seed: int) -> None:
+    rng = random.Random(seed)
+    ended_early = 0
+    for hole in HOLES:
+        for overrun in hole.overruns.values():
+            text = hole.middle + overrun
+            want = _expected(hole.prefix, hole.suffix, text, hole.path)
+            gate = MiddleGate(MiddleEnd(hole.prefix, hole.suffix, hole.path))
+            shown, fed = "", 0
+            while fed < len(text) and gate.ended is None:
+                piece = text[fed : fed + rng.randint(1, 9)]
+                fed += len(piece)
+                shown += gate.feed(piece)
+                assert want.startswith(shown), (hole.path, shown, want)
+            shown += gate.finish()
+            assert shown == want, (hole.path, text)
+            if len(want) < len(text.rstrip()):  # an end inside the text: found while decoding, not after
+                assert gate.ended == "syntax"
+                assert fed <= _end_of_next_code_line(text, len(want)) + 9
+                ended_early += fed < len(text)
+    assert ended_early > 100  # most overruns were not decoded to their end
+
+
+def test_the_cursors_line_streams_as_it_comes() -> None:
+    gate = MiddleGate(MiddleEnd("x = foo(", ")\nprint(x)\n", "m.py"))
+    assert gate.feed("a, ") == "a,"  # (trailing whitespace waits: a blank first line is not kept)
+    assert gate.feed("b") == " b"
+    assert gate.feed("\nprint(x)\n") == ""
+    assert gate.ended == "syntax" and gate.finish() == ""
+
+
+def test_a_block_line_waits_for_its_newline_and_a_dedent_ends_it() -> None:
+    prefix, suffix = "def f(x):\n    ", "\n\ndef g():\n    pass\n"
+    gate = MiddleGate(MiddleEnd(prefix, suffix, "m.py"))
+    assert gate.feed("y = x\n    ret") == "y = x"
+    assert gate.feed("urn y") == ""  # a later line is shown once it is known to stay
+    assert gate.feed("\n") == "\n    return y"
+    assert gate.feed("def h") == ""
+    assert gate.feed("():\n") == "" and gate.ended == "syntax"
+    assert gate.finish() == ""
+
+
+def test_min_indent_ends_before_a_line_indented_less_as_llama_cpp_n_indent() -> None:
+    gate = MiddleGate(None, min_indent=4)
+    assert gate.feed("a = 1\n") == "a = 1"  # the first line is never cut; its newline waits for the next
+    assert gate.feed("    b = 2\r\n  ") == "\n    b = 2"  # the next line's indentation is not known yet
+    assert gate.feed("c") == "" and gate.ended == "indent"
+    assert gate.finish() == ""  # the "\r\n" before the cut line goes too
+    blank = MiddleGate(None, min_indent=4)
+    assert blank.feed("a\n\n    b\n") + blank.finish() == "a\n\n    b\n"  # blank lines do not end it
+    assert blank.ended is None
+
+
+def test_both_rules_the_earlier_end_wins() -> None:
+    prefix, suffix = "def f(x):\n    ", "\n"
+    gate = MiddleGate(MiddleEnd(prefix, suffix, "m.py"), min_indent=8)
+    text = "if x:\n        y = 1\n    z = 2\nw = 3\n"
+    out = gate.feed(text) + gate.finish()
+    assert (out, gate.ended) == ("if x:\n        y = 1", "indent")
+
+
+def test_a_hole_inside_a_string_ends_at_its_closer() -> None:
+    gate = MiddleGate(MiddleEnd('print("hel', '")\n', "m.py"))
+    assert gate.feed('lo") + 1\n') == "lo" and gate.ended == "syntax"
