@@ -1,6 +1,5 @@
-"""Fill-in-the-middle (FIM) prompts for StarCoder models, with token budgets and suffix-overlap trimming.
-
-Why one file: both families' layouts share one budget (what is kept of the hole and the files).
+"""Fill-in-the-middle (FIM) prompts for StarCoder models, within a token budget (both families' layouts share
+one; fitting a text into it is :mod:`langchain_starcoder.fim_fitting`).
 
 Layouts (``P``, ``S`` are the prefix and suffix of the hole, ``<...>`` are single control tokens):
 
@@ -55,13 +54,13 @@ the end of the prefix. A budget that cuts the prefix's start or a context file m
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import ContextLengthError, UnsupportedModelError
+from .fim_fitting import encode_window, fit_file, guess_chars, largest
 from .fim_request import ContextFile, FIMRequest
 from .notebook import NOTEBOOK_TOKENS, notebook_parts
 from .tokens import Codec, Encoded, codec_for
@@ -277,27 +276,27 @@ def _build(
     if notebook is not None and room is not None:
         room -= len(header_ids)
     # Only the side of the prefix and suffix nearest the hole is encoded when that alone overflows.
-    near_prefix, prefix_ids, prefix_offsets = _encode_window(encode, prefix, room, keep_end=True, pre=pre)
-    near_suffix, suffix_ids, suffix_offsets = _encode_window(encode, suffix, room, keep_end=False)
+    near_prefix, prefix_ids, prefix_offsets = encode_window(encode, prefix, room, keep_end=True, pre=pre)
+    near_suffix, suffix_ids, suffix_offsets = encode_window(encode, suffix, room, keep_end=False)
     prefix_kept, suffix_kept = len(prefix), len(suffix)
     if room is not None and len(prefix_ids) + len(suffix_ids) > room:
         hole = room - len(pre_ids)
         p_tokens = len(prefix_ids) - len(pre_ids)
         s_limit = max(hole - p_tokens, hole // 4)
         if len(suffix_ids) > s_limit:
-            suffix_kept = _largest(
+            suffix_kept = largest(
                 len(near_suffix),
                 lambda n: len(encode(near_suffix[:n])[0]) <= s_limit,
-                _guess_chars(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
+                guess_chars(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
             )
             suffix_ids = encode(suffix[:suffix_kept])[0]
         p_limit = room - len(suffix_ids)  # what the suffix leaves, header included
         if len(prefix_ids) > p_limit:
             n_near = len(near_prefix)
-            prefix_kept = _largest(
+            prefix_kept = largest(
                 n_near,
                 lambda n: len(encode(pre + near_prefix[n_near - n :])[0]) <= p_limit,
-                _guess_chars(
+                guess_chars(
                     prefix_offsets,
                     len(pre) + n_near,
                     len(prefix_ids),
@@ -320,7 +319,7 @@ def _build(
         nonlocal left
         for file in files:
             head, overhead = _file_frame(layout, file, repo_name, len(repo_ids))
-            kept = _fit_file(encode, file, left, head, overhead)
+            kept = fit_file(encode, file, left, head, overhead)
             if kept is not None:
                 kept_files.append(kept)
                 if left is not None:
@@ -401,104 +400,6 @@ def _file_frame(layout: str, file: ContextFile, repo_name: str | None, n_repo: i
     if repo_name:
         return f"{repo_name}\n", 2
     return "", 1
-
-
-def _fit_file(
-    encode: Callable[[str], Encoded], file: ContextFile, left: int | None, head: str, overhead: int
-) -> tuple[ContextFile, list[int]] | None:
-    """The file whole, or cut after its last line that fits in ``left`` tokens (with the
-    ``overhead`` tokens of its frame), with its ids; None if not even one line fits."""
-    if left is not None and left < overhead:
-        return None
-    limit = None if left is None else left - overhead  # its frame's tokens
-    text, ids, offsets = _encode_window(encode, file.text, limit, keep_end=False, pre=head)
-    if limit is None or len(ids) <= limit:
-        return file, ids
-    ends = [i + 1 for i, ch in enumerate(text) if ch == "\n"]  # ends of whole lines
-    if not text.endswith("\n"):
-        ends.append(len(text))  # the unterminated last line (or the window's end): known not to fit
-    if len(ends) < 2:
-        return None
-    guess_chars = _guess_chars(offsets, len(head + text), len(ids), limit) - len(head)
-    lines = _largest(
-        len(ends),
-        lambda k: k == 0 or overhead + len(encode(head + text[: ends[k - 1]])[0]) <= left,
-        bisect.bisect_right(ends, guess_chars),
-    )
-    if lines == 0:
-        return None
-    cut = ContextFile(file.path, text[: ends[lines - 1]])
-    return cut, encode(head + cut.text)[0]
-
-
-#: Code averages 3 to 4 characters a token; a window of this many per token surely holds enough.
-_WINDOW_CHARS_PER_TOKEN = 16
-
-
-def _encode_window(
-    encode: Callable[[str], Encoded], text: str, limit: int | None, *, keep_end: bool, pre: str = ""
-) -> tuple[str, list[int], list[tuple[int, int]] | None]:
-    """Encode ``pre + text``, or only ``pre`` and the end (``keep_end``) or start of ``text`` when
-    that part alone has more than ``limit`` tokens: a long file costs no more than its budget.
-
-    Returns the part of ``text`` encoded, its ids and offsets.
-    """
-    width = _WINDOW_CHARS_PER_TOKEN * ((limit or 0) + 4)
-    if limit is not None and len(text) > width:
-        part = text[len(text) - width :] if keep_end else text[:width]
-        ids, offsets = encode(pre + part)
-        if len(ids) > limit:
-            return part, ids, offsets
-    ids, offsets = encode(pre + text)
-    return text, ids, offsets
-
-
-def _guess_chars(
-    offsets: list[tuple[int, int]] | None, chars: int, tokens: int, budget: int, *, from_end: bool = False
-) -> int:
-    """About how many leading (or, ``from_end``, trailing) characters of a text fit ``budget``
-    tokens, from its encoding."""
-    if budget <= 0 or tokens == 0:
-        return 0
-    if budget >= tokens:
-        return chars
-    if not offsets:
-        return chars * budget // tokens
-    if from_end:
-        return chars - offsets[tokens - budget - 1][1]  # after the last token that does not fit
-    return offsets[budget][0]  # where the first token that does not fit starts
-
-
-def _largest(n: int, fits: Callable[[int], bool], guess: int) -> int:
-    """The largest ``k`` in ``[0, n)`` with ``fits(k)``, given ``fits(0)`` and not ``fits(n)``.
-
-    Token counts grow with the text, but not strictly (merges), so this searches near ``guess``:
-    gallop away from it, then bisect. The answer always fits, and ``k + 1`` does not.
-    """
-    lo, hi = 0, n
-    guess = min(max(guess, 0), n - 1)
-    if guess > 0:
-        if fits(guess):
-            lo, step = guess, 1
-            while lo + step < hi:
-                if not fits(lo + step):
-                    hi = lo + step
-                    break
-                lo, step = lo + step, step * 2
-        else:
-            hi, step = guess, 1
-            while hi - step > lo:
-                if fits(hi - step):
-                    lo = hi - step
-                    break
-                hi, step = hi - step, step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 __all__ = [

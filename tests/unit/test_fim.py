@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from mlx_lm.utils import common_prefix_len
 from safetensors.numpy import load_file, save_file
 
-from langchain_starcoder import ContextLengthError, InvalidParameterError, StarCoderEngine, StarCoderError
+from langchain_starcoder import (
+    ContextLengthError,
+    InvalidParameterError,
+    StarCoderEngine,
+    StarCoderError,
+    fim_fitting,
+)
 from langchain_starcoder.fim import (
     FIM_STOP_TOKENS,
     ContextFile,
@@ -347,7 +353,6 @@ def test_context_files_fill_what_is_left_in_order(tiny_engine: StarCoderEngine) 
 
 
 def test_long_texts_are_encoded_only_near_the_hole(tiny_engine: StarCoderEngine, monkeypatch) -> None:
-    from langchain_starcoder import fim
 
     hf = tiny_engine.tokenizer._tokenizer
     longest = [0]
@@ -374,7 +379,7 @@ def test_long_texts_are_encoded_only_near_the_hole(tiny_engine: StarCoderEngine,
         assert longest[0] < 20 * 300 < len(prefix) // 10
     big = windowed[1].files_kept[0]
     assert big.path == "big.py" and suffix.startswith(big.text) and big.text.count("\n") > 20
-    monkeypatch.setattr(fim, "_WINDOW_CHARS_PER_TOKEN", 10**9)  # encode everything whole
+    monkeypatch.setattr(fim_fitting, "WINDOW_CHARS_PER_TOKEN", 10**9)  # encode everything whole
     for hole, expected in zip(cases, windowed, strict=True):
         assert build_fim_prompt(MeasuringTokenizer(), *hole, **kwargs) == expected
     assert longest[0] >= len(prefix)
