@@ -4,7 +4,8 @@ Tabby's indentation scope and Continue's bracket matching, and the cost of a cal
     python -m benchmarks --only ends      # the section, in the benchmark report
     python -m benchmarks.ends             # the same figures, printed (``--json`` for all of them)
 
-The measure is defined in ``benchmarks/ends_measure.py``, the baselines in ``benchmarks/ends_baselines.py``.
+The measure is defined in ``benchmarks/ends_measure.py``, the baselines in ``benchmarks/ends_baselines.py``,
+the decode time the ends save (on the speculative benchmark's copier) in ``benchmarks/ends_decode.py``.
 Sources: installed packages (Python from this interpreter's site-packages, JavaScript from the npm that
 ships with Node.js, Java from the JDK's ``src.zip``) and git mirrors of public repositories, looked up as
 ``OWNER+NAME/repo`` or ``OWNER+NAME`` under the folders of ``LANGCHAIN_STARCODER_ENDS_MIRRORS``
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import ends_decode
 from .ends_baselines import BASELINES
 from .ends_measure import Hole, make_holes, verdict
 from .harness import Row, Section
@@ -246,8 +248,13 @@ def timing(files: list[tuple[str, str]], language: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run(log: Callable[[str], None] = print, sources: list[Source] | None = None) -> dict[str, Any]:
+def run(
+    log: Callable[[str], None] = print, sources: list[Source] | None = None, workdir: Path | None = None
+) -> dict[str, Any]:
+    """Every source's shares and timing; with ``workdir`` (where the copier is kept) also the decode time
+    the ends save (``benchmarks/ends_decode.py``), on a sample of each language's holes."""
     repos, skipped = [], []
+    sample: dict[str, list[Hole]] = {}
     for source in sources or SOURCES:
         loaded = load(source)
         if isinstance(loaded, str):
@@ -265,7 +272,13 @@ def run(log: Callable[[str], None] = print, sources: list[Source] | None = None)
                       **found})  # fmt: skip
         ours = found["shares"]["ours"]["all"]
         log(f"  {version}: {len(holes)} holes, exact {ours['exact']:.4f}, premature {ours['premature']:.4f}")
-    return {"repos": repos, "skipped": skipped, "tuned_on": TUNED_ON, "seed": SEED, "per_kind": PER_KIND}
+        for kind in ("block", "line"):
+            picked = [h for h in holes if h.kind == kind][: ends_decode.DECODE_HOLES]
+            sample.setdefault(_family(source.language), []).extend(picked)
+    found_all = {"repos": repos, "skipped": skipped, "tuned_on": TUNED_ON, "seed": SEED, "per_kind": PER_KIND}
+    if workdir is not None and sample:
+        found_all["decode"] = ends_decode.measure(sample, workdir, log)
+    return found_all
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -324,6 +337,8 @@ def section(found: dict[str, Any]) -> Section:
             + f"; premature {shares['ours']['all']['premature']:.4f}; feed p95 {t['feed_p95_ms']:.3f} ms, "
             f"build p95 {t['build_p95_ms']:.2f} ms on {t['file']} ({t['lines']} lines)"
         )
+    if "decode" in found:
+        _decode_rows(s, found["decode"])
     tuned = ", ".join(found["tuned_on"])
     s.notes.append(
         f"Rules written while reading the misses of {tuned}; the other repositories were only measured. "
@@ -333,6 +348,45 @@ def section(found: dict[str, Any]) -> Section:
         s.notes.append(f"{skip['repo']}: skipped ({skip['why']})")
     s.data = found
     return s
+
+
+def _decode_rows(s: Section, decode: dict[str, Any]) -> None:
+    """The decode time per completion with the end and without it: overrun tokens x measured ms/token."""
+    ms = decode["ms_per_token"]
+    for language, d in decode["languages"].items():
+        shape = (f"{language}: {d['pairs']} (hole, overrun) pairs, tokens of the copier's tokenizer x "
+                 f"{decode['ms']:.2f} ms/token measured on {decode['checkpoint']}")  # fmt: skip
+        s.rows.append(Row(ITEM, TITLE, f"decode ms per completion, {language}", "end='auto' (to the end)",
+                          "end='none' (middle + overrun)", [d["tokens_auto"] * m for m in ms],
+                          [d["tokens_none"] * m for m in ms], "ms", shape))  # fmt: skip
+        s.notes.append(
+            f"Decode time saved, {language}: {d['tokens_saved']:.1f} of {d['tokens_none']:.1f} tokens per "
+            f"completion not decoded (the overrun is {d['overrun_tokens']:.1f}; the gate decodes the line "
+            f"past the end that decides it) x {decode['ms']:.2f} ms/token = {d['ms_saved']:.0f} ms, "
+            f"{100 * d['share_saved']:.0f}% of the completion's decode time (overrun tokens x measured "
+            f"ms/token, not tokens a model wrote)."
+        )
+    s.notes.append(
+        f"ms/token: median of {[round(m, 3) for m in ms]}, greedy infills ({decode['tokens']} tokens) with "
+        f"end='none' and no speculation on {decode['checkpoint']}, a hole of {decode['timed_on']}; "
+        f"{decode['per_kind']} holes of each kind per repository."
+    )
+
+
+def decode_table(decode: dict[str, Any]) -> str:
+    """Per language: the tokens and decode time per completion with end='auto' and end='none'."""
+    lines = [
+        "| Language | pairs | tokens, end='none' (middle + overrun) | overrun tokens | decoded, end='auto' "
+        "| not decoded | ms saved | share of decode time |",
+        "|" + "---|" * 8,
+    ]
+    for language, d in decode["languages"].items():
+        lines.append(
+            f"| {language} | {d['pairs']} | {d['tokens_none']:.1f} | {d['overrun_tokens']:.1f} | "
+            f"{d['tokens_auto']:.1f} | {d['tokens_saved']:.1f} | {d['ms_saved']:.0f} ms | "
+            f"{100 * d['share_saved']:.0f}% |"
+        )
+    return "\n".join(lines)
 
 
 def table(found: dict[str, Any]) -> str:
@@ -367,10 +421,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ends", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated repositories: " + ", ".join(s.name for s in SOURCES))
     parser.add_argument("--json", action="store_true", help="print every figure as JSON")
+    parser.add_argument("--workdir", type=Path, help="where the copier is kept (default: the benchmarks')")
+    parser.add_argument("--no-decode", action="store_true", help="leave out the decode time saved")
     args = parser.parse_args(argv)
+    from .__main__ import DEFAULT_WORKDIR
+
     sources = [s for s in SOURCES if not args.only or s.name in args.only.split(",")]
-    found = run(lambda msg: print(msg, file=sys.stderr), sources)
-    print(json.dumps(found, indent=2) if args.json else table(found))
+    workdir = None if args.no_decode else args.workdir or DEFAULT_WORKDIR
+    found = run(lambda msg: print(msg, file=sys.stderr), sources, workdir)
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        print(table(found) + ("\n\n" + decode_table(found["decode"]) if "decode" in found else ""))
     return 0
 
 

@@ -25,7 +25,7 @@ def bench_ends(ctx: Context) -> Section:
     """Where a middle ends (issue 31): exact and premature ends on real code; benchmarks/ends.py."""
     from .. import ends
 
-    return ends.section(ends.run(ctx.log))
+    return ends.section(ends.run(ctx.log, workdir=ctx.checkpoints.workdir))
 
 
 #: Every benchmark, in report order; the default run takes all but the optional ones.

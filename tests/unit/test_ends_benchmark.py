@@ -1,14 +1,23 @@
 """The end-of-middle measure (benchmarks/ends_measure.py) cuts holes and overruns as issue 31 defines
-them, its baselines (benchmarks/ends_baselines.py) behave as their sources do, and the section reports
-per language against the goals."""
+them, its baselines (benchmarks/ends_baselines.py) behave as their sources do, the section reports
+per language against the goals, and the decode time saved (benchmarks/ends_decode.py) counts the tokens
+an engine's gate stops before."""
 
 from __future__ import annotations
 
+import inspect
+import json
 import random
+import textwrap
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
 
 from benchmarks.ends import by_language, section
 from benchmarks.ends_baselines import continue_brackets, tabby, today
-from benchmarks.ends_measure import holes_in_file, is_test_path, make_holes, verdict
+from benchmarks.ends_decode import checkpoint, count_tokens, ms_per_token, summarize
+from benchmarks.ends_measure import Hole, holes_in_file, is_test_path, make_holes, verdict
 
 PY = """def first(items):
     total = 0
@@ -142,3 +151,57 @@ def test_the_section_reports_per_language_against_the_goals() -> None:
     }
     assert all(row.item == 21 for row in s.rows)
     assert any("skipped (not here)" in note for note in s.notes)
+
+
+def test_decoding_stops_where_the_gate_ends_the_middle(tiny_path: Path) -> None:
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    blocks, lines = holes_in_file("m.py", PY, "python", random.Random(0))
+    hole = next(h for h in blocks if h.middle.startswith("total = 0"))
+    goes_on = Hole(
+        "m.py", "block", "def f():\n    ", "\n\ndef g():\n    pass\n", "x = 1", {"z": "\n    y = 2"}
+    )
+    pairs = count_tokens(tokenizer, [hole, goes_on, *lines])
+    for pair in pairs:
+        assert pair["middle"] <= pair["total"] and 1 <= pair["decoded"] <= pair["total"]
+    # Overrun (b) of the block hole: the gate ends it once the line past the middle is read, so the
+    # decoded tokens cover the middle and that line, and the rest of the overrun is not decoded.
+    b = next(p for p in pairs if p["overrun"] == "b")
+    text = hole.middle + hole.overruns["b"]
+    covered = tokenizer.encode(text, add_special_tokens=False).offsets[b["decoded"] - 1][1]
+    assert b["ended"] and len(hole.middle) < covered < len(text)
+    assert text[:covered].count("\n") == hole.middle.count("\n") + 2  # the deciding line, whole
+    # A text still inside the block never ends: every token is decoded.
+    z = next(p for p in pairs if p["overrun"] == "z")
+    assert not z["ended"] and z["decoded"] == z["total"]
+    summary = summarize(pairs, 2.0)
+    assert summary["pairs"] == len(pairs) and 0 < summary["share_saved"] < 1
+    assert abs(summary["ms_saved"] - 2.0 * summary["tokens_saved"]) < 1e-9
+    assert abs(summary["tokens_saved"] - summary["tokens_none"] + summary["tokens_auto"]) < 1e-9
+
+
+def test_decode_time_per_token_is_measured_on_the_checkpoint(clean_path: Path) -> None:
+    hole = Hole("m.py", "block", "def f(x):\n    ", "\n\ndef g():\n    pass\n", "return x")
+    ms, counts = ms_per_token(clean_path, hole, runs=2, tokens=8)
+    assert counts == [8, 8] and len(ms) == 2 and all(m > 0 for m in ms)
+
+
+def test_a_trained_copier_is_preferred_to_its_shape(tmp_path: Path) -> None:
+    (tmp_path / "copier-abc").mkdir()
+    (tmp_path / "copier-abc" / "training.json").write_text("{}")
+    folder, what = checkpoint(tmp_path)
+    assert folder == tmp_path / "copier-abc" and "trained" in what
+
+
+@pytest.mark.slow
+def test_the_copier_shape_is_built_once(tmp_path: Path, tiny_path: Path) -> None:
+    folder, what = checkpoint(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (4, 64, 1024)
+    assert not config["sliding_window"] and "random weights" in what
+    # The copier's tokenizer: a BPE trained on its corpus (Python), not the tests' synthetic one.
+    code = inspect.getsource(textwrap.dedent)  # of the copier's corpus
+    tokens = [
+        len(Tokenizer.from_file(str(p / "tokenizer.json")).encode(code).ids) for p in (folder, tiny_path)
+    ]
+    assert tokens[0] < 0.8 * tokens[1], tokens
+    assert checkpoint(tmp_path)[0] == folder
