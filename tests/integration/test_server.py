@@ -233,7 +233,8 @@ def test_t_max_predict_ms_ends_the_answer_after_a_newline_once_the_time_is_up(se
     whole = tiny_engine.infill(prefix, SUFFIX, max_tokens=LONG, temperature=0.0)
     assert whole.completion_tokens > 400 and "\n" in whole.text[:100]  # a long answer, lines early
     body = _llama_vim_fim_body(prefix, "", SUFFIX, [])
-    body.update(n_predict=LONG, t_max_predict_ms=100, response_fields=None, temperature=0)
+    # (n_indent off: llama.vim's 4 would end this answer at its first line indented less, before the time)
+    body.update(n_predict=LONG, t_max_predict_ms=100, response_fields=None, temperature=0, n_indent=0)
     got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
     assert got["stop_type"] == "limit" and "tokens_cached" not in got
     assert "\n" in got["content"] and whole.text.startswith(got["content"])
