@@ -2,7 +2,8 @@
 
 Jupyter's own authentication guards it (its token, or its login cookie with the XSRF token), its origin
 check refuses other origins, and no CORS header is added. Each answer is ``{"text": ...}`` lines as the
-tokens arrive, then ``{"done": true, "text": <the whole middle>, "finish_reason": ...}``; a request
+tokens arrive, then ``{"done": true, "text": <the whole middle>, "finish_reason": ..., "middle_end": ...}``
+(``middle_end`` "syntax" when decoding stopped where the code says the hole is filled); a request
 refused before streaming gets ``{"error": ...}`` with a 4xx/5xx status, an error after the first line an
 ``{"error": ...}`` line. The generation runs in the engine's worker (the server's event loop only
 waits), and stops at its next step when the client disconnects or a newer request for the same document
@@ -86,7 +87,7 @@ class CompleteHandler(APIHandler):
                     outcome = chunk.finish_reason
                     done = {
                         "finish_reason": outcome, "completion_tokens": chunk.completion_tokens,
-                        "prompt_tokens": chunk.prompt_tokens,
+                        "prompt_tokens": chunk.prompt_tokens, "middle_end": chunk.middle_end,
                     }  # fmt: skip
                     self.finish(line(done=True, text="".join(texts), **done), set_content_type=NDJSON)
         except asyncio.CancelledError:  # our own cancel (a task cancelled from outside is the server's)

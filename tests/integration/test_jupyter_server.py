@@ -177,6 +177,19 @@ def test_a_py_file_gets_the_server_roots_repository_context(lab, project, tiny_e
         assert (done["text"], done["prompt_tokens"]) == (expected.text, expected.prompt_tokens)
 
 
+def test_a_middle_ends_where_the_code_does(lab, tiny_engine: StarCoderEngine):
+    """Decoding stops where the middle is complete (end="auto", issue 31): a hole whose greedy middle
+    goes on past its end on the tiny checkpoint (tests/unit/test_engine_ends.py)."""
+    prefix, suffix = "def walk(items):\n    result = 0\n    ", "\n    return result\n"
+    ended = tiny_engine.infill(prefix, suffix, max_tokens=64, temperature=0)
+    free = tiny_engine.infill(prefix, suffix, max_tokens=64, temperature=0, end="none")
+    assert ended.middle_end == "syntax" and ended.completion_tokens < free.completion_tokens
+    body = {"prefix": prefix, "suffix": suffix, "path": "walk.py", "max_tokens": 64, "repo_context": False}
+    done = answer_lines(ask(lab, body))[-1]
+    assert (done["text"], done["middle_end"]) == (ended.text, "syntax")
+    assert done["completion_tokens"] == ended.completion_tokens
+
+
 def test_base_url_generates_on_that_server(lab, project, tiny_engine: StarCoderEngine, tiny_path: Path):
     """``base_url``: the model runs on another server (here our ``serve``), the prompt is built here."""
     _, notebook, cell = project
