@@ -133,6 +133,8 @@ class ChunkSink:
         timed = self._prompt_seconds is _TIMED_HERE
         text = self._held + self._shown(self._text.finish("length"), final=True)
         reason = self._text.finish_reason
+        if self._gate is not None and self._gate.ended:  # also found only now (at max_tokens): a whole middle
+            reason = "stop"
         if self._grammar is not None:  # "stop" only for a full match; else the text is an incomplete prefix
             reason = "stop" if self._grammar.accepts("".join(self._pieces)) else "length"
         self._emit(

@@ -87,8 +87,7 @@ def test_a_stop_string_before_the_end_wins_and_one_after_it_changes_nothing(
     assert done.text == want[: want.index(before)] and done.stop_sequence == before
     assert done.middle_end is None
     # A stop string from the second line past the end: the end is decided on the line before it.
-    first = len(want) + 1 + (len(raw.text[len(want) + 1 :]) - len(raw.text[len(want) + 1 :].lstrip()))
-    second = raw.text.index("\n", first)
+    second = _end_of_next_line(raw.text, len(want))
     after = raw.text[second:].strip()[:4]
     assert after and after not in raw.text[:second]
     done = tiny_engine.infill(PREFIX, SUFFIX, file_path="m.py", stop=[after], **SAMPLED)
@@ -102,6 +101,24 @@ def test_min_indent_ends_before_a_line_indented_less(tiny_engine: StarCoderEngin
     done = tiny_engine.infill(PREFIX, SUFFIX, file_path="m.py", end="none", min_indent=indent, **SAMPLED)
     first = next(i for i, line in enumerate(lines) if i > 0 and line.strip())
     assert done.text == "\n".join(lines[:first]).rstrip("\r") and done.middle_end == "indent"
+
+
+def test_an_end_found_only_at_max_tokens_still_cuts_and_says_stop(tiny_engine: StarCoderEngine, raw) -> None:
+    want = _cut(raw.text)
+    # max_tokens ends the decoding on the line that leaves the block, before its newline: the end is
+    # found when the generation stops, and the answer is the whole middle all the same.
+    upto = _end_of_next_line(raw.text, len(want))
+    decoded = (tiny_engine.tokenizer.decode(raw.token_ids[:n]) for n in range(1, raw.completion_tokens + 1))
+    tokens = 1 + next(n for n, text in enumerate(decoded) if len(text) >= upto - 1)
+    done = tiny_engine.infill(PREFIX, SUFFIX, file_path="m.py", **(SAMPLED | {"max_tokens": tokens}))
+    assert (done.text, done.middle_end, done.finish_reason) == (want, "syntax", "stop")
+    assert done.completion_tokens == tokens  # it ran to max_tokens: the end was found at the finish
+
+
+def _end_of_next_line(text: str, end: int) -> int:
+    """Where the first non-blank line after the middle's ``end`` ends (its newline)."""
+    rest = text[end + 1 :]
+    return text.index("\n", end + 1 + len(rest) - len(rest.lstrip()))
 
 
 def test_bad_end_settings_are_refused_and_the_engine_stays_usable(tiny_engine: StarCoderEngine) -> None:
