@@ -63,20 +63,31 @@ class Config:
     fim_mode: str = "psm"
     supersede: bool = True
     warm_up: bool = True
+    stable_prefix: bool = True
 
 
-TODAY_MLX = Config("today's server, MLX", "ours", "mlx", supersede=False, warm_up=False)
-TODAY_LLAMA = Config("today's server, llama.cpp", "ours", "llama.cpp", supersede=False, warm_up=False)
+TODAY_MLX = Config("today's server, MLX", "ours", "mlx", supersede=False, warm_up=False, stable_prefix=False)
+TODAY_LLAMA = Config(
+    "today's server, llama.cpp", "ours", "llama.cpp", supersede=False, warm_up=False, stable_prefix=False
+)
 LLAMA_SERVER = Config("llama-server, llama.vim's pattern", "llama-server", "llama.cpp", supersede=False)
+
+
+def _ours(backend: str, mode: str, stable_prefix: bool = True) -> Config:
+    name = f"ours, {'MLX' if backend == 'mlx' else backend}, {mode.upper()}"
+    return Config(name + ("" if stable_prefix else ", window as sent"), "ours", backend, mode,
+                  stable_prefix=stable_prefix)  # fmt: skip
+
+
 CONFIGS = (
     TODAY_MLX,
-    Config("ours, MLX, PSM", "ours", "mlx"),
-    Config("ours, MLX, SPM", "ours", "mlx", fim_mode="spm"),
+    *(_ours("mlx", mode, stable) for mode in ("psm", "spm") for stable in (True, False)),
     TODAY_LLAMA,
-    Config("ours, llama.cpp, PSM", "ours", "llama.cpp"),
-    Config("ours, llama.cpp, SPM", "ours", "llama.cpp", fim_mode="spm"),
+    *(_ours("llama.cpp", mode, stable) for mode in ("psm", "spm") for stable in (True, False)),
     LLAMA_SERVER,
 )
+#: Configurations to run, ";"-separated: exact names, else words of a name and backend (default: all).
+CONFIGS_ENV = "TYPING_CONFIGS"
 
 
 @dataclass
@@ -250,6 +261,7 @@ class Served:
         argv = [sys.executable, "-m", "langchain_starcoder", "serve", "--port", str(port),
                 "--no-prompt-cache", "--fim-mode", config.fim_mode, "--log-level", "warning"]  # fmt: skip
         argv += [] if config.supersede else ["--no-supersede"]
+        argv += [] if config.stable_prefix else ["--no-stable-prefix"]
         if config.backend == "mlx":
             argv += ["--model", str(folder)]
         else:  # the same GGUF file llama-server serves
@@ -269,7 +281,8 @@ class Served:
         from langchain_starcoder.testing.servers import ServerThread
 
         engine.clear_cache()  # each configuration starts cold
-        running = ServerThread(create_app(engine, supersede=config.supersede, fim_mode=config.fim_mode))
+        running = ServerThread(create_app(engine, supersede=config.supersede, fim_mode=config.fim_mode,
+                                            stable_prefix=config.stable_prefix))  # fmt: skip
         self._stop.append(running.stop)
         return running.url
 
@@ -309,7 +322,13 @@ def bench_typing(ctx: Context) -> Section:
     sessions = sessions_from_git(repo, count, SEED, min_chars=0 if quick else 80, ring=settings.ring_chunks,
                                  chunk_lines=settings.chunk_lines)  # fmt: skip
     folder = ctx.checkpoints.get(shape)
-    configs = [c for c in CONFIGS if c.backend == "mlx"] if quick else list(CONFIGS)
+    configs = list(CONFIGS)
+    if quick:  # today's and ours (the "window as sent" comparisons left out)
+        configs = [c for c in configs if c.backend == "mlx" and (c.stable_prefix or not c.supersede)]
+    if os.environ.get(CONFIGS_ENV):  # e.g. TYPING_CONFIGS="llama.cpp" (llama-server is always llama.cpp's)
+        words = [w.strip() for w in os.environ[CONFIGS_ENV].split(";") if w.strip()]
+        exact = [c for c in configs if c.name in words]
+        configs = exact or [c for c in configs if any(w in f"{c.name} {c.backend}" for w in words)]
     gguf = None
     if any(c.backend == "llama.cpp" for c in configs):
         try:

@@ -225,6 +225,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         "when it sends a newer one (default: the older is cancelled; docs/server.md, 'While you type')",
     )  # fmt: skip
     p.add_argument(
+        "--no-stable-prefix", action="store_true",
+        help="send /infill's input_prefix window as it is (default: when the window slid down the file, put "
+        "back the lines it dropped, so the prompt cache serves the prefix; docs/server.md, 'While you type')",
+    )  # fmt: skip
+    p.add_argument(
         "--fim-mode", choices=("psm", "spm"), default="psm",
         help="the FIM layout of /infill and /v1/completions with suffix (default psm; spm puts the suffix "
         "first, so a keystroke at the hole prefills only the prefix's end)",

@@ -63,6 +63,7 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
         max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
         prompt_lookup_num_tokens=args.prompt_lookup, supersede=not args.no_supersede, fim_mode=args.fim_mode,
+        stable_prefix=not args.no_stable_prefix,
     )  # fmt: skip
     config = BoundedConfig(
         app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,

@@ -4,8 +4,9 @@ A Starlette app whose handlers translate request shapes into engine calls and ba
 routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
 and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
 ``limits`` (body size, text bound, list counts), ``connections`` (uvicorn's request deadline, connection
-limit), ``supersede`` (a newer request for a document cancels the older) and ``stable_context`` (each
-document's context files in their last order).
+limit), ``supersede`` (a newer request for a document cancels the older), ``stable_context`` (each
+document's context files in their last order) and ``stable_prefix`` (a window of the lines before the
+cursor that slid down the file gets back the lines it dropped, so the prompt keeps its start).
 
 Endpoints:
 

@@ -32,6 +32,7 @@ def create_app(
     prompt_lookup_num_tokens: int | None = None,
     supersede: bool = True,
     fim_mode: str = "psm",
+    stable_prefix: bool = True,
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the package docs for the endpoints).
 
@@ -65,6 +66,11 @@ def create_app(
             you type"). On by default; answers are exactly what each request gives alone.
         fim_mode: The FIM layout of those requests: "psm" (prefix, suffix, middle; the default) or
             "spm" (suffix first: an edit at the hole prefills only the prefix's changed end).
+        stable_prefix: When a FIM request's prefix is the document's last prefix with the editor's
+            window slid down the file (llama.vim sends the lines before the cursor), the lines it dropped
+            are put back above it, so the prompt starts where the last one did and the prompt cache serves
+            it (docs/server.md, "While you type"). Exact (the answer is ``engine.infill``'s on the longer
+            prefix, which may differ from the window's alone); on by default, False sends the window as is.
     """
     if fim_mode not in FIM_MODES:
         msg = f"fim_mode must be one of {', '.join(FIM_MODES)}, not {fim_mode!r}."
@@ -76,6 +82,7 @@ def create_app(
     server = ServerState(
         engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo,
         prompt_lookup=prompt_lookup_num_tokens, supersede=supersede, fim_mode=fim_mode,
+        stable_prefix=stable_prefix,
     )  # fmt: skip
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),

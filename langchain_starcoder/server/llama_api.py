@@ -126,8 +126,9 @@ def _infill_prompt(
 ) -> tuple[FIMRequest, FIMPrompt, list[str]]:
     """The request as run, its prompt (built once: the engine runs this one) and ``input_extra_used``."""
     given = len(request.context_files)  # the client's input_extra: first, and what input_extra_used reports
-    request, order = server.editor_request(engine, request, max_tokens, document)
-    prompt = engine.fim_prompt(request, max_tokens)
+    request, order, prompt = server.editor_request(engine, request, max_tokens, document)
+    if prompt is None:  # (built already when an extended prefix was tried)
+        prompt = engine.fim_prompt(request, max_tokens)
     used = reordered_used(files_used(request.context_files, prompt.files_kept), order, given)
     return request, prompt, used
 

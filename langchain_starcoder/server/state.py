@@ -17,12 +17,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..engine import StarCoderEngine
+from ..fim import FIMPrompt
 from ..fim_request import FIMRequest
 from ..tokens import max_text_chars
 from ..types import Completion, is_int
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
 from .stable_context import ContextOrders
+from .stable_prefix import StablePrefixes, keeps_all
 from .supersede import Document, Documents
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class ServerState:
         prompt_lookup: int | None = None,
         supersede: bool = True,
         fim_mode: str = "psm",
+        stable_prefix: bool = True,
     ):
         self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
@@ -61,6 +64,8 @@ class ServerState:
         self.documents = Documents() if supersede else None
         #: Each document's context files in their last order (None: as given); stable_context.py.
         self.context_orders = ContextOrders() if supersede else None
+        #: Each document's last prefix, which a window slid down extends (None: as sent); stable_prefix.py.
+        self.prefixes = StablePrefixes() if stable_prefix else None
         #: The FIM layout of /infill and /v1/completions with a suffix: "psm" or "spm".
         self.fim_mode = fim_mode
         #: The most characters a text can have and still fit the context window (None: no bound).
@@ -82,11 +87,33 @@ class ServerState:
 
     def editor_request(
         self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any, document: Document | None
+    ) -> tuple[FIMRequest, list[int], FIMPrompt | None]:
+        """A FIM request of /infill or /v1/completions as it is run: in the server's layout, its prefix
+        extended when the editor's window slid down (stable_prefix.py), with the repository's context,
+        its files in the document's last order; that order (the positions of the request's files after
+        :meth:`with_repo_context`); and its prompt when built here (to see that an extended prefix cut
+        nothing), else None. Blocking: call it in a thread."""
+        request = dataclasses.replace(request, mode=self.fim_mode)
+        prefixes = self.prefixes
+        if prefixes is None or document is None or request.notebook is not None or not is_int(max_tokens):
+            return (*self._in_order(engine, request, max_tokens, document), None)
+        longer = prefixes.extended(document, request.prefix)
+        if longer is not None:
+            tried = dataclasses.replace(request, prefix=longer)
+            tried, order = self._in_order(engine, tried, max_tokens, document)
+            prompt = engine.fim_prompt(tried, max_tokens)
+            if keeps_all(prompt, tried, request.context_files):
+                prefixes.remember(document, longer)
+                return tried, order, prompt
+        # As sent: no window slid, or the longer prefix would be cut (the prefix starts again from here).
+        prefixes.remember(document, request.prefix)
+        return (*self._in_order(engine, request, max_tokens, document), None)
+
+    def _in_order(
+        self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any, document: Document | None
     ) -> tuple[FIMRequest, list[int]]:
-        """A FIM request of /infill or /v1/completions as it is run: in the server's layout, with the
-        repository's context, its files in the document's last order; and that order (the positions of
-        the request's files after :meth:`with_repo_context`). Blocking: call it in a thread."""
-        request = self.with_repo_context(engine, dataclasses.replace(request, mode=self.fim_mode), max_tokens)
+        """``request`` with the repository's context, its files in the document's last order; the order."""
+        request = self.with_repo_context(engine, request, max_tokens)
         files = request.context_files
         if self.context_orders is None:
             return request, list(range(len(files)))
