@@ -156,9 +156,30 @@ class MiddleEnd:
         if self._kind == _INSIDE:  # the closer may come on this line: lines before it are kept
             end = self._pos - 1
             return max(0, end - 1 if end > 0 and text[end - 1] == "\r" else end)
-        if self._pos == 0:  # the first line is kept whole, once it holds code
+        s = self._pos
+        if s == 0:  # the first line is kept whole, once it holds code
             return len(text.rstrip())
-        return self._kept
+        line = text[s:].rstrip()
+        return s + len(line) if line and self._stays(text, s, line) else self._kept
+
+    def _stays(self, text: str, s: int, line: str) -> bool:
+        """Is the unfinished line at ``s`` sure to be kept, whatever ends it? Only when no rule can
+        still turn on its rest: it does not end the middle now, and it cannot yet repeat the suffix's
+        line, be a comment (kept or not by its indentation), or be a brace language's label."""
+        if self._kind == _LINE_ONLY:
+            return True
+        if self._ends_before(text, s, len(text), partial=True) is not False:
+            return False
+        st = self._st
+        if st.mode != CODE or st.depth > 0:
+            return True  # inside a string or brackets: nothing ends it
+        if self._suffix_line is not None and self._suffix_line.startswith(line):
+            return False
+        rest = line.lstrip()
+        if rest.startswith(self._comment_markers):
+            return False
+        label_possible = not self.syntax.indent_blocks and self._block_indent is not None
+        return not (self._kind == _BLOCK and label_possible and _width(line) < self._block_indent)
 
     def fresh(self) -> MiddleEnd:
         """A copy that has read nothing of the middle (the hole is not read again): one per generation."""

@@ -15,8 +15,8 @@ class MiddleGate:
     once :attr:`ended` is set, the generation can stop. The rules are checked at each newline (and
     by :meth:`finish` at the end): the syntax-aware end of :class:`MiddleEnd`, and with
     ``min_indent`` a line after the first indented by fewer spaces or tabs (llama.cpp's
-    ``n_indent``). Text past the end is never released: a line is shown once the rules have read
-    past it (the cursor's first line as it comes, since it is always kept).
+    ``n_indent``). Text past the end is never released: the cursor's first line as it comes (it is
+    always kept), a later line as it comes once :meth:`MiddleEnd.settled` says it stays, else at its end.
     """
 
     __slots__ = ("_end", "_line", "_min_indent", "_scan", "_shown", "_text", "cut", "ended")
