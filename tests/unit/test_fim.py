@@ -571,25 +571,30 @@ STOP_PREFIX = "def foo(x):\n    "  # plain PSM, where the tiny model writes on
 
 
 def test_user_stops_and_stop_token_ids(tiny_engine: StarCoderEngine) -> None:
-    full = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, trim_suffix_overlap=False)
+    # (end="none": these are about stops alone; where the middle ends is tests/unit/test_engine_ends.py)
+    full = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, trim_suffix_overlap=False, end="none")
     assert full.finish_reason == "length"
     # A stop string that starts where the fourth token starts.
     stop = tiny_engine.decode(full.token_ids[3:4])
     assert stop.strip() and stop not in tiny_engine.decode(full.token_ids[:3]), "precondition"
-    cut = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, stop=[stop], trim_suffix_overlap=False)
+    cut = tiny_engine.infill(
+        STOP_PREFIX, SUFFIX, max_tokens=12, stop=[stop], trim_suffix_overlap=False, end="none"
+    )
     assert cut.finish_reason == "stop" and cut.stop_sequence == stop
     assert cut.text == tiny_engine.decode(full.token_ids[:3]) == full.text[: full.text.index(stop)]
     # And the user's own stop_token_ids next to the FIM ones.
     third = full.token_ids[2]
-    by_id = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, stop_token_ids=[third])
+    by_id = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, stop_token_ids=[third], end="none")
     assert by_id.token_ids == full.token_ids[: full.token_ids.index(third) + 1]
 
 
 def test_stop_string_inside_a_token(tiny_engine: StarCoderEngine) -> None:
-    full = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, trim_suffix_overlap=False)
+    full = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, trim_suffix_overlap=False, end="none")
     word = tiny_engine.decode(full.token_ids[2:3])  # " selfGraph" with the tiny model
     stop = word[len(word) // 2 :]
-    cut = tiny_engine.infill(STOP_PREFIX, SUFFIX, max_tokens=12, stop=[stop], trim_suffix_overlap=False)
+    cut = tiny_engine.infill(
+        STOP_PREFIX, SUFFIX, max_tokens=12, stop=[stop], trim_suffix_overlap=False, end="none"
+    )
     assert cut.text == full.text[: full.text.index(stop)]
 
 
