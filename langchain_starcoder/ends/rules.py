@@ -154,8 +154,7 @@ class MiddleEnd:
         if self._first_kind is None:
             return len(text)
         if self._kind == _INSIDE:  # the closer may come on this line: lines before it are kept
-            end = self._pos - 1
-            return max(0, end - 1 if end > 0 and text[end - 1] == "\r" else end)
+            return max(0, end_of_line(text, self._pos - 1))
         s = self._pos
         if s == 0:  # the first line is kept whole, once it holds code
             return len(text.rstrip())
@@ -209,7 +208,7 @@ class MiddleEnd:
                 return None
             mode_before = self._st.mode
             sig = self._scanner.scan(text, s, e + 1, self._st)
-            line_end = e - 1 if e > s and text[e - 1] == "\r" else e
+            line_end = end_of_line(text, e)
             if self._kind in (_LINE, _LINE_ONLY):
                 end = self._line_end(text, s, line_end)
                 if end is not None:
@@ -321,9 +320,13 @@ class MiddleEnd:
         closer on a line of its own goes with that line (the suffix has both)."""
         line_start = text.rfind("\n", 0, at) + 1
         if line_start > 0 and not text[line_start:at].strip() and not self._suffix_rest.strip():
-            end = line_start - 1
-            return end - 1 if end > 0 and text[end - 1] == "\r" else end
+            return end_of_line(text, line_start - 1)
         return at
+
+
+def end_of_line(text: str, newline: int) -> int:
+    """Where the line whose newline is at ``newline`` ends: before a ``\\r`` that precedes it."""
+    return newline - 1 if newline > 0 and text[newline - 1] == "\r" else newline
 
 
 def _continues(tail: str) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .rules import MiddleEnd
+from .rules import MiddleEnd, end_of_line
 
 #: Why a gate ended its middle (``Completion.middle_end``).
 SYNTAX, INDENT = "syntax", "indent"
@@ -69,7 +69,7 @@ class MiddleGate:
                 self._line = line  # its indentation is not known yet
                 return
             if text[first] not in "\r\n" and first - line < self._min_indent:
-                self._end_at(_before_newline(text, line - 1), INDENT)
+                self._end_at(end_of_line(text, line - 1), INDENT)
                 return
             self._scan, line, self._line = first, -1, -1
 
@@ -82,12 +82,7 @@ class MiddleGate:
         else:
             safe = self._end.settled(text) if self._end is not None else len(text)
             if self._line >= 0:  # a line whose indentation is not known yet may still end the middle
-                safe = min(safe, _before_newline(text, self._line - 1))
+                safe = min(safe, end_of_line(text, self._line - 1))
         out = text[self._shown : safe] if safe > self._shown else ""
         self._shown = max(self._shown, safe)
         return out
-
-
-def _before_newline(text: str, newline: int) -> int:
-    """The end of the line whose newline is at ``newline`` (a ``\\r`` before it left out)."""
-    return newline - 1 if newline > 0 and text[newline - 1] == "\r" else newline
