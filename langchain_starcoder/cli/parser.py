@@ -71,33 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"Fill the hole marked {FILL_MARKER} in a file (or between --prefix and --suffix). Prints "
         "the middle only, or with --write fills the file in place, keeping F.bak.",
     )  # fmt: skip
-    p.add_argument("--file", type=Path, help=f"a file with exactly one {FILL_MARKER} marker")
-    p.add_argument("--prefix", help=r"the code before the hole, instead of --file (\n understood)")
-    p.add_argument("--suffix", help="the code after the hole")
-    p.add_argument("--marker", default=FILL_MARKER, help=f"the hole marker (default {FILL_MARKER})")
-    p.add_argument(
-        "--context", type=Path, nargs="+", default=[], metavar="FILE", help="other files of the repository"
-    )
-    p.add_argument("--repo-name", help="the repository's name (StarCoder2 repository-level FIM)")
-    p.add_argument(
-        "--file-path", help="the hole's path in the repository (default: --file, when there is context)"
-    )
-    _repo_option(
-        p, "pick context from this repository's code (docs/repository-context.md); default: the git "
-        "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
-        "no repository context. --context files win over it",
-    )  # fmt: skip
-    p.add_argument(
-        "--no-repo", action="store_true", help="no repository context, even inside a git repository"
-    )
-    p.add_argument("--mode", choices=("psm", "spm"), default="psm")
-    p.add_argument(
-        "--end", choices=("auto", "line", "block", "none"), default="auto",
-        help="where decoding stops: auto (default: where the code says the hole is filled), the cursor's "
-        "line, its block, or none (the model's end, --stop or --max-tokens only)",
-    )  # fmt: skip
-    p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
-    p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
+    _infill_args(p)
     _model_args(p)
     _generation_args(p, max_tokens=128)
 
@@ -165,6 +139,37 @@ def build_parser() -> argparse.ArgumentParser:
     # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
     sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
     return parser
+
+
+def _infill_args(p: argparse.ArgumentParser) -> None:
+    """The hole (a marked file, or --prefix and --suffix), its repository context, layout and end."""
+    p.add_argument("--file", type=Path, help=f"a file with exactly one {FILL_MARKER} marker")
+    p.add_argument("--prefix", help=r"the code before the hole, instead of --file (\n understood)")
+    p.add_argument("--suffix", help="the code after the hole")
+    p.add_argument("--marker", default=FILL_MARKER, help=f"the hole marker (default {FILL_MARKER})")
+    p.add_argument(
+        "--context", type=Path, nargs="+", default=[], metavar="FILE", help="other files of the repository"
+    )
+    p.add_argument("--repo-name", help="the repository's name (StarCoder2 repository-level FIM)")
+    p.add_argument(
+        "--file-path", help="the hole's path in the repository (default: --file, when there is context)"
+    )
+    _repo_option(
+        p, "pick context from this repository's code (docs/repository-context.md); default: the git "
+        "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
+        "no repository context. --context files win over it",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-repo", action="store_true", help="no repository context, even inside a git repository"
+    )
+    p.add_argument("--mode", choices=("psm", "spm"), default="psm")
+    p.add_argument(
+        "--end", choices=("auto", "line", "block", "none"), default="auto",
+        help="where decoding stops: auto (default: where the code says the hole is filled), the cursor's "
+        "line, its block, or none (the model's end, --stop or --max-tokens only)",
+    )  # fmt: skip
+    p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
+    p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
 
 
 def _source_and_destination(p: argparse.ArgumentParser, source: str, destination: str) -> None:
