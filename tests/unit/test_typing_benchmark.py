@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchmarks.__main__ import main
 from benchmarks.cases import BENCHMARKS, OPTIONAL
-from benchmarks.typing_replay import bench_typing
+from benchmarks.typing_replay import Record, bench_typing, summary
 from benchmarks.typing_sessions import (
     PAUSE,
     REQUEST_AFTER,
@@ -73,6 +73,8 @@ def test_quick_replay_runs_every_mlx_configuration_on_the_same_session(tmp_path:
         sizes = [None if rs[i]["prefilled"] is None else rs[i]["prefilled"] + rs[i]["cached"] for rs in asked]
         assert sizes[0] is not None and all(n is None or n >= sizes[0] for n in sizes), (i, sizes)
         assert None in sizes[1:] or sizes[1] == sizes[2], (i, sizes)
+    for r in (r for rs in records.values() for r in rs if r["first"] is not None):
+        assert r["first_any"] is not None and r["first_any"] <= r["first"] <= r["end"]
     figures = section["data"]["figures"]
     assert set(figures) == set(records) and all(f["requests"] == len(typing[0]) for f in figures.values())
     metrics = {r["metric"] for r in section["rows"]}
@@ -80,3 +82,22 @@ def test_quick_replay_runs_every_mlx_configuration_on_the_same_session(tmp_path:
         "p95 time to first ghost text, steady typing",
         "median tokens prefilled per request, steady typing",
     }
+
+
+def test_ghost_text_is_timed_at_its_first_visible_character_and_whitespace_answers_count_apart() -> None:
+    def record(due: float, first_any: float | None, first: float | None, end: float, **kw: object) -> Record:
+        return Record(
+            0, due, sent=due, first_any=first_any, first=first, end=end, prefilled=4, cached=9, **kw
+        )
+
+    records = [
+        record(0.0, 0.5, 0.5, 0.6, first_of_session=True),  # the request when the file opens: not steady
+        record(1.0, 1.1, 1.3, 1.4),  # a space first, visible text 0.3 s after the request
+        record(2.0, 2.5, None, 2.5),  # whitespace only, released at its end
+        record(3.0, None, None, 3.2, cancelled=True),  # superseded before any text
+        record(3.1, None, None, 3.3, warm_up=True),
+    ]
+    f = summary(records)
+    assert f["requests"] == 3 and f["with_ghost_text"] == 1 and f["blank"] == 1 and f["cancelled"] == 1
+    assert abs(f["ttft_p50"] - 0.3) < 1e-9 and abs(f["ttft_p95"] - 0.3) < 1e-9
+    assert abs(f["any_text_p50"] - 0.3) < 1e-9 and abs(f["any_text_p95"] - 0.48) < 1e-9  # of 0.1 and 0.5
