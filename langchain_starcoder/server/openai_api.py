@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from ..backends.remote.backend import OUR_SERVER
 from ..chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from ..engine import StarCoderEngine
-from ..fim import fim_stop_token_ids
+from ..fim import FIMPrompt, fim_stop_token_ids
 from ..fim_request import FIMRequest
 from ..tools import constrained
 from ..types import Completion, CompletionChunk, is_int, join_chunks
@@ -73,7 +73,7 @@ async def completions(server: ServerState, request: Request) -> Response:
     suffix = body.get("suffix") is not None  # fill in the middle: a newer request for its document supersedes
     document = document_of(request, body.get("file_path"), body.get("id_slot")) if suffix else None
     # Tokenizing runs off the event loop.
-    prompts = await asyncio.to_thread(
+    prompts, built = await asyncio.to_thread(
         _completion_prompts, server, engine, body, settings["max_tokens"], document
     )
     middle = engine.token_id("<fim_middle>")
@@ -95,7 +95,10 @@ async def completions(server: ServerState, request: Request) -> Response:
         return dataclasses.replace(c, completion_tokens=0) if warm_up else c
 
     def claimed() -> AsyncIterator[CompletionChunk]:  # (the engine's stream, as it is without a document)
-        chunks = engine.astream(prompts[0], **settings)
+        if built is not None:  # a hole's prompt built already (to see that its extended prefix cut nothing)
+            chunks = engine.astream_fim_prompt(prompts[0], built, **settings)
+        else:
+            chunks = engine.astream(prompts[0], **settings)
         return supersedable(server.documents, document, chunks, None, warm_up=warm_up)
 
     if not stream:
@@ -131,9 +134,10 @@ def _completion_prompts(
     body: dict[str, Any],
     max_tokens: Any,
     document: Document | None,
-) -> list[Any]:
+) -> tuple[list[Any], FIMPrompt | None]:
     """The prompts of a completions request: text, ids, or FIM requests when ``suffix`` is given (with
-    our extra ``file_path``: the hole's path, and with ``--repo`` its repository context)."""
+    our extra ``file_path``: the hole's path, and with ``--repo`` its repository context); and the prompt
+    of a single hole when it was built here, else None."""
     prompt = body.get("prompt")
     several = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
     if several:
@@ -154,13 +158,14 @@ def _completion_prompts(
     if suffix is None:
         # Text is data unless this server parses it (see create_app); either way it goes on as ids.
         parse, max_chars = server.parse_special_tokens, server.max_text_chars
-        return [text_ids(engine, p, parse, max_chars) if isinstance(p, str) else p for p in items]
+        return [text_ids(engine, p, parse, max_chars) if isinstance(p, str) else p for p in items], None
     suffix = text(suffix, "suffix")
     if not all(isinstance(p, str) for p in items):
         raise bad_request("suffix (fill in the middle) needs a text prompt, not token ids.", "suffix")
     file_path = None if file_path is None else text(file_path, "file_path")
     holes = [FIMRequest(p, suffix, file_path=file_path, **end_fields(body)) for p in items]
-    return [server.editor_request(engine, hole, max_tokens, document)[0] for hole in holes]
+    run = [server.editor_request(engine, hole, max_tokens, document) for hole in holes]
+    return [request for request, _, _ in run], run[0][2] if len(run) == 1 else None
 
 
 # --- /v1/chat/completions -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from langchain_starcoder import fim
 from langchain_starcoder.fim_request import ContextFile, FIMRequest
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread
@@ -136,13 +137,20 @@ def test_a_prefix_the_budget_would_cut_starts_again_from_the_window_in_one_step(
     assert got["tokens_evaluated"] == len(_prompt(tiny_engine, lines(20, 21) + nxt, mode))  # from the window
 
 
-def test_completions_with_a_suffix_and_a_file_path_keep_the_prefix_start_too(served, tiny_engine):
+def test_completions_with_a_suffix_and_a_file_path_keep_the_prefix_start_too(
+    served, tiny_engine, monkeypatch
+):
     url, mode = served
     tiny_engine.clear_cache()
     body = {"suffix": SUFFIX, "file_path": "src/values.py", "max_tokens": N, "temperature": 0}
     httpx.post(f"{url}/v1/completions", json={**body, "prompt": lines(30, 38) + "total = "}, timeout=120)
     window = lines(31, 38) + "total = 1\n"
+    built = []
+    build = fim.build_fim_prompt
+    monkeypatch.setattr(fim, "build_fim_prompt", lambda *a, **k: built.append(1) or build(*a, **k))
     got = httpx.post(f"{url}/v1/completions", json={**body, "prompt": window}, timeout=120).json()
+    assert len(built) == 1  # the extended prompt, built to see that it cuts nothing, is the one run
+    monkeypatch.undo()
     longer = FIMRequest(lines(30, 31) + window, SUFFIX, file_path="src/values.py", mode=mode)
     assert got["usage"]["prompt_tokens"] == len(tiny_engine.fim_prompt(longer, N).token_ids)
     assert got["choices"][0]["text"] == tiny_engine.generate(longer, max_tokens=N, temperature=0.0).text

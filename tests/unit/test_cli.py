@@ -544,3 +544,28 @@ def test_console_script_exits_non_zero_with_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stdout == ""
     assert one_line(result.stderr).startswith("langchain-starcoder: error:")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ((), {"supersede": True, "stable_prefix": True, "fim_mode": "psm"}),
+        (
+            ("--no-supersede", "--no-stable-prefix", "--fim-mode", "spm"),
+            {"supersede": False, "stable_prefix": False, "fim_mode": "spm"},
+        ),
+    ],
+)
+def test_serve_hands_its_typing_options_to_the_app(capsys, monkeypatch, tiny_path, flags, expected):
+    from langchain_starcoder import server
+
+    seen: dict[str, object] = {}
+
+    def create_app(load: object, **options: object) -> object:
+        seen.update(options)
+        raise KeyboardInterrupt  # stop before serving
+
+    monkeypatch.setattr(server, "create_app", create_app)
+    code, _, err = run(capsys, "serve", "--model", tiny_path, "--port", 0, *flags)
+    assert code != 0 and "interrupted" in err
+    assert {name: seen[name] for name in expected} == expected
