@@ -198,7 +198,9 @@ def llama_vim_body(session: Session, typed: int, settings: EditorSettings, *, wa
         "n_indent": len(cursor_line_start) - len(cursor_line_start.lstrip()),
         "top_k": 40,
         "top_p": 0.90,
-        "temperature": 0.0,  # greedy on both servers (llama.vim samples; the work per token is the same)
+        # Greedy on our server. llama-server samples with llama.vim's samplers (no temperature step) at any
+        # temperature: its answers differ, the work per token is the same.
+        "temperature": 0.0,
         "samplers": [] if warm_up else ["top_k", "top_p", "infill"],
         "stream": True,
         "cache_prompt": True,
