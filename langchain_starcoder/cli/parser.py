@@ -38,11 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    # SUPPRESS: a subcommand's default must not overwrite a --verbose given before it.
-    common.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
-    )
+    common = _common_options()
     parser = _Parser(
         prog=PROG,
         description="StarCoder2 code models on MLX: generate, fill in the middle, quantize, inspect.",
@@ -60,9 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", _cmd_generate, "complete a prompt, streaming the text",
         "Complete a prompt, streaming the text to stdout; speeds go to stderr.",
     )  # fmt: skip
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="the prompt text (special tokens such as <fim_prefix> are parsed)")
-    source.add_argument("--file", type=Path, help="read the prompt from a file ('-' for stdin)")
+    _prompt_args(p)
     _model_args(p)
     _generation_args(p, max_tokens=256)
 
@@ -79,10 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "quantize", _cmd_quantize, "write an MLX-quantized checkpoint",
         "Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.",
     )  # fmt: skip
-    _source_and_destination(p, "full-precision checkpoint: folder or hub id", "folder to write")
-    p.add_argument("--bits", type=int, choices=(4, 8), default=4)
-    p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=64)
-    p.add_argument("--no-verify", action="store_true", help="skip loading the result to check it")
+    _quantize_args(p)
 
     p = command(
         "convert", _cmd_convert,
@@ -93,28 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         "hub id (full precision or MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor "
         "at a time (--outtype).",
     )  # fmt: skip
-    sources = "a .gguf file (a folder or hub id with --gguf-file), or a checkpoint"
-    _source_and_destination(p, sources, "folder to write, or a .gguf file")
-    p.add_argument(
-        "--outtype",
-        choices=("f32", "f16", "q8_0", "q4_0"),
-        help="type of the 2-D weights of a GGUF DST (default f16; q4_0 through llama-quantize)",
-    )
-    _gguf_options(p)
+    _convert_args(p)
 
     p = command(
         "build-test-model", _cmd_build, "build a checkpoint with random weights, offline",
         "Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
     )  # fmt: skip
-    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
-    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
-    p.add_argument("--layers", type=int, help="number of layers (keeps a big preset small)")
-    p.add_argument("--sliding-window", type=int, help="attention window (0: full attention)")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
-    p.add_argument("--quantize", type=int, choices=(4, 8), help="write it quantized (float16 scales)")
-    p.add_argument("--instruct", action="store_true", help="give it an instruct chat template")
-    p.add_argument("--seed", type=int, default=0)
-    _force_option(p, "built here")
+    _build_args(p)
 
     p = command(
         "info", _cmd_info, "describe a checkpoint",
@@ -139,6 +115,54 @@ def build_parser() -> argparse.ArgumentParser:
     # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
     sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
     return parser
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """The options every command takes (a parent parser)."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's default must not overwrite a --verbose given before it.
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
+    return common
+
+
+def _prompt_args(p: argparse.ArgumentParser) -> None:
+    """generate's prompt: given as text or read from a file."""
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text (special tokens such as <fim_prefix> are parsed)")
+    source.add_argument("--file", type=Path, help="read the prompt from a file ('-' for stdin)")
+
+
+def _quantize_args(p: argparse.ArgumentParser) -> None:
+    _source_and_destination(p, "full-precision checkpoint: folder or hub id", "folder to write")
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=64)
+    p.add_argument("--no-verify", action="store_true", help="skip loading the result to check it")
+
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    sources = "a .gguf file (a folder or hub id with --gguf-file), or a checkpoint"
+    _source_and_destination(p, sources, "folder to write, or a .gguf file")
+    p.add_argument(
+        "--outtype",
+        choices=("f32", "f16", "q8_0", "q4_0"),
+        help="type of the 2-D weights of a GGUF DST (default f16; q4_0 through llama-quantize)",
+    )
+    _gguf_options(p)
+
+
+def _build_args(p: argparse.ArgumentParser) -> None:
+    """build-test-model's checkpoint: a preset, optionally smaller, in a dtype or quantized."""
+    p.add_argument("dst", metavar="DST", type=Path, help="folder to write")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    p.add_argument("--layers", type=int, help="number of layers (keeps a big preset small)")
+    p.add_argument("--sliding-window", type=int, help="attention window (0: full attention)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    p.add_argument("--quantize", type=int, choices=(4, 8), help="write it quantized (float16 scales)")
+    p.add_argument("--instruct", action="store_true", help="give it an instruct chat template")
+    p.add_argument("--seed", type=int, default=0)
+    _force_option(p, "built here")
 
 
 def _infill_args(p: argparse.ArgumentParser) -> None:
