@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .protocol import CompletionAsk
 
@@ -30,8 +30,8 @@ class Completer:
         self._lock = threading.Lock()
         self._default_model: str | None = None
         self._repo: RepoIndex | None = None
-        #: The newest request of each document path: its ``cancel`` stops it when a newer one comes.
-        self._newest: dict[str, Any] = {}
+        #: The running requests of each document path (``cancel``, is a warm-up), oldest first.
+        self._running: dict[str, list[tuple[Callable[[str], None], bool]]] = {}
 
     # --- engines --------------------------------------------------------------------------------
 
@@ -92,15 +92,19 @@ class Completer:
 
     # --- supersession (on the event loop's thread only) --------------------------------------------
 
-    def newest(self, path: str, cancel: Callable[[str], None]) -> None:
-        """``cancel`` is the newest request for ``path``: an older one still running is superseded."""
+    def newest(self, path: str, cancel: Callable[[str], None], *, warm_up: bool = False) -> None:
+        """``cancel`` is the newest request for ``path``: the older ones still running are superseded,
+        except that a warm-up never supersedes an answer someone waits for (as the server's /infill)."""
         if not path:
             return  # a document without a path cannot be told apart from another
-        older = self._newest.get(path)
-        self._newest[path] = cancel
-        if older is not None:
+        running = self._running.setdefault(path, [])
+        superseded = [r for r in running if r[1] or not warm_up]
+        running[:] = [r for r in running if r not in superseded] + [(cancel, warm_up)]
+        for older, _ in superseded:
             older("superseded")
 
     def ended(self, path: str, cancel: Callable[[str], None]) -> None:
-        if path and self._newest.get(path) == cancel:
-            del self._newest[path]
+        running = self._running.get(path, [])
+        running[:] = [r for r in running if r[0] != cancel]
+        if not running:
+            self._running.pop(path, None)

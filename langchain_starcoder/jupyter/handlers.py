@@ -2,8 +2,11 @@
 
 Jupyter's own authentication guards it (its token, or its login cookie with the XSRF token), its origin
 check refuses other origins, and no CORS header is added. Each answer is ``{"text": ...}`` lines as the
-tokens arrive, then ``{"done": true, "text": <the whole middle>, "finish_reason": ..., "middle_end": ...}``
-(``middle_end`` "syntax" when decoding stopped where the code says the hole is filled); a request
+tokens arrive, then ``{"done": true, "text": <the whole middle>, "finish_reason": ..., "middle_end": ...,
+"prompt_tokens": ..., "cached_tokens": ...}`` (``middle_end`` "syntax" when decoding stopped where the code
+says the hole is filled; ``cached_tokens``: the prompt's tokens the engine's cache already held). A
+warm-up (``"warm_up": true``) only prefills its prompt and answers the done line alone, ``finish_reason``
+"warm_up"; it never supersedes a request that generates, and any newer request supersedes it. A request
 refused before streaming gets ``{"error": ...}`` with a 4xx/5xx status, an error after the first line an
 ``{"error": ...}`` line. The generation runs in the engine's worker (the server's event loop only
 waits), and stops at its next step when the client disconnects or a newer request for the same document
@@ -26,6 +29,7 @@ from .protocol import CompletionAsk, RequestError, line, parse_ask
 
 if TYPE_CHECKING:
     from ..engine import StarCoderEngine
+    from ..fim import FIMPrompt
     from ..fim_request import FIMRequest
 
 #: Where the handler finds the server's :class:`Completer` in the tornado application's settings.
@@ -54,7 +58,7 @@ class CompleteHandler(APIHandler):
             self._refuse(e.status, str(e))
             return
         self._work = asyncio.ensure_future(self._answer(ask))
-        self.completer.newest(ask.path, self.cancel)
+        self.completer.newest(ask.path, self.cancel, warm_up=ask.warm_up)
         try:
             await self._work
         finally:
@@ -75,19 +79,24 @@ class CompleteHandler(APIHandler):
         tokens = 0
         outcome = "failed"
         stream = None
+        cached = None
         try:
-            engine, request = await asyncio.to_thread(self._prepare, ask)
-            stream = engine.astream_infill(request, max_tokens=ask.max_tokens, temperature=ask.temperature)
+            engine, request, prompt = await asyncio.to_thread(self._prepare, ask)
+            # A warm-up runs its prompt (budgeted for max_tokens, as the requests it warms) for one token.
+            settings = {"max_tokens": 1 if ask.warm_up else ask.max_tokens, "temperature": ask.temperature}
+            stream = engine.astream_fim_prompt(request, prompt, **settings)
             async for chunk in stream:
                 tokens += len(chunk.token_ids)
-                if chunk.text:
+                if chunk.text and not ask.warm_up:
                     texts.append(chunk.text)
                     await self._send(line(text=chunk.text))
                 if chunk.finish_reason is not None:
-                    outcome = chunk.finish_reason
+                    outcome = "warm_up" if ask.warm_up else chunk.finish_reason
+                    cached = chunk.cached_tokens
                     done = {
-                        "finish_reason": outcome, "completion_tokens": chunk.completion_tokens,
-                        "prompt_tokens": chunk.prompt_tokens, "middle_end": chunk.middle_end,
+                        "finish_reason": outcome, "middle_end": chunk.middle_end,
+                        "completion_tokens": 0 if ask.warm_up else chunk.completion_tokens,
+                        "prompt_tokens": chunk.prompt_tokens, "cached_tokens": cached,
                     }  # fmt: skip
                     self.finish(line(done=True, text="".join(texts), **done), set_content_type=NDJSON)
         except asyncio.CancelledError:  # our own cancel (a task cancelled from outside is the server's)
@@ -106,14 +115,15 @@ class CompleteHandler(APIHandler):
             if stream is not None:
                 await stream.aclose()  # type: ignore[attr-defined]  # stops the engine's generation
             self.log.debug(
-                "langchain-starcoder: request %r for %r ended (%s) after %d tokens",
-                ask.request_id, ask.path, outcome, tokens,
+                "langchain-starcoder: request %r for %r ended (%s) after %d tokens (%s prompt tokens cached)",
+                ask.request_id, ask.path, outcome, tokens, cached,
             )  # fmt: skip
 
-    def _prepare(self, ask: CompletionAsk) -> tuple[StarCoderEngine, FIMRequest]:
-        """The engine and the request, in one thread hop (each hop is a wake-up of a thread: on a busy
-        machine, milliseconds)."""
-        return self.completer.engine(ask), self.completer.fim_request(ask)
+    def _prepare(self, ask: CompletionAsk) -> tuple[StarCoderEngine, FIMRequest, FIMPrompt]:
+        """The engine, the request and its prompt, in one thread hop (each hop is a wake-up of a thread:
+        on a busy machine, milliseconds)."""
+        engine, request = self.completer.engine(ask), self.completer.fim_request(ask)
+        return engine, request, engine.fim_prompt(request, ask.max_tokens)
 
     async def _send(self, data: bytes) -> None:
         if not self._headers_written:

@@ -37,6 +37,10 @@ class CompletionAsk:
     cell: int | None
     """The index of the hole's cell in ``notebook["cells"]``."""
     max_tokens: int
+    """The most tokens of the middle; a warm-up's prompt is budgeted for it too (the same prompt)."""
+    warm_up: bool
+    """Only fill the engine's cache with the prompt (the user moved to this cell, a cell ran): nothing is
+    generated or answered but the done line, and it never supersedes a request that generates."""
     model: str | None
     """A checkpoint folder, GGUF file or hub id (None: ``$LANGCHAIN_STARCODER_MODEL``, else the default)."""
     backend: str
@@ -67,9 +71,10 @@ def parse_ask(body: Any) -> CompletionAsk:
     temperature = body.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise RequestError(f"temperature must be a number >= 0, not {temperature!r}.")
-    repo_context = body.get("repo_context", False)
-    if not isinstance(repo_context, bool):
-        raise RequestError(f"repo_context must be true or false, not {repo_context!r}.")
+    repo_context, warm_up = body.get("repo_context", False), body.get("warm_up", False)
+    for name, value in (("repo_context", repo_context), ("warm_up", warm_up)):
+        if not isinstance(value, bool):
+            raise RequestError(f"{name} must be true or false, not {value!r}.")
     return CompletionAsk(
         prefix=_text(body, "prefix", required=True) or "",
         suffix=_text(body, "suffix") or "",
@@ -77,6 +82,7 @@ def parse_ask(body: Any) -> CompletionAsk:
         notebook=notebook,
         cell=cell if notebook is not None else None,
         max_tokens=max_tokens,
+        warm_up=warm_up,
         model=_text(body, "model"),
         backend=backend,
         base_url=_text(body, "base_url"),

@@ -157,6 +157,75 @@ def test_the_streamed_middle_equals_engine_infill_with_the_notebook_context(
         assert done["prompt_tokens"] > len(alone.token_ids)
 
 
+def _shared(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two prompts share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def test_a_warm_up_prefills_the_cells_prompt_and_the_next_keystroke_reuses_it(
+    lab, project, tiny_engine: StarCoderEngine
+):
+    """Moving to a cell sends a warm-up: nothing is generated, the prompt is prefilled; the keystroke's
+    request after it takes what the two prompts share from the cache and answers exactly as alone."""
+    _, notebook, cell = project
+    marked = json.loads(json.dumps(notebook))
+    marked["cells"][0]["source"] = "# Areas, probed by the warm-up test"  # a prompt no other test sent
+    typed = "volume = "
+
+    def body(text: str, **extra: Any) -> dict[str, Any]:
+        nb = live(marked, cell, text)
+        return {"prefix": text, "path": NOTEBOOK, "notebook": nb, "cell": cell, "max_tokens": N, **extra}
+
+    def prompt(text: str, nb: dict[str, Any]) -> list[int]:
+        ctx = NotebookContext.from_notebook(live(nb, cell, text), cell)
+        return tiny_engine.fim_prompt(FIMRequest(text, "", notebook=ctx), N).token_ids
+
+    warm_ids, typed_ids = prompt("", marked), prompt(typed, marked)
+    shared = _shared(warm_ids, typed_ids)
+    # Every earlier request's prompt lacks the mark: the cache could give the typed prompt this much alone.
+    before_mark = _shared(typed_ids, prompt(typed, notebook))
+    assert before_mark < shared - 1
+
+    warm = answer_lines(ask(lab, body("", warm_up=True, request_id="warm")))
+    assert len(warm) == 1 and warm[0]["done"] is True
+    assert (warm[0]["text"], warm[0]["finish_reason"], warm[0]["completion_tokens"]) == ("", "warm_up", 0)
+    assert warm[0]["prompt_tokens"] == len(warm_ids)
+    assert ended(lab, "warm")[0] == "warm_up"
+
+    done = answer_lines(ask(lab, body(typed)))[-1]
+    ctx = NotebookContext.from_notebook(live(marked, cell, typed), cell)
+    expected = tiny_engine.infill(typed, "", notebook=ctx, max_tokens=N, temperature=0)
+    assert (done["text"], done["finish_reason"]) == (expected.text, expected.finish_reason)
+    assert done["prompt_tokens"] == len(typed_ids)
+    assert done["cached_tokens"] >= shared - 1  # all it shares with the warm-up (the engine may redo one)
+
+
+def test_a_warm_up_never_supersedes_the_answer_being_streamed(lab, project, long_hole, tiny_engine):
+    _, notebook, cell = project
+    answer: list[dict[str, Any]] = []
+    streaming = threading.Event()
+    body = {**long_body(project, long_hole, "answer-then-warm"), "max_tokens": 40}
+
+    def read_answer() -> None:
+        with httpx.stream("POST", lab.url + ROUTE, json=body, headers=lab.auth, timeout=300) as reply:
+            for line in reply.iter_lines():
+                answer.append(json.loads(line))
+                streaming.set()
+
+    reader = threading.Thread(target=read_answer)
+    reader.start()
+    assert streaming.wait(300)
+    nb = live(notebook, cell, "")
+    warm = {"prefix": "", "notebook": nb, "cell": cell, "path": NOTEBOOK, "warm_up": True}
+    assert answer_lines(ask(lab, warm))[-1]["finish_reason"] == "warm_up"
+    reader.join(300)
+    whole = tiny_engine.infill(
+        body["prefix"], "", notebook=NotebookContext.from_notebook(body["notebook"], cell), max_tokens=40
+    )
+    assert answer[-1]["finish_reason"] == whole.finish_reason != "superseded"
+    assert answer[-1]["text"] == whole.text
+
+
 def test_a_py_file_gets_the_server_roots_repository_context(lab, project, tiny_engine: StarCoderEngine):
     root, _, _ = project
     prefix, suffix, path = "def report(r):\n    return ", "\n", "pkg/app.py"
@@ -239,6 +308,7 @@ def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
         ({"prefix": "x", "notebook": {"nbformat": 4, "cells": []}}, 400, "cell"),
         ({"prefix": "x", "max_tokens": 0}, 400, "max_tokens"),
         ({"prefix": "x", "backend": "torch"}, 400, "backend"),
+        ({"prefix": "x", "warm_up": "yes"}, 400, "warm_up"),
         ({"prefix": "x", "notebook": {"nbformat": 3, "cells": []}, "cell": 0}, 400, "format 4"),
         ({"prefix": "x", "notebook": "MARKDOWN", "cell": 0}, 400, "notebook"),
         ({"prefix": "x", "model": "/no/such/checkpoint"}, 404, "no/such/checkpoint"),
