@@ -5,6 +5,7 @@
  */
 import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICompletionProviderManager } from '@jupyterlab/completer';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { DEFAULT_SETTINGS, ISettings, StarCoderInlineProvider } from './provider';
@@ -16,14 +17,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'Inline completion from StarCoder2 (langchain-starcoder), notebook-aware.',
   autoStart: true,
   requires: [ICompletionProviderManager],
-  optional: [ISettingRegistry],
+  optional: [ISettingRegistry, INotebookTracker],
   activate: (
     app: JupyterFrontEnd,
     manager: ICompletionProviderManager,
-    registry: ISettingRegistry | null
+    registry: ISettingRegistry | null,
+    notebooks: INotebookTracker | null
   ): void => {
     const provider = new StarCoderInlineProvider();
     manager.registerInlineProvider(provider);
+    if (notebooks) {
+      // Where the next keystrokes will be: another cell, another notebook, or the cell after one that ran
+      // (its outputs are the next prompt's context).
+      const warm = (): void => {
+        if (notebooks.currentWidget) {
+          void provider.warm(notebooks.currentWidget);
+        }
+      };
+      notebooks.activeCellChanged.connect(warm);
+      notebooks.currentChanged.connect(warm);
+      NotebookActions.executed.connect(warm);
+    }
     if (!registry) {
       return;
     }

@@ -1,7 +1,8 @@
 /**
  * The inline completion provider: asks the package's server extension for the middle of the cursor's
  * hole and streams it into JupyterLab's ghost text. A newer keystroke aborts the older request (the
- * server then stops its generation).
+ * server then stops its generation). When the user moves to a cell or a cell has run, `warm` has the
+ * server prefill that cell's prompt, so the first keystroke there does not wait for the notebook's.
  */
 import type {
   CompletionHandler,
@@ -11,9 +12,10 @@ import type {
   IInlineCompletionProvider
 } from '@jupyterlab/completer';
 import { URLExt } from '@jupyterlab/coreutils';
+import type { NotebookPanel } from '@jupyterlab/notebook';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { documentContext } from './context';
+import { documentContext, IDocumentContext } from './context';
 
 /** The extension's settings (schema/plugin.json). */
 export interface ISettings {
@@ -24,6 +26,7 @@ export interface ISettings {
   maxTokens: number;
   debounceMs: number;
   repoContext: boolean;
+  warmUp: boolean;
 }
 
 export const DEFAULT_SETTINGS: ISettings = {
@@ -33,7 +36,8 @@ export const DEFAULT_SETTINGS: ISettings = {
   baseUrl: '',
   maxTokens: 64,
   debounceMs: 200,
-  repoContext: true
+  repoContext: true,
+  warmUp: true
 };
 
 /** One answer line of `POST langchain-starcoder/complete`. */
@@ -61,6 +65,7 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
   settings: ISettings = { ...DEFAULT_SETTINGS };
   private _serverSettings = ServerConnection.makeSettings();
   private _current: AbortController | null = null;
+  private _warming: AbortController | null = null;
   private _pending = new Map<string, IPending>();
   private _counter = 0;
 
@@ -75,30 +80,43 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
     if (!document || !(await sleep(this.settings.debounceMs, controller.signal))) {
       return { items: [] };
     }
-    const token = `${Date.now()}-${++this._counter}`;
-    const body = {
-      prefix: request.text.slice(0, request.offset),
-      suffix: request.text.slice(request.offset),
-      path: document.path,
-      notebook: document.notebook,
-      cell: document.cell,
-      max_tokens: this.settings.maxTokens,
-      model: this.settings.model || null,
-      backend: this.settings.backend || null,
-      base_url: this.settings.baseUrl || null,
-      repo_context: this.settings.repoContext,
-      request_id: token
-    };
-    const url = URLExt.join(this._serverSettings.baseUrl, 'langchain-starcoder', 'complete');
-    const response = ServerConnection.makeRequest(
-      url,
-      { method: 'POST', body: JSON.stringify(body), signal: controller.signal },
-      this._serverSettings
-    );
+    const token = this._token();
+    const body = this._body(document, request.text, request.offset, token);
+    const response = this._post(body, controller.signal);
     response.catch(() => undefined); // read (and its error reported) by stream()
     this._pending.set(token, { response, controller });
     // The ghost text starts empty and grows as stream() reads the answer.
     return { items: [{ insertText: '', isIncomplete: true, token }] };
+  }
+
+  /**
+   * Prefill the prompt of `panel`'s active cell at its cursor (after the debounce; a newer call aborts
+   * it). The server answers nothing but its done line, and never lets it stop an answer being streamed.
+   */
+  async warm(panel: NotebookPanel): Promise<void> {
+    this._warming?.abort();
+    const controller = new AbortController();
+    this._warming = controller;
+    if (
+      !this.settings.enabled ||
+      !this.settings.warmUp ||
+      !(await sleep(this.settings.debounceMs, controller.signal))
+    ) {
+      return;
+    }
+    const editor = panel.content.activeCell?.editor;
+    const document = documentContext(panel);
+    if (!editor || !document) {
+      return;
+    }
+    const text = editor.model.sharedModel.getSource();
+    const offset = editor.getOffsetAt(editor.getCursorPosition());
+    const body = { ...this._body(document, text, offset, `warm-${this._token()}`), warm_up: true };
+    try {
+      await (await this._post(body, controller.signal)).text();
+    } catch {
+      // aborted by a newer warm-up, or the server is away: the next keystroke's request says so
+    }
   }
 
   async *stream(token: string): AsyncGenerator<{ response: IInlineCompletionItem }> {
@@ -132,6 +150,38 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
     } finally {
       pending.controller.abort(); // the ghost text was dismissed mid-stream: stop the generation
     }
+  }
+
+  private _token(): string {
+    return `${Date.now()}-${++this._counter}`;
+  }
+
+  /** The request for the hole at `offset` in `text` (the cell's or the file's, as the editor holds it). */
+  private _body(
+    document: IDocumentContext,
+    text: string,
+    offset: number,
+    token: string
+  ): Record<string, unknown> {
+    return {
+      prefix: text.slice(0, offset),
+      suffix: text.slice(offset),
+      path: document.path,
+      notebook: document.notebook,
+      cell: document.cell,
+      max_tokens: this.settings.maxTokens,
+      model: this.settings.model || null,
+      backend: this.settings.backend || null,
+      base_url: this.settings.baseUrl || null,
+      repo_context: this.settings.repoContext,
+      request_id: token
+    };
+  }
+
+  private _post(body: Record<string, unknown>, signal: AbortSignal): Promise<Response> {
+    const url = URLExt.join(this._serverSettings.baseUrl, 'langchain-starcoder', 'complete');
+    const init = { method: 'POST', body: JSON.stringify(body), signal };
+    return ServerConnection.makeRequest(url, init, this._serverSettings);
   }
 }
 

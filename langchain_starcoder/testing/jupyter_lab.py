@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -110,6 +111,19 @@ class JupyterLab:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.is_file() else ""
 
+    def request_end(self, request_id: str, timeout: float = 120) -> tuple[str, int, int | None]:
+        """How the extension's request ``request_id`` ended, after how many tokens, and how many of its
+        prompt's tokens the engine's cache held (from the line it logs when a request ends)."""
+        pattern = re.compile(
+            rf"request '{re.escape(request_id)}' for .* ended \((\w+)\) after (\d+) tokens \((\w+) prompt"
+        )
+        deadline = time.monotonic() + timeout
+        while not (found := pattern.search(self.log_text())):
+            assert time.monotonic() < deadline, self.log_text()[-3000:]
+            time.sleep(0.1)
+        cached = found.group(3)
+        return found.group(1), int(found.group(2)), None if cached == "None" else int(cached)
+
     def stop(self) -> None:
         """SIGTERM (Jupyter's own shutdown: kernels too), then SIGKILL to the group it leads."""
         if self.proc is None or self.proc.poll() is not None:
@@ -206,8 +220,10 @@ PAGE_TIMEOUT_MS = 300_000
 
 def open_notebook(page: Any, lab: JupyterLab, path: str, cells: int) -> None:
     """Open notebook ``path`` (relative to the root) in JupyterLab and wait until its ``cells`` cells
-    are on the page."""
-    page.goto(f"{lab.url}lab/tree/{path}?token={lab.token}", timeout=PAGE_TIMEOUT_MS)
+    are on the page. The notebook gets a workspace of its own: JupyterLab would restore the documents
+    an earlier page opened beside it, and their cells would match the tests' selectors too."""
+    workspace = re.sub(r"[^A-Za-z0-9]", "-", path)
+    page.goto(f"{lab.url}lab/workspaces/{workspace}/tree/{path}?token={lab.token}", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_function(
         "n => document.querySelectorAll('.jp-Notebook .jp-Cell').length === n",
         arg=cells,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 import shutil
 import threading
@@ -85,14 +84,10 @@ def live(notebook: dict[str, Any], cell: int, text: str) -> dict[str, Any]:
     return edited
 
 
-def ended(lab: JupyterLab, request_id: str, timeout: float = 120) -> tuple[str, int]:
+def ended(lab: JupyterLab, request_id: str) -> tuple[str, int]:
     """How the request ended and after how many tokens, from the extension's log line."""
-    pattern = re.compile(rf"request '{re.escape(request_id)}' for .* ended \((\w+)\) after (\d+) tokens")
-    deadline = time.monotonic() + timeout
-    while not (found := pattern.search(lab.log_text())):
-        assert time.monotonic() < deadline, lab.log_text()[-3000:]
-        time.sleep(0.1)
-    return found.group(1), int(found.group(2))
+    outcome, tokens, _ = lab.request_end(request_id)
+    return outcome, tokens
 
 
 # --- auth: Jupyter's own -------------------------------------------------------------------------
