@@ -195,32 +195,6 @@ def test_a_warm_up_prefills_the_cells_prompt_and_the_next_keystroke_reuses_it(
     assert done["cached_tokens"] >= shared - 1  # all it shares with the warm-up (the engine may redo one)
 
 
-def test_a_warm_up_never_supersedes_the_answer_being_streamed(lab, project, long_hole, tiny_engine):
-    _, notebook, cell = project
-    answer: list[dict[str, Any]] = []
-    streaming = threading.Event()
-    body = {**long_body(project, long_hole, "answer-then-warm"), "max_tokens": 40}
-
-    def read_answer() -> None:
-        with httpx.stream("POST", lab.url + ROUTE, json=body, headers=lab.auth, timeout=300) as reply:
-            for line in reply.iter_lines():
-                answer.append(json.loads(line))
-                streaming.set()
-
-    reader = threading.Thread(target=read_answer)
-    reader.start()
-    assert streaming.wait(300)
-    nb = live(notebook, cell, "")
-    warm = {"prefix": "", "notebook": nb, "cell": cell, "path": NOTEBOOK, "warm_up": True}
-    assert answer_lines(ask(lab, warm))[-1]["finish_reason"] == "warm_up"
-    reader.join(300)
-    whole = tiny_engine.infill(
-        body["prefix"], "", notebook=NotebookContext.from_notebook(body["notebook"], cell), max_tokens=40
-    )
-    assert answer[-1]["finish_reason"] == whole.finish_reason != "superseded"
-    assert answer[-1]["text"] == whole.text
-
-
 def test_a_py_file_gets_the_server_roots_repository_context(lab, project, tiny_engine: StarCoderEngine):
     root, _, _ = project
     prefix, suffix, path = "def report(r):\n    return ", "\n", "pkg/app.py"
@@ -396,11 +370,16 @@ def test_a_newer_request_for_the_same_document_supersedes_the_older(lab, project
     assert ended(lab, "older")[0] == "superseded"
 
 
-def test_a_request_for_another_document_does_not_supersede(lab, project, long_hole, tiny_engine):
+@pytest.mark.parametrize("beside", ["another document", "a warm-up"])
+def test_a_request_for_another_document_or_a_warm_up_does_not_supersede(
+    lab, project, long_hole, tiny_engine, beside: str
+):
+    """A request for another document, and a warm-up of the same one (nobody waits for its answer), run
+    beside an answer being streamed and leave it whole."""
     _, notebook, cell = project
     first: list[dict[str, Any]] = []
     streaming = threading.Event()
-    body = {**long_body(project, long_hole, "other-doc"), "max_tokens": 40}
+    body = {**long_body(project, long_hole, f"beside {beside}"), "max_tokens": 40}
 
     def read_first() -> None:
         with httpx.stream("POST", lab.url + ROUTE, json=body, headers=lab.auth, timeout=300) as reply:
@@ -411,8 +390,13 @@ def test_a_request_for_another_document_does_not_supersede(lab, project, long_ho
     reader = threading.Thread(target=read_first)
     reader.start()
     assert streaming.wait(300)
-    nb = live(notebook, cell, "w = ")
-    answer_lines(ask(lab, {"prefix": "w = ", "notebook": nb, "cell": cell, "path": "other.ipynb"}))
+    if beside == "a warm-up":
+        other = {"prefix": "", "notebook": live(notebook, cell, ""), "path": NOTEBOOK, "warm_up": True}
+    else:
+        other = {"prefix": "w = ", "notebook": live(notebook, cell, "w = "), "path": "other.ipynb"}
+    done = answer_lines(ask(lab, {**other, "cell": cell}))[-1]
+    assert done["done"] is True and done["finish_reason"] != "superseded"
+    assert (done["finish_reason"] == "warm_up") == (beside == "a warm-up")
     reader.join(300)
     whole = tiny_engine.infill(
         body["prefix"], "", notebook=NotebookContext.from_notebook(body["notebook"], cell), max_tokens=40
