@@ -4,6 +4,7 @@ model on the CPU, naming the fast path; a remote engine that cannot fetch its to
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -69,6 +70,23 @@ def test_a_model_counted_as_big_gets_one_notice_naming_the_fast_path(
         assert str(tiny_path) in message and "MLX runs it on the CPU" in message
         assert 'backend="llama.cpp"' in message and "--backend llama.cpp" in message
         assert "pip install -e '.[llama-cpp]'" in message  # the extra, as a checkout installs it
+        # A float32 checkpoint on Linux's reference BLAS: OpenBLAS is named too.
+        hint = building._reference_blas_float32(read_config(tiny_path))
+        assert ("LANGCHAIN_STARCODER_BLAS=openblas" in message) == hint
+
+
+def test_the_openblas_hint_is_for_unquantized_float32_on_the_reference_blas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert building._reference_blas_float32({"torch_dtype": "float32"})
+    assert not building._reference_blas_float32({"torch_dtype": "bfloat16"})
+    assert not building._reference_blas_float32({"quantization": {"bits": 4, "group_size": 64}})
+    monkeypatch.setattr(sys, "platform", "darwin")  # MLX uses Accelerate there
+    assert not building._reference_blas_float32({"torch_dtype": "float32"})
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr("langchain_starcoder.blas.active_blas", lambda: {"path": "libopenblas.so"})
+    assert not building._reference_blas_float32({"torch_dtype": "float32"})
 
 
 def test_the_notice_is_one_note_line_on_the_command_line(
