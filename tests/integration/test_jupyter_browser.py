@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import sync_playwright
+from sequences import shared_prefix
 
 from benchmarks.cases import BENCHMARKS, OPTIONAL, Context
 from benchmarks.harness import Checkpoints
@@ -263,9 +264,7 @@ def test_entering_a_cell_warms_its_prompt_and_the_first_keystroke_there_takes_it
         return tiny_engine.fim_prompt(completer.fim_request(parse_ask(body)), MAX_TOKENS).token_ids
 
     warm_ids, keystroke_ids = prompt(warmed[-1]), prompt(keystroke)
-    shared = next(
-        (i for i, (a, b) in enumerate(zip(warm_ids, keystroke_ids, strict=False)) if a != b), len(warm_ids)
-    )
+    shared = shared_prefix(warm_ids, keystroke_ids)
     assert shared > len(keystroke_ids) * 0.9  # the notebook's context: most of the prompt
     outcome, _, cached = lab.request_end(keystroke["request_id"])
     assert outcome != "failed" and cached is not None and cached >= shared - 1

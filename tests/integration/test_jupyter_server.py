@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 from jupyter_server.serverapp import ServerApp
+from sequences import shared_prefix
 
 from langchain_starcoder import FIMRequest, NotebookContext, RepoIndex, StarCoderEngine, registry
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
@@ -152,11 +153,6 @@ def test_the_streamed_middle_equals_engine_infill_with_the_notebook_context(
         assert done["prompt_tokens"] > len(alone.token_ids)
 
 
-def _shared(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two prompts share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
 def test_a_warm_up_prefills_the_cells_prompt_and_the_next_keystroke_reuses_it(
     lab, project, tiny_engine: StarCoderEngine
 ):
@@ -176,9 +172,9 @@ def test_a_warm_up_prefills_the_cells_prompt_and_the_next_keystroke_reuses_it(
         return tiny_engine.fim_prompt(FIMRequest(text, "", notebook=ctx), N).token_ids
 
     warm_ids, typed_ids = prompt("", marked), prompt(typed, marked)
-    shared = _shared(warm_ids, typed_ids)
+    shared = shared_prefix(warm_ids, typed_ids)
     # Every earlier request's prompt lacks the mark: the cache could give the typed prompt this much alone.
-    before_mark = _shared(typed_ids, prompt(typed, notebook))
+    before_mark = shared_prefix(typed_ids, prompt(typed, notebook))
     assert before_mark < shared - 1
 
     warm = answer_lines(ask(lab, body("", warm_up=True, request_id="warm")))

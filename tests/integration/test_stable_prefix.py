@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sequences import shared_prefix
 
 from langchain_starcoder import fim
 from langchain_starcoder.fim_request import ContextFile, FIMRequest
@@ -48,13 +49,6 @@ def _prompt(engine: Any, prefix: str, mode: str, max_tokens: int = N) -> list[in
     return engine.fim_prompt(FIMRequest(prefix, SUFFIX, context_files=FILES, mode=mode), max_tokens).token_ids
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def test_a_window_slid_by_a_line_starts_where_the_last_prompt_did_and_is_served_from_the_cache(
     served, tiny_engine
 ):
@@ -70,7 +64,7 @@ def test_a_window_slid_by_a_line_starts_where_the_last_prompt_did_and_is_served_
     alone = tiny_engine.generate(FIMRequest(longer, SUFFIX, context_files=FILES, mode=mode), max_tokens=N,
                                  temperature=0.0)  # fmt: skip
     assert got["content"] == alone.text
-    common = _common(_prompt(tiny_engine, lines(10, 18) + "total = ", mode), prompt)
+    common = shared_prefix(_prompt(tiny_engine, lines(10, 18) + "total = ", mode), prompt)
     assert got["tokens_cached"] >= common - 1
     # The whole window before the typed line came from the cache (in PSM the suffix follows it).
     window_tokens = len(tiny_engine.encode(lines(10, 18)))
