@@ -125,6 +125,10 @@ class StarCoderSettings(BaseModel):
     """Constrained decoding: every answer is a sentence of this grammar (Lark in llguidance's dialect,
     or llama.cpp's GBNF)."""
 
+    cache_salt: str | None = _DEFAULTS.cache_salt
+    """The prompt cache's partition (vLLM's ``cache_salt``): a call reuses only cached prompts of
+    calls with the same salt. Give each user of a shared engine a salt of its own."""
+
     streaming: bool = False
     """If True, ``invoke`` generates through the streaming path, so callbacks see every token."""
 

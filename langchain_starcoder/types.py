@@ -6,6 +6,7 @@ This module imports nothing from the package but its errors, so every other modu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -189,6 +190,10 @@ class GenerationParams:
     (``start: ...``, with ``/regex/`` terminals and ``%json {...}`` schemas), or llama.cpp's GBNF
     (``root ::= ...``). Text with a line that begins ``start:`` (or ``%llguidance``) is Lark;
     anything else is read as GBNF and converted to Lark by llguidance."""
+    cache_salt: str | None = None
+    """The prompt cache's partition (vLLM's ``cache_salt``): a request reuses only KV computed for
+    requests with the same salt (None is a partition of its own), and ``cached_tokens`` counts only
+    what its own partition held. A server gives each user a salt of its own (docs/security.md)."""
 
     @classmethod
     def create(cls, **settings: Any) -> GenerationParams:
@@ -216,11 +221,17 @@ class GenerationParams:
             json_schema=_schema(values["json_schema"]),
             regex=values["regex"],
             grammar=values["grammar"],
+            cache_salt=values["cache_salt"],
         )
 
     def settings(self) -> dict[str, Any]:
         """The settings as keywords of :meth:`create` (``stop_token_ids`` included)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def partition(self) -> CachePartition:
+        """The part of the prompt cache this request may reuse and fill."""
+        return CachePartition(salt=self.cache_salt)
 
     @property
     def constrained(self) -> bool:
@@ -240,6 +251,29 @@ class GenerationParams:
             return "grammar", self.grammar
         return None
 
+
+@dataclass(frozen=True)
+class CachePartition:
+    """What keeps one request's prompt cache apart from another's: KV computed under one partition
+    is never handed to a request of another, in memory or on disk (a LoRA adapter will join it).
+
+    The default partition (no salt) is the cache every request shared before partitions existed.
+    """
+
+    salt: str | None = None
+
+    @property
+    def is_default(self) -> bool:
+        return self == _DEFAULT_PARTITION
+
+    @property
+    def digest(self) -> str:
+        """A hex digest that names the partition without showing its salt (what files record)."""
+        text = json.dumps({"salt": self.salt}, separators=(",", ":"))
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+_DEFAULT_PARTITION = CachePartition()
 
 #: The settings a caller sets by name (``stop_token_ids`` is filled in by the front).
 GENERATION_KEYS = tuple(f.name for f in fields(GenerationParams) if f.name != "stop_token_ids")
@@ -328,6 +362,11 @@ def _check_settings(v: dict[str, Any]) -> None:
     ids = v["stop_token_ids"]
     if isinstance(ids, str | bytes) or not isinstance(ids, Iterable) or not all(is_int(t) for t in ids):
         raise bad(f"stop_token_ids must be a list of token ids (integers), not {ids!r}.")
+    salt = v["cache_salt"]
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad(f"cache_salt must be a non-empty string or None, not {salt!r}.")
+    if salt is not None:
+        check_text(salt, "cache_salt")
     _check_constraint(v)
 
 

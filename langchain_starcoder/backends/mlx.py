@@ -25,7 +25,7 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt
 from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
 from ..progress import advance_to, prefill_bar, prefill_steps
-from ..types import is_int
+from ..types import CachePartition, is_int
 from . import Generation
 from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, hash_weights_aside
 from .prompt_cache.disk import MIN_GAIN_TOKENS
@@ -263,7 +263,7 @@ class MLXBackend:
         """Prefill what the prompt cache lacks (in chunks, cancellable), then decode."""
         if gen.cancelled.is_set():  # its caller left while it waited in the queue
             return
-        cache, cached = self._take_cache(gen.prompt)
+        cache, cached = self._take_cache(gen.prompt, gen.params.partition)
         gen.sink.start(cached)
         speculation = self._speculation(gen)
         if speculation is None:
@@ -272,10 +272,10 @@ class MLXBackend:
             held = self._decode_speculative(gen, cache, cached, *speculation)
         if self._disk is not None:  # before finish: a script that exits right after still writes it
             layers = cache[: len(self.model.layers)]  # (a draft model's layers are not kept on disk)
-            self._disk.offer(held[: layers[0].offset], layers)
+            self._disk.offer(held[: layers[0].offset], layers, gen.params.partition)
         if not gen.cancelled.is_set():
             gen.sink.finish()
-        self._store(held, cache)  # after finish: a draft model's catching up does not delay the caller
+        self._store(held, cache, gen.params.partition)  # after finish: a draft's catching up delays no caller
 
     def _speculation(self, gen: Generation) -> tuple[str, int, PassCosts | None] | None:
         """How to draft (a set length always drafts; None: where the measured costs say it pays), or None:
@@ -302,8 +302,8 @@ class MLXBackend:
             model(mx.array(ids[start : start + self._prefill_chunk])[None], cache=cache)
             mx.eval([c.state for c in cache])
 
-    def _store(self, tokens: list[int], cache: list[Any]) -> None:
-        """Keep ``cache`` for reuse; a draft model's layers are brought to the tokens the model's hold."""
+    def _store(self, tokens: list[int], cache: list[Any], partition: CachePartition) -> None:
+        """Keep ``cache`` for ``partition``'s reuse; a draft model's layers are brought to the model's."""
         n_layers = len(self.model.layers)
         held = cache[0].offset
         if self._prompt_caches.max_entries <= 0:
@@ -313,7 +313,7 @@ class MLXBackend:
             if draft[0].offset > held:
                 trim_prompt_cache(draft, draft[0].offset - held)
             self._prefill(self.draft_model, draft, tokens[draft[0].offset : held], None)
-        self._prompt_caches.put(tokens[:held], cache)
+        self._prompt_caches.put(tokens[:held], cache, partition)
 
     def _decode_speculative(
         self, gen: Generation, cache: list[Any], cached: int, kind: str, k_max: int, costs: PassCosts | None
@@ -401,18 +401,18 @@ class MLXBackend:
                 bar.close()
         return ids + generated
 
-    def _take_cache(self, ids: list[int]) -> tuple[list[Any], int]:
-        """The in-memory cache sharing the longest prefix with ``ids``, or a file's when that saves more."""
-        in_memory = self._prompt_caches.longest(ids)
+    def _take_cache(self, ids: list[int], partition: CachePartition) -> tuple[list[Any], int]:
+        """``partition``'s in-memory cache sharing the longest prefix with ``ids``, or a longer file's."""
+        in_memory = self._prompt_caches.longest(ids, partition)
         if self._disk is not None and len(ids) - 1 >= in_memory + MIN_GAIN_TOKENS:  # else no file can win
-            name, n = self._disk.longest(ids)
+            name, n = self._disk.longest(ids, partition)
             n = min(n, len(ids) - 1)
             if name is not None and n >= in_memory + MIN_GAIN_TOKENS:
-                cache = self._disk.load(name, ids, n)
+                cache = self._disk.load(name, ids, n, partition)
                 if cache is not None:  # the model's layers; a draft model's are prefilled afresh
                     draft = [] if self.draft_model is None else make_prompt_cache(self.draft_model)
                     return cache + draft, n
-        return self._prompt_caches.take(ids, self._new_cache)
+        return self._prompt_caches.take(ids, partition, self._new_cache)
 
     def _run_batch(self, gens: list[Generation]) -> None:
         """All prompts through mlx-lm's BatchGenerator at once; each ends on its own stops and length."""

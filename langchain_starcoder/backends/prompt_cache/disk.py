@@ -2,9 +2,10 @@
 written off the worker thread, atomically, within a byte limit (least recently used go first).
 
 Files are named ``<key>-<tokens>.safetensors``: ``key`` (:mod:`.fingerprint`) says which weights and
-settings made them, so a process ignores files of other models in a shared folder without reading
-them; they age out through the byte limit. A file that claims this key but is damaged, truncated or
-does not match is removed with one notice; its header is checked against the model's cache layout
+settings made them, and for which partition of the cache (:func:`.fingerprint.partition_key`: a digest,
+never the salt), so a process ignores files of other models and a request those of other partitions,
+without reading them; they age out through the byte limit (one limit for all). A file that claims
+its key but is damaged, truncated or does not match is removed with one notice; its header is checked against the model's cache layout
 (:mod:`.layout`) before any of its data is read. The folder's last-modified times are the LRU order: a
 file is touched when it is used. The folder is private (:mod:`.folder`): one that another user could
 have written turns the disk cache off, with one notice.
@@ -30,7 +31,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from ...types import CachePartition
 from .files import CacheFileError, Header, Tensor, dtype_name, read_header, read_tensors, write_cache_file
+from .fingerprint import partition_key
 from .folder import Folder, NotPrivateError, make_private
 from .layout import CacheLayout
 from .memory import prefix_copy
@@ -66,9 +69,9 @@ class DiskPromptCache:
         self.key = key
         self.max_bytes = max_bytes
         self.layout = layout
-        self._prefix = key[:16]
         self._lock = threading.Lock()  # the index and pending count: worker and writer both touch them
-        self._index: dict[str, np.ndarray] = {}  # file name -> the token ids it holds
+        # partition key -> file name -> the token ids it holds (the partitions that have files)
+        self._index: dict[str, dict[str, np.ndarray]] = {}
         self._pending = 0
         self._warned: set[str] = set()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="starcoder-prompt-cache-writer")
@@ -77,34 +80,40 @@ class DiskPromptCache:
 
     # --- finding and reading (worker thread) ---------------------------------------------------
 
-    def longest(self, tokens: Sequence[int]) -> tuple[str | None, int]:
-        """The file sharing the longest token prefix with ``tokens``, and that length."""
-        self._refresh()
+    def key_of(self, partition: CachePartition) -> str:
+        """The key of ``partition``'s files (the default partition's is :attr:`key`)."""
+        return partition_key(self.key, partition)
+
+    def longest(self, tokens: Sequence[int], partition: CachePartition) -> tuple[str | None, int]:
+        """``partition``'s file sharing the longest token prefix with ``tokens``, and that length."""
+        key = self.key_of(partition)
+        self._refresh(key)
         query = np.asarray(tokens, dtype=np.int64)
         best, best_len = None, 0
         with self._lock:
-            entries = list(self._index.items())
+            entries = list(self._index.get(key, {}).items())
         for name, held in entries:
             n = _common_prefix(held, query)
             if n > best_len:
                 best, best_len = name, n
         return best, best_len
 
-    def load(self, name: str, tokens: Sequence[int], n: int) -> list[Any] | None:
-        """The cache in file ``name`` for the first ``n`` of ``tokens``; None (with one notice, the
-        file removed) if it is damaged or does not match, or None if it vanished or changed meanwhile."""
+    def load(self, name: str, tokens: Sequence[int], n: int, partition: CachePartition) -> list[Any] | None:
+        """The cache in ``partition``'s file ``name`` for the first ``n`` of ``tokens``; None (with one
+        notice, the file removed) if it is damaged or does not match, or None if it vanished or
+        changed meanwhile."""
         try:
             with self._open() as folder:
-                return self._load(folder, name, tokens, n)
+                return self._load(folder, name, tokens, n, self.key_of(partition))
         except (OSError, NotPrivateError):  # the folder is gone, or no longer private (turned off)
             self._forget(name)
             return None
 
-    def _load(self, folder: Folder, name: str, tokens: Sequence[int], n: int) -> list[Any] | None:
+    def _load(self, folder: Folder, name: str, tokens: Sequence[int], n: int, key: str) -> list[Any] | None:
         try:
             with folder.open(name) as f:
                 header = read_header(f, self.layout.max_header_bytes)
-                held = self._held_tokens(header)
+                held = self._held_tokens(header, key)
                 if held[:n] != list(tokens[:n]):  # replaced since it was indexed
                     self._forget(name)
                     return None
@@ -121,9 +130,9 @@ class DiskPromptCache:
             cache = [prefix_copy(c, n) for c in cache]
         return cache
 
-    def _held_tokens(self, header: Header) -> list[int]:
-        """The token ids of a file whose header says this key and describes this model's cache."""
-        if header.metadata.get("0.key") != self.key:
+    def _held_tokens(self, header: Header, key: str) -> list[int]:
+        """The token ids of a file whose header says ``key`` and describes this model's cache."""
+        if header.metadata.get("0.key") != key:
             msg = "it was made by other weights or settings"
             raise CacheFileError(msg)
         return self.layout.checked_tokens(header)
@@ -147,13 +156,14 @@ class DiskPromptCache:
 
     # --- writing (a copy on the worker, the file on the writer thread) -------------------------
 
-    def offer(self, tokens: Sequence[int], cache: list[Any]) -> None:
-        """Keep ``cache`` (which holds ``tokens``) on disk if it holds enough the folder lacks."""
+    def offer(self, tokens: Sequence[int], cache: list[Any], partition: CachePartition) -> None:
+        """Keep ``cache`` (which holds ``tokens``) on disk for ``partition`` if it holds enough that
+        partition's files lack."""
         if not (self.writable and self.trusted) or len(tokens) < MIN_NEW_TOKENS:
             return
         if not all(type(c) in (KVCache, QuantizedKVCache) for c in cache):
             return  # a cache of another kind (rotating, say) is not one this format holds
-        _, on_disk = self.longest(tokens)
+        _, on_disk = self.longest(tokens, partition)
         if len(tokens) - on_disk < MIN_NEW_TOKENS:
             return
         with self._lock:
@@ -162,17 +172,17 @@ class DiskPromptCache:
             self._pending += 1
         try:
             tensors = _snapshot(cache, len(tokens))
-            self._writer.submit(self._write, list(tokens), tensors)
+            self._writer.submit(self._write, list(tokens), tensors, self.key_of(partition))
         except Exception as e:  # the interpreter exiting, say: the request still ends as it would
             with self._lock:
                 self._pending -= 1
             self._notice("write", f"Could not keep a prompt cache in {self.folder} ({e}).")
 
-    def _write(self, tokens: list[int], tensors: list[Tensor]) -> None:
+    def _write(self, tokens: list[int], tensors: list[Tensor], key: str) -> None:
         digest = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=10).hexdigest()
-        name = f"{self._prefix}-{digest}{_SUFFIX}"
+        name = f"{key[:16]}-{digest}{_SUFFIX}"
         metadata = _mlx_lm_metadata(
-            {"key": self.key, "tokens": json.dumps(tokens, separators=(",", ":"))},
+            {"key": key, "tokens": json.dumps(tokens, separators=(",", ":"))},
             ["KVCache" if self.layout.kv_bits is None else "QuantizedKVCache"] * self.layout.layers,
             [t.name for t in tensors if t.shape == ()],
         )
@@ -181,7 +191,7 @@ class DiskPromptCache:
                 with folder.replacing(name) as f:
                     write_cache_file(f, tensors, metadata)
                 with self._lock:
-                    self._index[name] = np.asarray(tokens, dtype=np.int64)
+                    self._index.setdefault(key, {})[name] = np.asarray(tokens, dtype=np.int64)
                 self._evict(folder)
         except NotPrivateError:
             pass  # the folder is no longer private: the disk cache is off, and said so
@@ -239,40 +249,46 @@ class DiskPromptCache:
             self._turn_off(str(e))
             raise
 
-    def _refresh(self) -> None:
-        """Index this key's files (written by any process): new ones by their header, gone ones dropped."""
+    def _refresh(self, key: str) -> None:
+        """Index ``key``'s files (written by any process): new ones by their header, gone ones
+        dropped. Files of other keys are not read."""
         try:
             with self._open() as folder:
                 names = {
-                    e.name
-                    for e in folder.entries()
-                    if e.name.startswith(self._prefix) and e.name.endswith(_SUFFIX)
+                    e.name for e in folder.entries() if e.name.startswith(key[:16]) and e.name.endswith(_SUFFIX)
                 }
                 with self._lock:
-                    for gone in set(self._index) - names:
-                        del self._index[gone]
-                    new = names - set(self._index)
+                    index = self._index.get(key, {})
+                    for gone in set(index) - names:
+                        del index[gone]
+                    if not index:
+                        self._index.pop(key, None)
+                    new = names - set(index)
                 for name in new:
-                    self._index_file(folder, name)
+                    self._index_file(folder, name, key)
         except (OSError, NotPrivateError):  # not there (yet), unreadable, or not private: no files
             with self._lock:
                 self._index.clear()
 
-    def _index_file(self, folder: Folder, name: str) -> None:
+    def _index_file(self, folder: Folder, name: str, key: str) -> None:
         try:
             with folder.open(name) as f:
-                tokens = self._held_tokens(read_header(f, self.layout.max_header_bytes))
+                tokens = self._held_tokens(read_header(f, self.layout.max_header_bytes), key)
         except FileNotFoundError:
             return
         except _UNUSABLE as e:
             self._discard(folder, name, str(e))
             return
         with self._lock:
-            self._index[name] = np.asarray(tokens, dtype=np.int64)
+            self._index.setdefault(key, {})[name] = np.asarray(tokens, dtype=np.int64)
 
     def _forget(self, name: str) -> None:
+        """Drop ``name`` from the index (and a partition left without files: salts may be many)."""
         with self._lock:
-            self._index.pop(name, None)
+            for key, index in list(self._index.items()):
+                index.pop(name, None)
+                if not index:
+                    del self._index[key]
 
     def _discard(self, folder: Folder, name: str, why: str) -> None:
         self._forget(name)

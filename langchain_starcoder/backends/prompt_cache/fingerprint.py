@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...loading.digests import file_digest, file_stamp
+from ...types import CachePartition
 from .folder import Folder, NotPrivateError, make_private
 
 #: Bumped whenever what a file holds or how it is keyed changes: older files are then never used.
@@ -105,3 +106,10 @@ def hash_weights_aside(path: Path | None, folder: Path) -> Future[str] | None:
 
     threading.Thread(target=run, name="starcoder-weights-digest", daemon=True).start()
     return future
+
+
+def partition_key(key: str, partition: CachePartition) -> str:
+    """The key of ``partition``'s files among those valid for ``key``: ``key`` itself for the default
+    partition (files written before partitions existed stay valid), else a digest of both (a file
+    records it, never the salt)."""
+    return key if partition.is_default else cache_key({"key": key, "partition": partition.digest})

@@ -10,6 +10,8 @@ from mlx.utils import tree_map
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from mlx_lm.utils import common_prefix_len
 
+from ...types import CachePartition
+
 _COPYABLE = (KVCache, QuantizedKVCache)
 
 
@@ -29,6 +31,7 @@ def prefix_copy(cache: Any, n: int) -> Any:
 class _Entry:
     tokens: list[int]
     cache: list[Any]
+    partition: CachePartition
 
     @property
     def nbytes(self) -> int:
@@ -43,6 +46,8 @@ class PromptCacheStore:
     runs past the shared prefix, a copy of the prefix is handed out and the original stays, so a
     short unrelated request never destroys a long repository context.
     The caches keep every position, also past the sliding window, so what they hold is always exact.
+    Each entry belongs to the partition of the request that filled it (:class:`CachePartition`): a
+    request is handed, and counted, only its own partition's entries; the bounds are shared (one LRU).
     Only the backend's worker thread calls these methods.
     """
 
@@ -51,13 +56,15 @@ class PromptCacheStore:
         self.max_bytes = max_bytes
         self._entries: list[_Entry] = []  # least recently used first
 
-    def longest(self, tokens: Sequence[int]) -> int:
+    def longest(self, tokens: Sequence[int], partition: CachePartition) -> int:
         """How many leading tokens of ``tokens`` :meth:`take` would hand out already computed."""
-        lengths = [common_prefix_len(e.tokens, tokens) for e in self._entries]
+        lengths = [common_prefix_len(e.tokens, tokens) for e in self._entries if e.partition == partition]
         return min(max(lengths, default=0), len(tokens) - 1)
 
-    def take(self, tokens: Sequence[int], new_cache: Callable[[], list[Any]]) -> tuple[list[Any], int]:
-        """A cache for ``tokens`` and how many of its leading tokens it already holds
+    def take(
+        self, tokens: Sequence[int], partition: CachePartition, new_cache: Callable[[], list[Any]]
+    ) -> tuple[list[Any], int]:
+        """A cache of ``partition`` for ``tokens`` and how many of its leading tokens it already holds
         (``new_cache()`` when none shares a prefix).
 
         At least one token is always left to process, since the model must see the prompt's last
@@ -65,6 +72,8 @@ class PromptCacheStore:
         """
         best, best_len = None, 0
         for entry in self._entries:
+            if entry.partition != partition:
+                continue  # another partition's KV is never handed out, nor counted
             n = common_prefix_len(entry.tokens, tokens)
             if n > best_len:
                 best, best_len = entry, n
@@ -77,10 +86,11 @@ class PromptCacheStore:
         self._entries.append(best)  # still useful to others: keep it, most recently used
         return [prefix_copy(c, reuse) for c in best.cache], reuse
 
-    def put(self, tokens: Sequence[int], cache: list[Any]) -> None:
+    def put(self, tokens: Sequence[int], cache: list[Any], partition: CachePartition) -> None:
+        """Keep ``cache`` (which holds ``tokens``) for later requests of ``partition``."""
         if self.max_entries <= 0 or not tokens:
             return
-        self._entries.append(_Entry(list(tokens), cache))
+        self._entries.append(_Entry(list(tokens), cache, partition))
         while len(self._entries) > self.max_entries or (
             self.max_bytes is not None and self.nbytes > self.max_bytes and len(self._entries) > 0
         ):

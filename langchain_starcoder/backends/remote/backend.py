@@ -194,9 +194,10 @@ class RemoteBackend(ServerBackend):
                 raise ServerError(msg)
         # A request may use a slot's context (llama-server -c / -np), within the window llama.cpp ignores;
         # this package's own server speaks the same protocol and computes the window exactly.
-        exact = None if card.get("owned_by") == OUR_SERVER else self._exact_window
+        ours = card.get("owned_by") == OUR_SERVER
+        exact = None if ours else self._exact_window
         context = n_ctx if exact is None else min(n_ctx, exact)
-        return n_vocab, context, LlamaCpp(self._transport, n_vocab, token_bytes)
+        return n_vocab, context, LlamaCpp(self._transport, n_vocab, token_bytes, salted=ours)
 
     def _check_vllm(self, max_model_len: int, context_length: int | None) -> None:
         """vLLM reports the context a request may use (``max_model_len``) but not its vocabulary: a
@@ -252,10 +253,10 @@ class RemoteBackend(ServerBackend):
 
     def _run(self, gen: Generation) -> None:
         protocol = self._protocol
-        body = protocol.body(gen.prompt, gen.params)
-        self._transport.stream(
-            protocol.path, body, gen.cancelled, lambda response, clock: protocol.relay(gen, response, clock)
-        )
+        with protocol.request(gen) as body:
+            self._transport.stream(
+                protocol.path, body, gen.cancelled, lambda response, clock: protocol.relay(gen, response, clock)
+            )
 
 
 def _positive(value: Any) -> bool:

@@ -3,13 +3,18 @@
 streams text only). ``timings_per_token`` puts the prompt-cache hit (``cache_n``) on the first chunk.
 
 llama.cpp does not stream a token whose text ends inside a UTF-8 character: the next chunk carries the
-whole character's text, from which the held-back ids are rebuilt here."""
+whole character's text, from which the held-back ids are rebuilt here.
+
+llama-server's prompt cache takes no salt: :mod:`.shared_cache` decides which requests may reuse it.
+This package's own server speaks the same protocol and partitions its cache by ``cache_salt``, which
+it is then sent."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -19,6 +24,7 @@ from .. import Generation
 from .constraints import llama_cpp_fields
 from .errors import ServerError
 from .protocol import ServerProtocol
+from .shared_cache import SharedCache
 from .transport import Clock, Transport
 
 #: The most ids llama.cpp may hold back at once (its text ends inside a UTF-8 character: a few tokens,
@@ -33,22 +39,36 @@ class LlamaCpp(ServerProtocol):
     path = "/completion"
     needs = "it needs a llama-server that supports return_tokens"
 
-    def __init__(self, transport: Transport, vocab_size: int, token_bytes: Mapping[bytes, int]) -> None:
+    def __init__(
+        self, transport: Transport, vocab_size: int, token_bytes: Mapping[bytes, int], *, salted: bool = False
+    ) -> None:
         super().__init__(transport, vocab_size)
         self._token_bytes = dict(token_bytes)
         self._id_bytes = {i: b for b, i in self._token_bytes.items()}
+        self.salted = salted  # the server partitions its cache by cache_salt (this package's own)
+        self.shared_cache = SharedCache()
 
-    def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
+    @contextlib.contextmanager
+    def request(self, gen: Generation) -> Iterator[dict[str, Any]]:
+        """The body, reusing the server's KV only where :class:`.SharedCache` admits it."""
+        reuse = self.salted or self.shared_cache.admit(gen)
+        try:
+            yield self.body(gen.prompt, gen.params, reuse=reuse)
+        finally:
+            self.shared_cache.settle(gen)
+
+    def body(self, prompt: list[int], params: GenerationParams, *, reuse: bool = True) -> dict[str, Any]:
         """The request: the prompt as ids, our sampling settings, with llama.cpp's other samplers
         turned off, and the constraint (:mod:`.constraints`). Stop strings stay with the front (they
-        need our detokenizer)."""
+        need our detokenizer). ``reuse``: whether the server may reuse its KV for a shared prefix."""
+        salt = {"cache_salt": params.cache_salt} if self.salted and params.cache_salt is not None else {}
         return {
             "prompt": prompt,
             "n_predict": params.max_tokens,
             "stream": True,
             "return_tokens": True,
             "timings_per_token": True,  # the prompt-cache hit comes with the first token
-            "cache_prompt": True,  # reuse the slot's KV cache for a shared prefix
+            "cache_prompt": reuse,  # reuse the server's KV for a shared prefix
             "temperature": params.temperature,  # below GREEDY_BELOW already 0 (greedy)
             "top_k": params.top_k,
             "top_p": params.top_p,
@@ -63,6 +83,7 @@ class LlamaCpp(ServerProtocol):
             "xtc_probability": 0.0,
             "mirostat": 0,
             **llama_cpp_fields(params),  # json_schema or a GBNF grammar: the server enforces it
+            **salt,
         }
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
@@ -71,6 +92,7 @@ class LlamaCpp(ServerProtocol):
         count = 0
         for event in self._events(gen, response, clock, lambda: count):  # noqa: B023 (the count so far)
             if not started:
+                self.shared_cache.settle(gen)  # its prefill is done: no later KV can reach it
                 gen.sink.start(
                     self._cached(event, gen.prompt), prompt_seconds=self._prompt_seconds(event, clock)
                 )

@@ -3,6 +3,7 @@ token ids checked before they reach the sink. ``llama_cpp`` and ``vllm`` say the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,12 @@ class ServerProtocol:
 
     def body(self, prompt: list[int], params: GenerationParams) -> dict[str, Any]:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def request(self, gen: Generation) -> Iterator[dict[str, Any]]:
+        """The body of ``gen``'s request, held while its stream runs (a protocol that tracks what the
+        server's cache holds learns here that it ended)."""
+        yield self.body(gen.prompt, gen.params)
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
         raise NotImplementedError

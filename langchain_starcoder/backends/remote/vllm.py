@@ -47,6 +47,8 @@ class VLLM(ServerProtocol):
         }
         if params.seed is not None:  # vLLM's seeds are signed 64-bit (-1: a random one); ours unsigned
             body["seed"] = params.seed % 2**63
+        if params.cache_salt is not None:  # vLLM partitions its prefix cache by it (>= 0.9)
+            body["cache_salt"] = params.cache_salt
         return body | vllm_fields(params)  # the constraint, which the server enforces
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
