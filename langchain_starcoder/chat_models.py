@@ -71,7 +71,7 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     Setup:
         .. code-block:: bash
 
-            pip install langchain-starcoder
+            pip install -e .  # in a checkout of this repository: the package is not on PyPI yet
 
     Key init args:
         model: str

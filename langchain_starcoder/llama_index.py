@@ -45,7 +45,7 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
     Setup:
         .. code-block:: bash
 
-            pip install langchain-starcoder
+            pip install -e .  # in a checkout of this repository: the package is not on PyPI yet
 
     Key init args — loading:
         model: str

@@ -46,7 +46,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     Setup:
         .. code-block:: bash
 
-            pip install langchain-starcoder
+            pip install -e .  # in a checkout of this repository: the package is not on PyPI yet
 
     Key init args — completion params:
         max_tokens: int

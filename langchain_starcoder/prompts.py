@@ -240,7 +240,7 @@ class FIMPromptTemplate(_InPrompts, StringPromptTemplate):
     Setup:
         .. code-block:: bash
 
-            pip install langchain-starcoder
+            pip install -e .  # in a checkout of this repository: the package is not on PyPI yet
 
     Key init args:
         mode: str
@@ -384,7 +384,7 @@ class StarCoderPromptTemplate(_InPrompts, PromptTemplate):
     Setup:
         .. code-block:: bash
 
-            pip install langchain-starcoder
+            pip install -e .  # in a checkout of this repository: the package is not on PyPI yet
 
     Instantiate:
         .. code-block:: python
