@@ -86,8 +86,14 @@ def main() -> None:
     )  # fmt: skip
     prompt = engine.fim_prompt(request, args.max_tokens)  # what stream_infill below builds too
     print(f"Repository context for {args.file} ({len(index.files)} files indexed):")
+    seen: set[str] = set()
     for file in prompt.files_kept:
-        print(f"  {file.path}  {engine.count_tokens(file.text)} tokens, {len(file.text.splitlines())} lines")
+        # The context has two parts (docs/repository-context.md): an outline that stays put while the cursor
+        # moves inside its definition (so the KV cache does), then code near the cursor; a file may be in both.
+        again = "  (again: lines the code near the cursor asks for)" if file.path in seen else ""
+        seen.add(file.path)
+        tokens, lines = engine.count_tokens(file.text), len(file.text.splitlines())
+        print(f"  {file.path}  {tokens} tokens, {lines} lines{again}")
     print(f"Prompt: {len(prompt.token_ids)} tokens")
     if hole.removed:
         print("--- original ---")
