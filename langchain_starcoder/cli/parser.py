@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", _cmd_serve, "serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
         "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
         "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
-        "/v1/models, /tokenize and /detokenize.",
+        "/v1/models, /tokenize and /detokenize. Each --api-key is a tenant whose documents and prompt "
+        "cache are its own; without a key the server has one tenant, shared by every client.",
     )  # fmt: skip
     _model_args(p)
     _serve_args(p)
@@ -231,8 +232,16 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=8080, help="default 8080")
     p.add_argument(
-        "--api-key", help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)"
-    )
+        "--api-key", action="append", metavar="KEY",
+        help="require 'Authorization: Bearer KEY'; repeat it for several keys. Each key is a tenant: its "
+        "documents (supersession, stable prefix, context order) and prompt cache (and the cached-token "
+        f"counts) are its own (default: ${API_KEY_ENV}, else no key: ONE tenant, so every client shares "
+        "them and can see another's effects on them; docs/security.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key-file", type=Path, metavar="PATH",
+        help="read keys from PATH, one per line (blank lines and # comments skipped), each a tenant",
+    )  # fmt: skip
     p.add_argument(
         "--parse-special-tokens",
         action="store_true",

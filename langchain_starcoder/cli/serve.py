@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import os
 import socket
 from typing import Any
 
 from .model import _load_engine, _repo_index
-from .options import API_KEY_ENV, default_prompt_cache_dir
+from .options import default_prompt_cache_dir
 from .output import CommandError, _err
+from .serve_checks import api_keys, check_model_reachable, say_what_is_shared
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -20,8 +20,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         msg = f"serve needs the 'server' extra ({e.name} is missing): pip install -e \".[server]\""
         raise CommandError(msg) from e
 
-    if args.api_key is None:
-        args.api_key = os.environ.get(API_KEY_ENV) or None
+    args.api_keys = api_keys(args)  # each a tenant (none: one tenant, every client)
     if args.repo is not None and not args.repo.is_dir():
         msg = f"--repo {args.repo} is not a folder: give the repository's root folder."
         raise CommandError(msg)
@@ -31,9 +30,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     in_process = args.backend == "mlx" and args.base_url is None  # other servers keep their own caches
     if in_process and not args.no_prompt_cache and args.prompt_cache_dir is None:
         args.prompt_cache_dir = default_prompt_cache_dir()  # on by default: a restart starts warm
+    check_model_reachable(args)  # a hub id that cannot be had here fails now, not once the server is up
     # Bound before anything slow (the repository scan, the model): a port in use fails in one line.
     listening = _listen(args.host, args.port)
     try:
+        say_what_is_shared(args.api_keys, listening, f"http://{args.host}:{listening[0].getsockname()[1]}")
         return _serve(args, listening)
     finally:
         for sock in listening:
@@ -59,7 +60,7 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
 
     # /health says 503 until the model is ready.
     app = create_app(
-        load, api_key=args.api_key, parse_special_tokens=args.parse_special_tokens,
+        load, api_key=args.api_keys, parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name, batch_window_ms=args.batch_window_ms,
         max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
         prompt_lookup_num_tokens=args.prompt_lookup, supersede=not args.no_supersede, fim_mode=args.fim_mode,
@@ -72,6 +73,8 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
     server = uvicorn.Server(config)
     port = listening[0].getsockname()[1]
     _err(f"Serving {args.model} on http://{args.host}:{port} (/v1/completions, /infill, /health).")
+    if args.api_keys:
+        _err(f"{len(args.api_keys)} API key(s), each a tenant with its own documents and prompt cache.")
     if args.prompt_cache_dir is not None:
         _err(f"Prompt caches are kept in {args.prompt_cache_dir} (--no-prompt-cache: none).")
     server.run(sockets=listening)  # no other process can take the port between the check and its use

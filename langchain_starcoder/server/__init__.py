@@ -4,9 +4,10 @@ A Starlette app whose handlers translate request shapes into engine calls and ba
 routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
 and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
 ``limits`` (body size, text bound, list counts), ``connections`` (uvicorn's request deadline, connection
-limit), ``supersede`` (a newer request for a document cancels the older), ``stable_context`` (each
-document's context files in their last order) and ``stable_prefix`` (a window of the lines before the
-cursor that slid down the file gets back the lines it dropped, so the prompt keeps its start).
+limit), ``tenants`` (each API key a tenant: its documents and prompt cache are its own), ``supersede`` (a
+newer request for a document cancels the older), ``stable_context`` (each document's context files in their
+last order) and ``stable_prefix`` (a window of the lines before the cursor that slid down the file gets back
+the lines it dropped, so the prompt keeps its start).
 
 Endpoints:
 
@@ -30,12 +31,13 @@ Endpoints:
   model=...)`` drives this server like a llama-server.
 
 While you type (docs/server.md): a newer ``/infill`` or ``/v1/completions`` (with ``suffix``) request for
-the same document (client, ``file_path``, ``id_slot``) cancels the older one still running, which answers as
-cancelled; ``n_predict``/``max_tokens`` 0 prefills and caches without answering text; ``fim_mode`` "spm"
-puts the suffix first (a keystroke then prefills only the prefix's changed end).
+the same document (tenant and ``cache_salt``, ``file_path``, ``id_slot``) cancels the older one still running,
+which answers as cancelled; ``n_predict``/``max_tokens`` 0 prefills and caches without answering text;
+``fim_mode`` "spm" puts the suffix first (a keystroke then prefills only the prefix's changed end).
 
 Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for bad input
-(a list field with more items than ``limits`` allows too), 401 without the API key when one is set, 413 when
+(a list field with more items than ``limits`` allows too), 401 without an API key when keys are set (each key
+is a tenant; a request's ``cache_salt``, vLLM's field, partitions its tenant's cache further), 413 when
 the body passes ``max_body_bytes`` or the prompt plus ``max_tokens`` pass the context window, 503 while the
 model loads. Generation runs through the engine's async API, so the event loop never blocks; a client that
 disconnects cancels its generation (and one that leaves mid-body is a debug line, not an error).

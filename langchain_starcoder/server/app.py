@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def create_app(
     engine: StarCoderEngine | Callable[[], StarCoderEngine],
     *,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     parse_special_tokens: bool = False,
     model_name: str | None = None,
     batch_window_ms: float = 0,
@@ -40,7 +40,11 @@ def create_app(
         engine: A loaded engine (the caller closes it), or a function that loads one: it then runs in a
             thread when the server starts (requests get 503 meanwhile) and the server closes the engine
             when it stops.
-        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        api_key: A key, or several: every endpoint but ``/health`` then needs ``Authorization: Bearer KEY``
+            with one of them. Each key is a tenant, whose documents (supersession, stable prefix, context
+            order) and prompt cache (in memory and on disk, and the ``tokens_cached`` counts) are its own;
+            a request's ``cache_salt`` partitions them further (tenants.py). Without a key the server has
+            one tenant: every client shares them.
         parse_special_tokens: Whether control-token strings in a text ``prompt`` of ``/v1/completions``
             (and ``/tokenize``) are control tokens. Off by default: client text is data. Turn it on for
             trusted clients that hand-write ``<fim_prefix>...`` prompts.
@@ -60,7 +64,7 @@ def create_app(
         prompt_lookup_num_tokens: Prompt-lookup speculative decoding for requests that do not set
             their own ``prompt_lookup_num_tokens`` (None: the engine's default; 0: off).
         supersede: A fill-in-the-middle request (``/infill``, ``/v1/completions`` with a ``suffix``)
-            that names its document (``file_path`` or ``id_slot``) cancels the client's older request
+            that names its document (``file_path`` or ``id_slot``) cancels its tenant's older request
             for it still running, which answers as cancelled; and each document's context files keep
             their last order, so the prompt cache's common prefix stays long (docs/server.md, "While
             you type"). On by default; answers are exactly what each request gives alone.

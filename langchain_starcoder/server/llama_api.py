@@ -22,6 +22,7 @@ from .state import ServerState
 from .streams import join, sse, time_limited, unless_gone
 from .structured import llama_constraint
 from .supersede import Document, document_of, supersedable
+from .tenants import salted
 
 #: Tokens at most for ``/infill`` and ``/completion`` without ``n_predict`` (or with -1, "until done").
 DEFAULT_N_PREDICT = 256
@@ -74,7 +75,7 @@ async def completion(server: ServerState, request: Request) -> Response:
     prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
     n_predict = field(body, "n_predict", int, -1)
     settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict, server.prompt_lookup)
-    settings |= llama_constraint(body)
+    settings = salted(settings | llama_constraint(body), server.partition(request, body))
     with_tokens = field(body, "return_tokens", bool, False)
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, server.generate(engine, prompt, settings))
@@ -140,14 +141,15 @@ async def infill(server: ServerState, request: Request) -> Response:
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
     max_tokens = 1 if warm_up else (DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
-    settings = llama_settings(body, max_tokens, server.prompt_lookup) | llama_constraint(body)
+    salt = server.partition(request, body)  # the tenant's (and cache_salt's) own cache and documents
+    settings = salted(llama_settings(body, max_tokens, server.prompt_lookup) | llama_constraint(body), salt)
     limit_ms = field(body, "t_max_predict_ms", (int, float), 0)
     fields = body.get("response_fields")
     if isinstance(fields, list):
         check_count(fields, MAX_RESPONSE_FIELDS, "fields", "response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
-    document = document_of(request, fim_request.file_path, field(body, "id_slot", int))
+    document = document_of(salt, fim_request.file_path, field(body, "id_slot", int))
     fim_request, prompt, used = await asyncio.to_thread(
         _infill_prompt, server, engine, fim_request, max_tokens, document
     )

@@ -39,6 +39,7 @@ from .state import ServerState
 from .streams import join, sse, unless_gone
 from .structured import ChatAnswer, chat_turns, completions_constraint, response_format, tool_plan
 from .supersede import Document, document_of, supersedable
+from .tenants import salted
 
 #: OpenAI's defaults for the legacy completions endpoint (``max_tokens`` 16, ``temperature`` 1).
 OPENAI_MAX_TOKENS = 16
@@ -65,13 +66,14 @@ async def completions(server: ServerState, request: Request) -> Response:
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
+    salt = server.partition(request, body)  # the tenant's (and cache_salt's) own cache and documents
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0, server.prompt_lookup)
-    settings |= completions_constraint(body)
+    settings = salted(settings | completions_constraint(body), salt)
     warm_up = is_int(settings["max_tokens"]) and settings["max_tokens"] == 0  # prefill and cache, no text
     if warm_up:
         settings["max_tokens"] = 1  # (the token is not answered: the prompt's cache is what is kept)
     suffix = body.get("suffix") is not None  # fill in the middle: a newer request for its document supersedes
-    document = document_of(request, body.get("file_path"), body.get("id_slot")) if suffix else None
+    document = document_of(salt, body.get("file_path"), body.get("id_slot")) if suffix else None
     # Tokenizing runs off the event loop.
     prompts, built = await asyncio.to_thread(
         _completion_prompts, server, engine, body, settings["max_tokens"], document
@@ -189,6 +191,7 @@ async def chat(server: ServerState, request: Request) -> Response:
     if plan is not None and plan.mode != "none" and output:
         raise bad_request("Give tools or a JSON response_format, not both: one constraint at a time.")
     settings = constrained({**openai_settings(body, 256, 1.0, server.prompt_lookup), **output}, plan)
+    settings = salted(settings, server.partition(request, body))
     chars = sum(len(content) for _, content in pairs)
     check_text_fits(chars, server.max_text_chars, engine.context_window, "messages")
     ids = await asyncio.to_thread(tool_chat_prompt_ids, engine, pairs, template, plan)

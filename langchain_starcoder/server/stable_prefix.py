@@ -4,12 +4,14 @@ llama.vim sends the N lines before the cursor as ``input_prefix`` (llama.vscode 
 that window slides down by a line, so the prompt's prefix changes from its first token, and the engine's
 prompt cache (exact: it reuses the KV only up to the first token that differs) prefills the whole prefix
 again, and in PSM the suffix after it. llama-server hides this with ``--cache-reuse``, which shifts KV
-chunks that moved: not exact. Here, instead, each document (:class:`~.supersede.Document`: the client, the
-hole's ``file_path``, the ``id_slot``) remembers the prefix its last request was run with. When a new
-request's prefix is that text's window slid down (its first line starts a line of the remembered text, and
-from there to the remembered text's last complete line the two agree: the remembered cursor line may have
-changed since), the lines the window dropped are put back above it, so the prompt starts where the last one
-did and the cache serves it up to the newly typed text.
+chunks that moved: not exact. Here, instead, each document (:class:`~.supersede.Document`: the tenant and
+``cache_salt``, the hole's ``file_path``, the ``id_slot``) remembers the prefix its last request was run with.
+When a new request's prefix is that text's window slid down (its first line starts a line of the remembered
+text, and from there to the remembered text's last complete line the two agree, over enough lines and enough
+non-blank text to say where in the file the window is: the remembered cursor line may have changed since),
+the lines the window dropped are put back above it, so the prompt starts where the last one did and the cache
+serves it up to the newly typed text. A short text (two blank lines and ``def main(``) matches nothing: it
+cannot pull the lines another request of the partition sent for that path.
 
 Exact: the prompt is built from scratch and holds only the file's text as this server last saw it (what a
 client with a larger window would send); the cache serves only its exact common prefix, so the answer is
@@ -38,13 +40,16 @@ MAX_CHARS = 1 << 17
 #: Lines the windows must share at least (and half the new window's lines): a shorter overlap of
 #: generic lines (a blank line, a lone bracket) says little about where the window is.
 MIN_OVERLAP_LINES = 2
+#: Non-blank characters the windows must share at least: blank lines and a lone bracket match any file.
+MIN_OVERLAP_CHARS = 16
 
 
 def slid_start(old: str, new: str) -> int | None:
     """Where ``new`` starts in ``old`` when ``new`` is ``old``'s window slid down: a line start ``k`` > 0
     of ``old`` from which ``old``'s complete lines are the start of ``new``, over at least
-    :data:`MIN_OVERLAP_LINES` lines and half of ``new``'s. The first such ``k`` (the longest overlap);
-    None when there is none or ``new`` starts where ``old`` does (nothing to add)."""
+    :data:`MIN_OVERLAP_LINES` lines and half of ``new``'s, holding :data:`MIN_OVERLAP_CHARS` non-blank
+    characters. The first such ``k`` (the longest overlap); None when there is none or ``new`` starts where
+    ``old`` does (nothing to add)."""
     known = old[: old.rfind("\n") + 1]  # complete lines only: the old cursor line may have grown or changed
     first_end = new.find("\n") + 1
     if not known or first_end == 0:
@@ -55,11 +60,16 @@ def slid_start(old: str, new: str) -> int | None:
     k = known.find(first, max(0, len(known) - len(new)))
     while k != -1:
         if (k == 0 or known[k - 1] == "\n") and known.startswith(new[: len(known) - k], k):
-            if known.count("\n", k) < min_lines:
+            if known.count("\n", k) < min_lines or _non_blank(known, k) < MIN_OVERLAP_CHARS:
                 return None  # later candidates overlap even less
             return k or None
         k = known.find(first, k + 1)
     return None
+
+
+def _non_blank(text: str, start: int) -> int:
+    """The characters of ``text[start:]`` that are not whitespace."""
+    return sum(len(word) for word in text[start:].split())
 
 
 class StablePrefixes:

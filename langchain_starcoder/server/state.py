@@ -1,4 +1,5 @@
-"""The server's state: the engine (or its loading), the API key, settings, and how a route answers errors."""
+"""The server's state: the engine (or its loading), the tenants (API keys), settings, and how a route answers
+errors."""
 
 from __future__ import annotations
 
@@ -6,10 +7,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +26,7 @@ from .errors import APIError, api_error, error_response
 from .stable_context import ContextOrders
 from .stable_prefix import StablePrefixes, keeps_all
 from .supersede import Document, Documents
+from .tenants import Tenants, partition, request_salt
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class ServerState:
     def __init__(
         self,
         engine: StarCoderEngine | Callable[[], StarCoderEngine],
-        api_key: str | None,
+        api_keys: str | Iterable[str] | None,
         parse_special_tokens: bool,
         model_name: str | None,
         batch_window_ms: float,
@@ -51,7 +52,8 @@ class ServerState:
         self.engine: StarCoderEngine | None = None
         self.load_error: BaseException | None = None
         self.loader = None if isinstance(engine, StarCoderEngine) else engine
-        self.api_key = api_key.encode() if api_key else None
+        #: The API keys, each a tenant (none: one tenant, no key needed); tenants.py.
+        self.tenants = Tenants([api_keys] if isinstance(api_keys, str) else api_keys or ())
         self.parse_special_tokens = parse_special_tokens
         self.model_name = model_name
         self.created = int(time.time())
@@ -162,23 +164,19 @@ class ServerState:
         async def endpoint(request: Request) -> Response:
             try:
                 if auth:
-                    self._check_key(request)
+                    request.state.tenant = self.tenants.tenant_of(request)
                 return await handler(self, request)
             except Exception as e:
                 return error_response(api_error(e))
 
         return endpoint
 
-    def _check_key(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        # Constant-time comparison; the key itself never reaches a log or a message.
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.api_key):
-            raise APIError(
-                401, "A valid API key is needed (Authorization: Bearer KEY).", kind="authentication_error"
-            )
+    @staticmethod
+    def partition(request: Request, body: dict[str, Any]) -> str | None:
+        """The request's partition (its tenant and ``cache_salt``, tenants.py): the ``cache_salt`` of each
+        engine call it makes and the partition of its documents. None: the engine's own cache (a server
+        without keys, a request without a salt)."""
+        return partition(request.state.tenant, request_salt(body))
 
     async def generate(self, engine: StarCoderEngine, prompt: Any, settings: dict[str, Any]) -> Completion:
         """One non-streamed generation: alone, or in a batch with others when batching is on. Seeded

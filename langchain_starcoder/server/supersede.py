@@ -3,8 +3,9 @@
 An editor asks for a completion at every pause in typing, and the answer to the previous pause is useless
 once the next request is sent, whether or not the editor hangs up (llama.vim and llama.vscode keep their
 connection open). So each fill-in-the-middle request of ``/infill`` and ``/v1/completions`` (with a
-``suffix``) claims its document: the client (its address and API key), the hole's ``file_path`` and the
-llama.cpp ``id_slot`` it names. A newer claim of the same document stops the older request at its next
+``suffix``) claims its document: its partition (the tenant of its API key and its ``cache_salt``:
+tenants.py), the hole's ``file_path`` and the llama.cpp ``id_slot`` it names, so no request supersedes
+another tenant's. A newer claim of the same document stops the older request at its next
 step through the engine's own cancellation (closing its stream, as a client that leaves does), and the
 older one answers as cancelled (``finish_reason`` :data:`CANCELLED`). A request that names neither a
 ``file_path`` nor an ``id_slot`` claims nothing: nothing says which document it is.
@@ -24,31 +25,30 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.requests import Request
-
 from ..types import CompletionChunk
 from .shapes import CANCELLED
 
 
 @dataclass(frozen=True)
 class Document:
-    """Which requests supersede each other: one client's hole in one file and slot."""
+    """Which requests supersede each other, and whose memory (stable prefix, context order) is shared:
+    one partition's hole in one file and slot."""
 
-    client: str
+    partition: str
+    """The request's tenant and ``cache_salt`` (:func:`~.tenants.partition`; "" for the shared one)."""
     path: str | None
+    """A digest of the hole's ``file_path`` (a client's path may be long: the memories keep the digest)."""
     slot: int | None
 
 
-def document_of(request: Request, path: Any, slot: Any) -> Document | None:
-    """The document a request is about, or None when it names neither a path nor a slot. The client is
-    its address and a digest of its credentials (two users behind one proxy are two clients)."""
+def document_of(partition: str | None, path: Any, slot: Any) -> Document | None:
+    """The document a request of ``partition`` is about, or None when it names neither a path nor a slot."""
     has_path = isinstance(path, str) and path != ""
     has_slot = isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0
     if not has_path and not has_slot:
         return None
-    host = request.client.host if request.client is not None else ""
-    key = hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:16]
-    return Document(f"{host}/{key}", path if has_path else None, slot if has_slot else None)
+    digest = hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest()[:32] if has_path else None
+    return Document(partition or "", digest, slot if has_slot else None)
 
 
 @dataclass(eq=False)

@@ -149,3 +149,44 @@ def test_completions_with_a_suffix_and_a_file_path_keep_the_prefix_start_too(
     assert got["usage"]["prompt_tokens"] == len(tiny_engine.fim_prompt(longer, N).token_ids)
     assert got["choices"][0]["text"] == tiny_engine.generate(longer, max_tokens=N, temperature=0.0).text
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(tiny_engine.encode(lines(30, 38)))
+
+
+# --- another user's text (issue 38, item 3) -------------------------------------------------------------
+
+SECRET_PREFIX = (
+    "import os\nAWS_SECRET_ACCESS_KEY = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'\n"
+    "DB_PASSWORD = 'hunter2-prod'\n\n\ndef main("
+)
+SHORT_PREFIX = "\n\ndef main("
+
+
+@pytest.mark.parametrize(
+    "keys", [("alice-key", "bob-key"), ("team-key", "team-key")], ids=["two keys", "one key"]
+)
+def test_a_short_prefix_for_the_same_file_gets_none_of_another_users_text(tiny_engine, keys):
+    """The review's case: user A's prefix for app.py holds secrets; user B, on another connection, sends
+    two blank lines and ``def main(`` for app.py. B's prompt is B's text alone, and B's cached count
+    says nothing of A's prompt: with another key (another tenant) it is 0, with the same key (one tenant,
+    one cache) at most what B's own prompt shares with A's."""
+    tiny_engine.clear_cache()
+    one_tenant = keys[0] == keys[1]
+    running = ServerThread(create_app(tiny_engine, api_key=keys[0] if one_tenant else list(keys)))
+
+    def infill(prefix: str, key: str) -> dict[str, Any]:
+        body = {"input_prefix": prefix, "input_suffix": SUFFIX, "file_path": "app.py", "n_predict": N}
+        reply = httpx.post(f"{running.url}/infill", json=body, headers={"Authorization": f"Bearer {key}"},
+                           timeout=120)  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    try:
+        infill(SECRET_PREFIX, keys[0])
+        got = infill(SHORT_PREFIX, keys[1])
+    finally:
+        running.stop()
+    alone = FIMRequest(SHORT_PREFIX, SUFFIX, file_path="app.py")
+    prompt = tiny_engine.fim_prompt(alone, N).token_ids
+    assert got["tokens_evaluated"] == len(prompt)  # none of A's lines were put back above B's
+    assert got["content"] == tiny_engine.generate(alone, max_tokens=N, temperature=0.0).text
+    secret_prompt = tiny_engine.fim_prompt(FIMRequest(SECRET_PREFIX, SUFFIX, file_path="app.py"), N).token_ids
+    assert got["tokens_cached"] <= (shared_prefix(secret_prompt, prompt) if one_tenant else 0)

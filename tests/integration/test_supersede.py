@@ -183,6 +183,53 @@ def test_a_request_for_another_document_is_not_superseded(
     assert new.json()["stop_type"] != "cancelled"
 
 
+def _keyed(url: str, body: dict[str, Any], key: str) -> httpx.Response:
+    return httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("newer_key", "names", "cancels"),
+    [
+        ("bob", {"file_path": "main.py"}, False),  # the review's case: another user, the same file
+        ("bob", {"id_slot": 0}, False),  # a request that names only a slot claims it in its tenant only
+        ("alice", {"file_path": "main.py"}, True),  # the same tenant on another connection: as today
+    ],
+    ids=["another key, same file", "another key, same slot", "same key"],
+)
+def test_a_request_supersedes_only_its_own_tenants_request(
+    tiny_engine, monkeypatch, newer_key, names, cancels
+):
+    """While A's /infill for main.py runs, B's ``{"input_prefix": "x = 1\n", "file_path": "main.py",
+    "n_predict": 2}`` on another connection with another key leaves it be; with A's own key it cancels it."""
+    running = ServerThread(create_app(tiny_engine, api_key=["alice", "bob"]))
+    try:
+        older_body = {**_infill_body(PREFIX, n_predict=LONG if cancels else N), "id_slot": None, **names}
+        newer_body = {"input_prefix": "x = 1\n", "n_predict": 2, **names}
+        held = Held(tiny_engine, monkeypatch)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            older = pool.submit(_keyed, f"{running.url}/infill", older_body, "alice")
+            held.wait_started()
+            newer = pool.submit(_keyed, f"{running.url}/infill", newer_body, newer_key)
+            if cancels:
+                held.wait(
+                    lambda: held.generations[0].cancelled.is_set(), "the newer did not cancel the older"
+                )
+            else:
+                held.wait(lambda: len(held.generations) == 2, "the newer request was not submitted")
+                assert not held.generations[0].cancelled.is_set()  # (checked while the older still runs)
+            held.release()
+            old, new = older.result(timeout=120), newer.result(timeout=120)
+    finally:
+        running.stop()
+    assert old.status_code == 200 and new.status_code == 200, (old.text, new.text)
+    assert new.json()["stop_type"] != "cancelled"
+    if cancels:
+        assert old.json()["stop_type"] == "cancelled" and len(held.tokens[0]) == 1
+    else:
+        alone = _alone(tiny_engine, PREFIX, file_path=names.get("file_path"))
+        assert old.json()["stop_type"] != "cancelled" and old.json()["content"] == alone.text
+
+
 def test_with_supersession_off_the_older_runs_to_its_end(tiny_engine, monkeypatch):
     """Today's behaviour (``supersede=False``, ``serve --no-supersede``): the newer waits for the older."""
     running = ServerThread(create_app(tiny_engine, supersede=False))
