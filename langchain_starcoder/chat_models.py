@@ -133,9 +133,13 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
     Tool calling and structured output:
         .. code-block:: python
 
-            def get_weather(city: str) -> str:
+            from typing import Literal
+
+            def get_weather(city: Literal["Paris", "London", "Tokyo"]) -> str:
                 "The weather in a city."
 
+            # Bounded arguments (a closed set, a maxLength) end within max_tokens whatever the weights; a
+            # free string is the model's to close, and a call cut by max_tokens comes back invalid.
             chat.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?").tool_calls
             # [{'name': 'get_weather', 'args': {'city': 'Paris'}, 'id': 'call_...', 'type': 'tool_call'}]
 

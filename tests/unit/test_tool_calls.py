@@ -5,7 +5,9 @@ model's)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,20 @@ def test_a_forced_choice_is_a_valid_call(chat: ChatStarCoder) -> None:
             arguments_valid(call, Add)
     message = chat.bind_tools([no_args], tool_choice="any").invoke("Call it.")
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("no_args", {})]
+
+
+def test_the_docstring_tool_example_works_as_written(chat_path: Path) -> None:
+    """ChatStarCoder's own bind_tools example, run verbatim at the default max_tokens (random weights)."""
+    block = (
+        inspect.getdoc(ChatStarCoder).split("Tool calling and structured output:")[1].split("class Answer")[0]
+    )
+    code = textwrap.dedent(block.split(".. code-block:: python")[1]).strip().splitlines()
+    *setup, expression = [line for line in code if line.strip() and not line.lstrip().startswith("#")]
+    namespace: dict[str, Any] = {"chat": ChatStarCoder(model=chat_path)}
+    exec("\n".join(setup), namespace)
+    calls = eval(expression, namespace)
+    assert [call["name"] for call in calls] == ["get_weather"]
+    assert calls[0]["args"]["city"] in ("Paris", "London", "Tokyo")
 
 
 def test_none_answers_in_text_and_auto_in_text_or_a_call(chat: ChatStarCoder) -> None:
