@@ -5,10 +5,10 @@ Files are named ``<key>-<tokens>.safetensors``: ``key`` (:mod:`.fingerprint`) sa
 settings made them, and for which partition of the cache (:func:`.fingerprint.partition_key`: a digest,
 never the salt), so a process ignores files of other models and a request those of other partitions,
 without reading them; they age out through the byte limit (one limit for all). A file that claims
-its key but is damaged, truncated or does not match is removed with one notice; its header is checked against the model's cache layout
-(:mod:`.layout`) before any of its data is read. The folder's last-modified times are the LRU order: a
-file is touched when it is used. The folder is private (:mod:`.folder`): one that another user could
-have written turns the disk cache off, with one notice.
+its key but is damaged, truncated or does not match is removed with one notice; its header is checked
+against the model's cache layout (:mod:`.layout`) before any of its data is read. The folder's
+last-modified times are the LRU order: a file is touched when it is used. The folder is private
+(:mod:`.folder`): one that another user could have written turns the disk cache off, with one notice.
 """
 
 from __future__ import annotations
@@ -254,9 +254,8 @@ class DiskPromptCache:
         dropped. Files of other keys are not read."""
         try:
             with self._open() as folder:
-                names = {
-                    e.name for e in folder.entries() if e.name.startswith(key[:16]) and e.name.endswith(_SUFFIX)
-                }
+                ours = [e.name for e in folder.entries() if e.name.endswith(_SUFFIX)]
+                names = {name for name in ours if name.startswith(key[:16])}
                 with self._lock:
                     index = self._index.get(key, {})
                     for gone in set(index) - names:

@@ -254,9 +254,8 @@ class RemoteBackend(ServerBackend):
     def _run(self, gen: Generation) -> None:
         protocol = self._protocol
         with protocol.request(gen) as body:
-            self._transport.stream(
-                protocol.path, body, gen.cancelled, lambda response, clock: protocol.relay(gen, response, clock)
-            )
+            relay = lambda response, clock: protocol.relay(gen, response, clock)  # noqa: E731
+            self._transport.stream(protocol.path, body, gen.cancelled, relay)
 
 
 def _positive(value: Any) -> bool:
