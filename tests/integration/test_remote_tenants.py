@@ -22,6 +22,8 @@ from langchain_starcoder.backends.remote.llama_cpp import LlamaCpp
 from langchain_starcoder.backends.remote.shared_cache import SharedCache
 from langchain_starcoder.backends.remote.vllm import VLLM
 from langchain_starcoder.gguf_testing import LlamaServer, write_gguf
+from langchain_starcoder.server import create_app
+from langchain_starcoder.testing.servers import ServerThread
 from langchain_starcoder.testing.vllm_server import VLLMServer
 from langchain_starcoder.types import GenerationParams
 
@@ -67,6 +69,25 @@ def test_the_pin_oracle_answers_the_same_for_every_guess(remote: StarCoderEngine
     # so a right digit would be a cached token (a prompt's last token never is).
     guesses = [SECRET.format(digit)[: SECRET.index("{") + 2] for digit in "0123456789"]
     assert [cached(remote, guess, "mallory") for guess in guesses] == [0] * 10
+
+
+def test_this_packages_server_partitions_by_the_salt_it_is_sent(tiny_path: Path) -> None:
+    """This package's server speaks llama.cpp's protocol and takes ``cache_salt``: the remote backend
+    sends it there, and every partition keeps its own cache (nothing is turned off)."""
+    engine = StarCoderEngine.load(tiny_path)
+    running = ServerThread(create_app(engine, model_name="tiny"))
+    remote = StarCoderEngine.connect(running.url, model="tiny", tokenizer=str(tiny_path), max_retries=0)
+    try:
+        n = len(remote.encode(PROMPT))
+        assert cached(remote, PROMPT, "alice") == 0
+        assert cached(remote, PROMPT, "alice") == n - 1
+        assert cached(remote, PROMPT, "bob") == 0
+        assert cached(remote, PROMPT, None) == 0
+        assert cached(remote, PROMPT, "alice") == cached(remote, PROMPT, "bob") == n - 1
+    finally:
+        remote.close()
+        running.stop()
+        engine.close()
 
 
 def generation(salt: str | None) -> Generation:

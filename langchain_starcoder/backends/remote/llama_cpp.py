@@ -90,7 +90,10 @@ class LlamaCpp(ServerProtocol):
         """Hand each streamed id to the sink until it, the server or the budget ends it."""
         started = False
         count = 0
+        ended: int | None = None  # the last chunk's cache hit (this package's server says it there only)
         for event in self._events(gen, response, clock, lambda: count):  # noqa: B023 (the count so far)
+            if event.get("stop"):
+                ended = self._final_cached(event, gen.prompt)
             if not started:
                 self.shared_cache.settle(gen)  # its prefill is done: no later KV can reach it
                 gen.sink.start(
@@ -115,7 +118,7 @@ class LlamaCpp(ServerProtocol):
             for token in ids:
                 count += 1
                 if gen.sink.token(token) or count >= gen.params.max_tokens:
-                    gen.sink.finish()
+                    gen.sink.finish(ended)
                     return
             if event.get("stop"):
                 break
@@ -127,13 +130,18 @@ class LlamaCpp(ServerProtocol):
         if not started:
             gen.sink.start(0, prompt_seconds=None)
         if not gen.cancelled.is_set():
-            gen.sink.finish()
+            gen.sink.finish(ended)
 
     def _cached(self, event: dict[str, Any], prompt: list[int]) -> int:
         """llama.cpp's prompt-cache hit (``timings.cache_n``), at most the prompt."""
         timings = event.get("timings")
         cached = timings.get("cache_n") if isinstance(timings, dict) else None
         return 0 if cached is None else self._check.number(cached, "timings.cache_n", len(prompt))
+
+    def _final_cached(self, event: dict[str, Any], prompt: list[int]) -> int | None:
+        """The cache hit in the last chunk's timings; None where it says none."""
+        timings = event.get("timings")
+        return self._cached(event, prompt) if isinstance(timings, dict) and "cache_n" in timings else None
 
     def _prompt_seconds(self, event: dict[str, Any], clock: Clock) -> float | None:
         """llama.cpp's prefill time (``timings.prompt_ms``), at most the time since the request; None
