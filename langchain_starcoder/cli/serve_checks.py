@@ -72,8 +72,6 @@ def check_model_reachable(args: argparse.Namespace) -> None:
     """Fail at once, before binding, when ``--model`` is a hub id that is not in the local hub cache and
     the hub cannot be reached: the server would otherwise start, then stop when its loader fails. The
     examples and Jupyter fall back to a checkpoint with random weights; serve says how to make one."""
-    from ..loading import ALLOW_PATTERNS, is_hub_id
-
     model = str(args.model)
     if args.base_url is not None or Path(model).expanduser().exists() or not is_hub_id(model):
         return  # a remote server's name, or a local path (whose errors the loader says)
@@ -85,15 +83,11 @@ def check_model_reachable(args: argparse.Namespace) -> None:
         RevisionNotFoundError,
     )
 
-    from ..loading.hub import download_error
-
     try:
         if args.gguf_file is not None:
             hf_hub_download(model, args.gguf_file, revision=args.revision, local_files_only=True)
         else:
-            snapshot_download(
-                model, revision=args.revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True
-            )
+            snapshot_download(model, revision=args.revision, local_files_only=True)
         return  # in the local hub cache
     except LocalEntryNotFoundError:
         pass
@@ -104,10 +98,18 @@ def check_model_reachable(args: argparse.Namespace) -> None:
     try:
         HfApi().model_info(model, revision=args.revision, timeout=HUB_PROBE_TIMEOUT)
     except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as e:  # the hub said no
+        from ..loading.hub import download_error
+
         raise CommandError(str(download_error(e, model, args.revision))) from None
     except Exception as e:  # no answer: offline, or the hub is down
         why = f"the hub cannot be reached ({type(e).__name__})"
         raise CommandError(_offline_message(model, why)) from None
+
+
+def is_hub_id(name: str) -> bool:
+    """``loading.hub.is_hub_id``, repeated: importing ``loading`` imports MLX (seconds), and this check runs
+    before serve binds its port."""
+    return not name.startswith((".", "/", "~")) and name.count("/") == 1
 
 
 def _offline_message(model: str, why: str) -> str:

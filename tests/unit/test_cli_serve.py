@@ -152,3 +152,10 @@ def test_serve_checks_keys_read_from_a_path(tmp_path: Path):
     keys = tmp_path / "k"
     keys.write_text("a\n#b\n\n c \n")
     assert serve_checks.read_key_file(keys) == ["a", "c"]
+
+
+def test_serve_checks_hub_ids_as_loading_does():
+    from langchain_starcoder.loading import is_hub_id
+
+    names = ["org/model", "./model", "/abs/model", "~/model", "model", "a/b/c", "org/model.gguf"]
+    assert [serve_checks.is_hub_id(n) for n in names] == [is_hub_id(n) for n in names]
