@@ -326,11 +326,11 @@ class StarCoderEngine:
         the middle, as :meth:`infill` answers it).
 
         Keyword args: the generation settings of :class:`~langchain_starcoder.GenerationParams`
-        (``max_tokens=256``, ``temperature=0.0`` (greedy), ``top_p``, ``top_k``, ``min_p``,
-        ``repetition_penalty``, ``seed``, ``stop=()``: strings, the text ends before the first one
-        that appears; ``stop_token_ids``), and ``parse_special_tokens=True``: whether control-token
-        strings written in a text prompt (``<fim_prefix>``...) are control tokens. Pass False for
-        text you did not write: all of it is then data.
+        (``max_tokens=256``, ``temperature=0.0`` (greedy), ``top_p``, ``top_k``, ``min_p``, ``seed``,
+        ``repetition_penalty``, ``stop=()``: strings, the text ends before the first that appears;
+        ``stop_token_ids``; ``cache_salt``: only calls of one salt share cached prompts), and
+        ``parse_special_tokens=True``: whether control-token strings written in a text prompt
+        (``<fim_prefix>``...) are control tokens. Pass False for text you did not write (all data).
         """
         return join_chunks(self.stream(prompt, **settings))
 
