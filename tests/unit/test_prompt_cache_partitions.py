@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from langchain_starcoder import StarCoderEngine
+from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.prompt_cache.disk import MIN_NEW_TOKENS
 from langchain_starcoder.errors import InvalidParameterError
+from langchain_starcoder.registry import release_engines
 from langchain_starcoder.types import CachePartition, GenerationParams
 
 PROMPT = "def area(radius):\n    return 3.14159 * radius * radius\n\ndef perimeter(radius):\n    return "
@@ -112,3 +113,15 @@ def test_disk_files_are_kept_per_salt(tiny_path: Path, tmp_path: Path) -> None:
     finally:
         again.close()
     assert len(list(tmp_path.glob("*.safetensors"))) == 3  # one per partition, none read across
+
+
+def test_the_wrappers_pass_the_salt(tiny_path: Path) -> None:
+    """A wrapper's ``cache_salt`` field, and a call's own, reach the engine."""
+    llm = StarCoderLLM(model=str(tiny_path), max_tokens=2, cache_salt="alice")
+    try:
+        first = llm.generate([PROMPT]).generations[0][0].generation_info
+        again = llm.generate([PROMPT]).generations[0][0].generation_info
+        other = llm.generate([PROMPT], cache_salt="bob").generations[0][0].generation_info
+        assert (first["cached_tokens"], other["cached_tokens"]) == (0, 0) and again["cached_tokens"] > 0
+    finally:
+        release_engines()
