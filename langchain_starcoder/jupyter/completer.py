@@ -1,6 +1,6 @@
 """What the completion handler needs from the package: the engine a request's settings name, the
 fill-in-the-middle request it makes (notebook or repository context), and which request is the newest
-for each document.
+for each user's document.
 
 The package's heavy modules (the engine, MLX) are imported on the first request, so that the Jupyter
 server starts as fast without them.
@@ -17,21 +17,30 @@ from .protocol import CompletionAsk
 
 if TYPE_CHECKING:
     from ..engine import StarCoderEngine
+    from ..fim import FIMPrompt
     from ..fim_request import FIMRequest
     from ..repo import RepoIndex
+
+#: A running request: how to cancel it, and whether it is a warm-up.
+_Running = tuple[Callable[[str], None], bool]
 
 
 class Completer:
     """Engines (one per checkpoint and settings, from the package's registry), the server root's
-    repository index, and the newest request of each document (an older one is superseded)."""
+    repository index, and the newest request of each user's document (an older one is superseded).
 
-    def __init__(self, root_dir: str):
+    ``base_url`` (the server's configuration, :class:`~.config.StarCoderJupyter`) is where every
+    request generates; None: in this process.
+    """
+
+    def __init__(self, root_dir: str, base_url: str | None = None):
         self.root_dir = root_dir
+        self.base_url = base_url
         self._lock = threading.Lock()
         self._default_model: str | None = None
         self._repo: RepoIndex | None = None
-        #: The running requests of each document path (``cancel``, is a warm-up), oldest first.
-        self._running: dict[str, list[tuple[Callable[[str], None], bool]]] = {}
+        #: The running requests of each (user, document path), oldest first.
+        self._running: dict[tuple[str, str], list[_Running]] = {}
 
     # --- engines --------------------------------------------------------------------------------
 
@@ -41,13 +50,14 @@ class Completer:
 
         The model is the request's (JupyterLab's settings), else ``$LANGCHAIN_STARCODER_MODEL``, else the
         package's default, which falls back to a small offline checkpoint without hub access (as the
-        examples do). With ``base_url`` the model names the served model and where the tokenizer is.
+        examples do). With the server's ``base_url`` the model names the served model and where the
+        tokenizer is (the request's backend does not apply).
         """
         from ..registry import get_engine
 
-        model = ask.model or self.default_model(remote=ask.base_url is not None)
-        if ask.base_url is not None:
-            return get_engine(model, base_url=ask.base_url)
+        model = ask.model or self.default_model(remote=self.base_url is not None)
+        if self.base_url is not None:
+            return get_engine(model, base_url=self.base_url)
         return get_engine(model, backend=ask.backend)
 
     def default_model(self, *, remote: bool = False) -> str:
@@ -62,6 +72,12 @@ class Completer:
             if self._default_model is None:
                 self._default_model = model_or_offline()
             return self._default_model
+
+    def prepare(self, ask: CompletionAsk) -> tuple[StarCoderEngine, FIMRequest, FIMPrompt]:
+        """The engine, the request and its prompt, in one thread hop (each hop is a wake-up of a thread:
+        on a busy machine, milliseconds). Blocking: call it in a thread."""
+        engine, request = self.engine(ask), self.fim_request(ask)
+        return engine, request, engine.fim_prompt(request, ask.max_tokens)
 
     # --- the prompt's context -------------------------------------------------------------------
 
@@ -92,19 +108,20 @@ class Completer:
 
     # --- supersession (on the event loop's thread only) --------------------------------------------
 
-    def newest(self, path: str, cancel: Callable[[str], None], *, warm_up: bool = False) -> None:
-        """``cancel`` is the newest request for ``path``: the older ones still running are superseded,
-        except that a warm-up never supersedes an answer someone waits for (as the server's /infill)."""
+    def newest(self, user: str, path: str, cancel: Callable[[str], None], *, warm_up: bool = False) -> None:
+        """``cancel`` is ``user``'s newest request for ``path``: that user's older ones still running
+        are superseded (another user's, on a shared server, never), except that a warm-up never
+        supersedes an answer someone waits for (as the server's /infill)."""
         if not path:
             return  # a document without a path cannot be told apart from another
-        running = self._running.setdefault(path, [])
+        running = self._running.setdefault((user, path), [])
         superseded = [r for r in running if r[1] or not warm_up]
         running[:] = [r for r in running if r not in superseded] + [(cancel, warm_up)]
         for older, _ in superseded:
             older("superseded")
 
-    def ended(self, path: str, cancel: Callable[[str], None]) -> None:
-        running = self._running.get(path, [])
+    def ended(self, user: str, path: str, cancel: Callable[[str], None]) -> None:
+        running = self._running.get((user, path), [])
         running[:] = [r for r in running if r[0] != cancel]
         if not running:
-            self._running.pop(path, None)
+            self._running.pop((user, path), None)

@@ -9,15 +9,17 @@ warm-up (``"warm_up": true``) only prefills its prompt and answers the done line
 "warm_up"; it never supersedes a request that generates, and any newer request supersedes it. A request
 refused before streaming gets ``{"error": ...}`` with a 4xx/5xx status, an error after the first line an
 ``{"error": ...}`` line. The generation runs in the engine's worker (the server's event loop only
-waits), and stops at its next step when the client disconnects or a newer request for the same document
-comes (its answer then ends with ``finish_reason`` "superseded").
+waits), and stops at its next step when the client disconnects or the same Jupyter user's newer request
+for the same document comes (its answer then ends with ``finish_reason`` "superseded"): on a shared
+server one user's requests never stop another's. Where the model runs is the server's configuration
+(:class:`~.config.StarCoderJupyter`), never a request's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
@@ -25,12 +27,8 @@ from jupyter_server.utils import url_path_join
 from tornado.iostream import StreamClosedError
 
 from .completer import Completer
-from .protocol import CompletionAsk, RequestError, line, parse_ask
-
-if TYPE_CHECKING:
-    from ..engine import StarCoderEngine
-    from ..fim import FIMPrompt
-    from ..fim_request import FIMRequest
+from .config import StarCoderJupyter
+from .protocol import CompletionAsk, RequestError, error_status, line, parse_ask, read_body
 
 #: Where the handler finds the server's :class:`Completer` in the tornado application's settings.
 SETTINGS_KEY = "langchain_starcoder_completer"
@@ -40,7 +38,7 @@ NDJSON = "application/x-ndjson"
 
 class CompleteHandler(APIHandler):
     """One completion request: checked, answered from the engine as a stream, cancelled when its
-    client leaves or a newer request for its document supersedes it."""
+    client leaves or its user's newer request for its document supersedes it."""
 
     _work: asyncio.Task[None] | None = None
     _why_cancelled: str | None = None
@@ -53,16 +51,25 @@ class CompleteHandler(APIHandler):
     @tornado.web.authenticated
     async def post(self) -> None:
         try:
-            ask = parse_ask(_json(self.request.body))
+            ask = parse_ask(read_body(self.request.body))
         except RequestError as e:
             self._refuse(e.status, str(e))
             return
+        user = self._user()
         self._work = asyncio.ensure_future(self._answer(ask))
-        self.completer.newest(ask.path, self.cancel, warm_up=ask.warm_up)
+        self.completer.newest(user, ask.path, self.cancel, warm_up=ask.warm_up)
         try:
             await self._work
         finally:
-            self.completer.ended(ask.path, self.cancel)
+            self.completer.ended(user, ask.path, self.cancel)
+
+    def _user(self) -> str:
+        """Who asks: the Jupyter user's name (jupyter_server 2's ``User``; a name or a dict before)."""
+        user = self.current_user
+        name = getattr(user, "username", None)
+        if name is None and isinstance(user, dict):
+            name = user.get("name")
+        return str(name if name is not None else user)
 
     def on_connection_close(self) -> None:
         self._gone = True
@@ -81,7 +88,7 @@ class CompleteHandler(APIHandler):
         stream = None
         cached = None
         try:
-            engine, request, prompt = await asyncio.to_thread(self._prepare, ask)
+            engine, request, prompt = await asyncio.to_thread(self.completer.prepare, ask)
             # A warm-up runs its prompt (budgeted for max_tokens, as the requests it warms) for one token.
             settings = {"max_tokens": 1 if ask.warm_up else ask.max_tokens, "temperature": ask.temperature}
             stream = engine.astream_fim_prompt(request, prompt, **settings)
@@ -107,7 +114,7 @@ class CompleteHandler(APIHandler):
         except StreamClosedError:  # the client left while a line was being sent
             outcome = "disconnected"
         except Exception as e:
-            status, message = _status(e)
+            status, message = error_status(e)
             if status == 500 and not isinstance(e, RequestError):
                 self.log.exception("langchain-starcoder: completion request %r failed", ask.request_id)
             self._refuse(status, message)
@@ -118,12 +125,6 @@ class CompleteHandler(APIHandler):
                 "langchain-starcoder: request %r for %r ended (%s) after %d tokens (%s prompt tokens cached)",
                 ask.request_id, ask.path, outcome, tokens, cached,
             )  # fmt: skip
-
-    def _prepare(self, ask: CompletionAsk) -> tuple[StarCoderEngine, FIMRequest, FIMPrompt]:
-        """The engine, the request and its prompt, in one thread hop (each hop is a wake-up of a thread:
-        on a busy machine, milliseconds)."""
-        engine, request = self.completer.engine(ask), self.completer.fim_request(ask)
-        return engine, request, engine.fim_prompt(request, ask.max_tokens)
 
     async def _send(self, data: bytes) -> None:
         if not self._headers_written:
@@ -147,36 +148,14 @@ class CompleteHandler(APIHandler):
         return self._finished or self._gone
 
 
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"The request body is not JSON: {e}") from None
-
-
-def _status(e: Exception) -> tuple[int, str]:
-    """The status and message of an error raised before or while answering."""
-    from ..errors import ContextLengthError, InvalidParameterError, ModelNotFoundError, StarCoderError
-
-    if isinstance(e, RequestError):
-        return e.status, str(e)
-    if isinstance(e, ModelNotFoundError):
-        where = "JupyterLab's StarCoder inline completion settings, or $LANGCHAIN_STARCODER_MODEL"
-        return 404, f"{e} Set the model in {where}."
-    if isinstance(e, ContextLengthError):
-        return 413, str(e)
-    if isinstance(e, InvalidParameterError):
-        return 400, str(e)
-    if isinstance(e, StarCoderError):
-        return 500, str(e)
-    return 500, f"Internal error: {type(e).__name__}: {e}"
-
-
 def setup(server_app: Any) -> None:
-    """Route ``{base_url}langchain-starcoder/complete`` to :class:`CompleteHandler` on this server."""
+    """Route ``{base_url}langchain-starcoder/complete`` to :class:`CompleteHandler` on this server, with
+    the extension's settings from the server's configuration."""
     web_app = server_app.web_app
     root = getattr(server_app.contents_manager, "root_dir", None) or server_app.root_dir
-    web_app.settings[SETTINGS_KEY] = Completer(root)
+    config = StarCoderJupyter(parent=server_app)
+    web_app.settings[SETTINGS_KEY] = Completer(root, base_url=config.base_url)
     route = url_path_join(web_app.settings["base_url"], *ROUTE)
     web_app.add_handlers(".*$", [(route, CompleteHandler)])
-    server_app.log.info("langchain-starcoder: inline completion at %s", route)
+    where = f"generated on {config.base_url}" if config.base_url else "generated in this process"
+    server_app.log.info("langchain-starcoder: inline completion at %s (%s)", route, where)

@@ -1,9 +1,15 @@
 """What the labextension sends to ``POST langchain-starcoder/complete`` and what it gets back: the request
-checked field by field (a bad one is refused with what is wrong), and the NDJSON lines of the answer."""
+checked field by field (a bad one is refused with what is wrong), the status of an error, and the NDJSON
+lines of the answer.
+
+Where the model runs (a remote server's URL) is the Jupyter server's configuration, never a request's:
+a request that names one is refused.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +17,7 @@ from typing import Any
 #: Tokens at most when a request does not say (ghost text is a line or a short block).
 DEFAULT_MAX_TOKENS = 64
 BACKENDS = ("mlx", "llama.cpp")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RequestError(ValueError):
@@ -45,8 +52,6 @@ class CompletionAsk:
     """A checkpoint folder, GGUF file or hub id (None: ``$LANGCHAIN_STARCODER_MODEL``, else the default)."""
     backend: str
     """"mlx" (in-process) or "llama.cpp" (a llama-server the engine starts)."""
-    base_url: str | None
-    """A server to generate on (our ``serve``, llama.cpp, vLLM); the tokenizer comes from ``model``."""
     repo_context: bool
     """Add the server root's repository context (the modules a notebook imports, a file's related code)."""
     request_id: str
@@ -71,6 +76,12 @@ def parse_ask(body: Any) -> CompletionAsk:
     temperature = body.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise RequestError(f"temperature must be a number >= 0, not {temperature!r}.")
+    if body.get("base_url") is not None:  # older bundles send null: only a URL is refused
+        msg = (
+            "base_url is not taken from a request: the server to generate on is the Jupyter server's "
+            "configuration (c.StarCoderJupyter.base_url, or --StarCoderJupyter.base_url=...)."
+        )
+        raise RequestError(msg)
     repo_context, warm_up = body.get("repo_context", False), body.get("warm_up", False)
     for name, value in (("repo_context", repo_context), ("warm_up", warm_up)):
         if not isinstance(value, bool):
@@ -85,7 +96,6 @@ def parse_ask(body: Any) -> CompletionAsk:
         warm_up=warm_up,
         model=_text(body, "model"),
         backend=backend,
-        base_url=_text(body, "base_url"),
         repo_context=repo_context,
         request_id=_text(body, "request_id") or "",
         temperature=float(temperature),
@@ -99,7 +109,40 @@ def _text(body: Mapping[str, Any], name: str, *, required: bool = False) -> str 
         return None
     if not isinstance(value, str):
         raise RequestError(f"{name} must be a string, not {type(value).__name__}.")
+    if _SURROGATE.search(value):  # JSON's "\\ud800" alone: no text a tokenizer can encode
+        raise RequestError(f"{name} holds a lone surrogate (\\ud800-\\udfff): not Unicode text.")
     return value if value or required else None
+
+
+def read_body(body: bytes) -> Any:
+    """The request's body as JSON; :class:`RequestError` when it is not JSON or nests too deeply for
+    the parser (Python's recursion limit)."""
+    try:
+        return json.loads(body or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"The request body is not JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("The request body nests too deeply to be read (arrays or objects).") from None
+
+
+def error_status(e: Exception) -> tuple[int, str]:
+    """The status and message of an error raised before or while answering: a client's mistake is a
+    4xx saying what is wrong, the package's own errors their message; any other error a 500 that tells
+    nothing of it (its message may hold anything: the server's log has it)."""
+    from ..errors import ContextLengthError, InvalidParameterError, ModelNotFoundError, StarCoderError
+
+    if isinstance(e, RequestError):
+        return e.status, str(e)
+    if isinstance(e, ModelNotFoundError):
+        where = "JupyterLab's StarCoder inline completion settings, or $LANGCHAIN_STARCODER_MODEL"
+        return 404, f"{e} Set the model in {where}."
+    if isinstance(e, ContextLengthError):
+        return 413, str(e)
+    if isinstance(e, InvalidParameterError):
+        return 400, str(e)
+    if isinstance(e, StarCoderError):
+        return 500, str(e)
+    return 500, "The completion failed on the server: the Jupyter server's log says why."
 
 
 def _is_int(value: Any) -> bool:

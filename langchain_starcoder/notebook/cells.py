@@ -112,19 +112,21 @@ class NotebookContext:
         cells: list[NotebookCell] = []
         index = hole_output = None
         for i, raw in enumerate(raw_cells):
-            kind = raw.get("cell_type") if isinstance(raw, Mapping) else None
+            if not isinstance(raw, Mapping):
+                msg = f"cells[{i}] must be a cell (an object), not {type(raw).__name__}."
+                raise InvalidParameterError(msg)
+            kind = raw.get("cell_type")
             if i == cell and kind != "code":
-                msg = f"cell {cell} is a {kind} cell; the hole must be in a code cell."
+                msg = f"cell {cell} is a {_shown(kind)} cell; the hole must be in a code cell."
                 raise InvalidParameterError(msg)
             if kind not in ("markdown", "code"):
                 continue  # raw cells were not in the training data
-            output = render_outputs(raw.get("outputs") or ()) if kind == "code" else ""
+            output = render_outputs(_outputs_of(raw, i)) if kind == "code" else ""
             if i == cell:
                 index, hole_output = len(cells), output
             cells.append(NotebookCell(kind, _text(raw.get("source", "")).strip(), output))
-        language = str((data.get("metadata") or {}).get("language_info", {}).get("name") or "python")
         assert index is not None and hole_output is not None
-        return cls(tuple(cells), index, path, language, hole_output)
+        return cls(tuple(cells), index, path, _language(data), hole_output)
 
 
 def _cells_of(data: Any) -> list[Any]:
@@ -139,6 +141,45 @@ def _cells_of(data: Any) -> list[Any]:
         )
         raise InvalidParameterError(msg)
     return data["cells"]
+
+
+def _language(data: Mapping[str, Any]) -> str:
+    """The kernel's language from ``metadata.language_info.name`` ("python" when not said)."""
+    metadata = data.get("metadata", {})
+    if not isinstance(metadata, Mapping):
+        msg = f"the notebook's metadata must be an object, not {type(metadata).__name__}."
+        raise InvalidParameterError(msg)
+    info = metadata.get("language_info", {})
+    if not isinstance(info, Mapping):
+        msg = f"metadata.language_info must be an object, not {type(info).__name__}."
+        raise InvalidParameterError(msg)
+    name = info.get("name")
+    return name if isinstance(name, str) and name else "python"
+
+
+def _outputs_of(raw: Mapping[str, Any], i: int) -> list[Any]:
+    """A code cell's outputs: a list of objects (nbformat's), each checked."""
+    outputs = raw.get("outputs")
+    if outputs is None:
+        return []
+    if not isinstance(outputs, list):
+        msg = f"cells[{i}].outputs must be a list, not {type(outputs).__name__}."
+        raise InvalidParameterError(msg)
+    for j, output in enumerate(outputs):
+        if not isinstance(output, Mapping):
+            msg = f"cells[{i}].outputs[{j}] must be an output (an object), not {type(output).__name__}."
+            raise InvalidParameterError(msg)
+        data = output.get("data")
+        if data is not None and not isinstance(data, Mapping):
+            kind = type(data).__name__
+            msg = f"cells[{i}].outputs[{j}].data must be an object (MIME type: value), not {kind}."
+            raise InvalidParameterError(msg)
+    return outputs
+
+
+def _shown(value: Any) -> str:
+    """A field's value in a message: a string as it is (cut), anything else by its type."""
+    return value[:40] if isinstance(value, str) else type(value).__name__
 
 
 def _text(value: Any) -> str:
@@ -163,9 +204,11 @@ def _render(output: Mapping[str, Any]) -> str:
     if kind == "stream":
         return _text(output.get("text", "")).strip("\n")
     if kind == "error":
-        return f"{output.get('ename', 'Error')}: {output.get('evalue', '')}".rstrip(": ")
+        return f"{_text(output.get('ename', 'Error'))}: {_text(output.get('evalue', ''))}".rstrip(": ")
     if kind in ("execute_result", "display_data"):
-        data = output.get("data") or {}
+        data = output.get("data")
+        if not isinstance(data, Mapping):
+            return ""  # checked by the reader of a notebook; a caller's own outputs may be anything
         if "text/plain" in data:
             return _text(data["text/plain"]).strip("\n")
         rich = next((mime for mime in data if isinstance(mime, str)), None)

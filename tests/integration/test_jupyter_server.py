@@ -8,6 +8,7 @@ watched."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import shutil
@@ -68,8 +69,30 @@ def lab(
         yield server
 
 
-def ask(lab: JupyterLab, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    return httpx.post(lab.url + ROUTE, json=body, headers=lab.auth, timeout=300, **kwargs)
+#: Logged-in clients, by server and name: each is one Jupyter user (its login cookie), as a browser is.
+_USERS: dict[tuple[str, str], httpx.Client] = {}
+
+
+def user(base: str, auth: dict[str, str], name: str = "ada") -> httpx.Client:
+    """The client of user ``name`` on the Jupyter server at ``base``: with a shared token, each
+    browser (its login cookie) is a user of its own (jupyter_server's anonymous users)."""
+    if (base, name) not in _USERS:
+        client = httpx.Client(headers=auth, timeout=300)
+        assert client.get(base + "api/me").status_code == 200  # logs in: the cookie names the user
+        _USERS[base, name] = client
+    return _USERS[base, name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_users() -> Iterator[None]:
+    yield
+    for client in _USERS.values():
+        client.close()
+    _USERS.clear()
+
+
+def ask(lab: JupyterLab, body: dict[str, Any], name: str = "ada", **kwargs: Any) -> httpx.Response:
+    return user(lab.url, lab.auth, name).post(lab.url + ROUTE, json=body, **kwargs)
 
 
 def answer_lines(reply: httpx.Response) -> list[dict[str, Any]]:
@@ -224,22 +247,30 @@ def test_a_middle_ends_where_the_code_does(lab, tiny_engine: StarCoderEngine):
     assert done["completion_tokens"] == ended.completion_tokens
 
 
-def test_base_url_generates_on_that_server(lab, project, tiny_engine: StarCoderEngine, tiny_path: Path):
-    """``base_url``: the model runs on another server (here our ``serve``), the prompt is built here."""
-    _, notebook, cell = project
+def test_the_servers_base_url_generates_on_that_server(
+    project, tiny_engine: StarCoderEngine, tiny_path: Path
+):
+    """``StarCoderJupyter.base_url`` (the Jupyter server's configuration, never a request's): the model
+    runs on that server (here our ``serve``), the prompt is built here."""
+    root, notebook, cell = project
     prefix = "mean_area = sum(areas) / "
     nb = live(notebook, cell, prefix)
     expected = tiny_engine.infill(prefix, "", notebook=NotebookContext.from_notebook(nb, cell), max_tokens=N)
-    served = ServerThread(create_app(tiny_engine))
+    app, asked = create_app(tiny_engine), []
+
+    async def counted(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        asked.append(scope.get("path"))
+        await app(scope, receive, send)
+
+    served = ServerThread(counted)
     try:
-        body = {
-            "prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N, "base_url": served.url,
-            "model": str(tiny_path),  # the served model's tokenizer
-        }  # fmt: skip
-        done = answer_lines(ask(lab, body))[-1]
+        with jupyter_in_this_process(root, f"--StarCoderJupyter.base_url={served.url}") as (base, auth):
+            body = {"prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N, "model": str(tiny_path)}
+            done = answer_lines(user(base, auth).post(base + ROUTE, json=body))[-1]
     finally:
         served.stop()
     assert (done["text"], done["completion_tokens"]) == (expected.text, expected.completion_tokens)
+    assert any(path and "completion" in path for path in asked), asked  # generated there
 
 
 def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
@@ -265,6 +296,13 @@ def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
     assert any("llama-server" in " ".join(child.cmdline()) for child in children)  # not MLX's answer
 
 
+def hole_notebook(**fields: Any) -> dict[str, Any]:
+    """A request whose notebook's last cell is the hole, with ``fields`` in (or replacing) its JSON."""
+    notebook = {"nbformat": 4, "cells": [], **fields}
+    notebook["cells"] = [*notebook["cells"], {"cell_type": "code", "source": ""}]
+    return {"prefix": "x", "notebook": notebook, "cell": len(notebook["cells"]) - 1}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
@@ -277,11 +315,25 @@ def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
         ({"prefix": "x", "notebook": {"nbformat": 3, "cells": []}, "cell": 0}, 400, "format 4"),
         ({"prefix": "x", "notebook": "MARKDOWN", "cell": 0}, 400, "notebook"),
         ({"prefix": "x", "model": "/no/such/checkpoint"}, 404, "no/such/checkpoint"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "nests too deeply"),
+        (hole_notebook(metadata={"language_info": None}), 400, "language_info"),
+        (hole_notebook(metadata={"language_info": ["python"]}), 400, "language_info"),
+        (hole_notebook(metadata=[]), 400, "metadata"),
+        (
+            hole_notebook(
+                cells=[{"cell_type": "code", "outputs": [{"output_type": "display_data", "data": "x"}]}]
+            ),
+            400,
+            "cells[0].outputs[0].data",
+        ),
+        ({"prefix": "x", "base_url": "http://127.0.0.1:9/"}, 400, "base_url"),
     ],
 )
 def test_a_bad_request_gets_a_4xx_saying_what_is_wrong(lab, project, body, status, says):
     if body == "not json":
         reply = httpx.post(lab.url + ROUTE, content=b"{oops", headers=lab.auth, timeout=60)
+    elif isinstance(body, bytes):
+        reply = httpx.post(lab.url + ROUTE, content=body, headers=lab.auth, timeout=60)
     else:
         reply = ask(lab, body)
     assert reply.status_code == status, reply.text
@@ -336,17 +388,13 @@ def test_a_client_that_disconnects_stops_its_generation(lab, project, long_hole,
 
 
 def test_a_newer_request_for_the_same_document_supersedes_the_older(lab, project, long_hole, tiny_engine):
+    """The same user's newer request (the browser's next keystroke) supersedes the older one."""
     older: list[dict[str, Any]] = []
     streaming = threading.Event()
 
     def read_older() -> None:
-        with httpx.stream(
-            "POST",
-            lab.url + ROUTE,
-            json=long_body(project, long_hole, "older"),
-            headers=lab.auth,
-            timeout=300,
-        ) as reply:
+        body = long_body(project, long_hole, "older")
+        with user(lab.url, lab.auth).stream("POST", lab.url + ROUTE, json=body) as reply:
             for line in reply.iter_lines():
                 older.append(json.loads(line))
                 streaming.set()
@@ -366,19 +414,20 @@ def test_a_newer_request_for_the_same_document_supersedes_the_older(lab, project
     assert ended(lab, "older")[0] == "superseded"
 
 
-@pytest.mark.parametrize("beside", ["another document", "a warm-up"])
-def test_a_request_for_another_document_or_a_warm_up_does_not_supersede(
+@pytest.mark.parametrize("beside", ["another document", "a warm-up", "another user"])
+def test_a_request_for_another_document_or_a_warm_up_or_of_another_user_does_not_supersede(
     lab, project, long_hole, tiny_engine, beside: str
 ):
-    """A request for another document, and a warm-up of the same one (nobody waits for its answer), run
-    beside an answer being streamed and leave it whole."""
+    """A request for another document, a warm-up of the same one (nobody waits for its answer), and
+    another user's request for the same document (a shared server's users share its paths) run beside
+    an answer being streamed and leave it whole."""
     _, notebook, cell = project
     first: list[dict[str, Any]] = []
     streaming = threading.Event()
     body = {**long_body(project, long_hole, f"beside {beside}"), "max_tokens": 40}
 
     def read_first() -> None:
-        with httpx.stream("POST", lab.url + ROUTE, json=body, headers=lab.auth, timeout=300) as reply:
+        with user(lab.url, lab.auth).stream("POST", lab.url + ROUTE, json=body) as reply:
             for line in reply.iter_lines():
                 first.append(json.loads(line))
                 streaming.set()
@@ -389,8 +438,12 @@ def test_a_request_for_another_document_or_a_warm_up_does_not_supersede(
     if beside == "a warm-up":
         other = {"prefix": "", "notebook": live(notebook, cell, ""), "path": NOTEBOOK, "warm_up": True}
     else:
-        other = {"prefix": "w = ", "notebook": live(notebook, cell, "w = "), "path": "other.ipynb"}
-    done = answer_lines(ask(lab, {**other, "cell": cell}))[-1]
+        path = NOTEBOOK if beside == "another user" else "other.ipynb"
+        other = {"prefix": "w = ", "notebook": live(notebook, cell, "w = "), "path": path}
+    name = "bob" if beside == "another user" else "ada"
+    me = {n: user(lab.url, lab.auth, n).get(lab.url + "api/me").json()["identity"] for n in ("ada", "bob")}
+    assert me["ada"]["username"] != me["bob"]["username"]  # two browsers: two users
+    done = answer_lines(ask(lab, {**other, "cell": cell}, name))[-1]
     assert done["done"] is True and done["finish_reason"] != "superseded"
     assert (done["finish_reason"] == "warm_up") == (beside == "a warm-up")
     reader.join(300)
@@ -447,9 +500,10 @@ class ServerInThisProcess(ServerApp):
         pass
 
 
-@pytest.fixture(scope="module")
-def inside(project) -> Iterator[tuple[str, dict[str, str]]]:
-    root, _, _ = project
+@contextlib.contextmanager
+def jupyter_in_this_process(root: Path, *argv: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A Jupyter server with the extension on a thread of this process, with ``argv`` added to its
+    command line: its URL and the header of its token."""
     port, token = free_port(), secrets.token_hex(16)
     started, apps = threading.Event(), []
 
@@ -461,7 +515,7 @@ def inside(project) -> Iterator[tuple[str, dict[str, str]]]:
                 "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
                 f"--ServerApp.root_dir={root}",
                 "--allow-root", "--no-browser",
-                "--ServerApp.jpserver_extensions", "langchain_starcoder.jupyter=True",
+                "--ServerApp.jpserver_extensions", "langchain_starcoder.jupyter=True", *argv,
             ]
         )  # fmt: skip
         apps.append(app)
@@ -473,9 +527,18 @@ def inside(project) -> Iterator[tuple[str, dict[str, str]]]:
     deadline = time.monotonic() + 120
     while not started.wait(0.2):
         assert thread.is_alive() and time.monotonic() < deadline, "the Jupyter server did not start"
-    yield f"http://127.0.0.1:{port}/{ROUTE}", {"Authorization": f"token {token}"}
-    apps[0].io_loop.add_callback(apps[0].stop)
-    thread.join(60)
+    try:
+        yield f"http://127.0.0.1:{port}/", {"Authorization": f"token {token}"}
+    finally:
+        apps[0].io_loop.add_callback(apps[0].stop)
+        thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def inside(project) -> Iterator[tuple[str, dict[str, str]]]:
+    root, _, _ = project
+    with jupyter_in_this_process(root) as (base, auth):
+        yield base, auth
 
 
 @dataclass
@@ -516,18 +579,17 @@ def watch_generations(engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch) 
 def test_the_engines_generation_stops_when_its_request_is_dropped(
     inside, project, long_hole, tiny_path: Path, monkeypatch: pytest.MonkeyPatch, leave: str
 ):
-    url, auth = inside
+    base, auth = inside
+    url, ada = base + ROUTE, user(base, auth)
     engine = registry.get_engine(tiny_path)  # the engine the server's requests for this model get
     body = {**long_body(project, long_hole, leave), "model": str(tiny_path)}
     whole = long_hole[1]
     seen = watch_generations(engine, monkeypatch)
-    with httpx.stream("POST", url, json=body, headers=auth, timeout=300) as reply:
+    with ada.stream("POST", url, json=body) as reply:
         lines = reply.iter_lines()
         assert "text" in json.loads(next(lines))
-        if leave == "supersede":  # a newer keystroke in the same file, while the older still streams
-            newer = httpx.post(
-                url, json={**body, "prefix": "y = ", "max_tokens": N}, headers=auth, timeout=300
-            )
+        if leave == "supersede":  # the user's newer keystroke in the same file, while the older streams
+            newer = ada.post(url, json={**body, "prefix": "y = ", "max_tokens": N})
             assert json.loads(newer.text.splitlines()[-1])["done"] is True
             assert json.loads(list(lines)[-1])["finish_reason"] == "superseded"
     dropped = seen[0]
