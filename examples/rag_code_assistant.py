@@ -88,8 +88,9 @@ def main() -> None:
     print(f"Repository context for {args.file} ({len(index.files)} files indexed):")
     seen: set[str] = set()
     for file in prompt.files_kept:
-        # The context has two parts (docs/repository-context.md): an outline that stays put while the cursor
-        # moves inside its definition (so the KV cache does), then code near the cursor; a file may be in both.
+        # The context has two parts (docs/repository-context.md): an outline that stays put while the
+        # cursor moves inside its definition (so the KV cache does), then code near the cursor: a file
+        # may be in both.
         again = "  (again: lines the code near the cursor asks for)" if file.path in seen else ""
         seen.add(file.path)
         tokens, lines = engine.count_tokens(file.text), len(file.text.splitlines())

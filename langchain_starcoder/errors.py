@@ -34,3 +34,10 @@ class ContextLengthError(InvalidParameterError):
 
 class EngineClosedError(StarCoderError):
     """The engine was closed; load a new one."""
+
+
+#: What an import of the LlamaIndex surfaces says when the ``llama-index`` extra is not installed.
+LLAMA_INDEX_MISSING = (
+    "The LlamaIndex surfaces need llama-index-core, which the LangChain package does not install: "
+    'pip install -e ".[llama-index]" in a checkout of langchain-starcoder (or pip install llama-index-core).'
+)

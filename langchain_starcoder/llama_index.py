@@ -6,6 +6,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import LLAMA_INDEX_MISSING
+
+try:
+    import llama_index.core  # noqa: F401  (the llama-index extra)
+except ImportError as err:
+    raise ImportError(LLAMA_INDEX_MISSING) from err
+
 from llama_index.core.base.llms.generic_utils import messages_to_prompt as generic_messages_to_prompt
 from llama_index.core.base.llms.types import (
     ChatMessage,

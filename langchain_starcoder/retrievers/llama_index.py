@@ -6,6 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..errors import LLAMA_INDEX_MISSING
+
+try:
+    import llama_index.core  # noqa: F401  (the llama-index extra)
+except ImportError as err:
+    raise ImportError(LLAMA_INDEX_MISSING) from err
+
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 

@@ -62,7 +62,7 @@ def test_rag_script_streams_a_middle_with_the_index_context(
     out = run_script("rag_code_assistant.py", "--model", str(tiny_path), "--max-tokens", "8")
     rows = re.findall(r"^  (\S+\.py)  \d+ tokens, \d+ lines(  \(again: .+\))?$", out, re.M)
     listed = [path for path, _ in rows]
-    # A file in both parts of the context (its stable outline, then code near the cursor) says so the 2nd time.
+    # A file in both parts of the context (its stable outline, then code near the cursor) says so again.
     assert [bool(again) for _, again in rows] == [path in listed[:i] for i, path in enumerate(listed)]
     # The context is what the engine picks from a RepoIndex of the folder, in the budget the hole leaves.
     text = (SAMPLE_REPO / "shop" / "orders.py").read_text()

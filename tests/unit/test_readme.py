@@ -135,9 +135,9 @@ def test_every_install_command_works_from_the_checkout() -> None:
     from_index = re.compile(r"pip install\s+(?:-U\s+)?[\"']?langchain-starcoder")
     found = [f"{p.name}: {m.group(0)}" for p in docs for m in from_index.finditer(p.read_text())]
     assert not found
-    install = re.compile(r'pip install -e "\.\[(\w+)\]"')
+    install = re.compile(r'pip install -e "\.\[([\w-]+)\]"')
     extras = {extra for page in PAGES for extra in install.findall(page.read_text())}
-    assert {"openblas", "examples", "test", "server"} <= extras
+    assert {"openblas", "examples", "test", "server", "llama-index"} <= extras
 
 
 def test_the_speed_tables_say_which_shape_each_figure_is_for() -> None:
@@ -201,8 +201,8 @@ def extras_table(pyproject: str) -> str:
 
 def test_every_extra_the_pages_name_exists() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    declared = set(re.findall(r"^(\w+) = \[", extras_table(pyproject), flags=re.M))
-    named = {extra for page in PAGES for extra in re.findall(r'"\.\[(\w+)\]"', page.read_text())}
+    declared = set(re.findall(r"^([\w-]+) = \[", extras_table(pyproject), flags=re.M))
+    named = {extra for page in PAGES for extra in re.findall(r'"\.\[([\w-]+)\]"', page.read_text())}
     assert named <= declared, f"extras no pyproject.toml declares: {sorted(named - declared)}"
 
 
