@@ -6,7 +6,13 @@ from .blas import configure_from_env as _configure_blas
 _configure_blas()
 
 import importlib
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("langchain-starcoder")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 if TYPE_CHECKING:
     from .chat_models import ChatStarCoder

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .. import __version__
 from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
 from .model import _cmd_generate, _cmd_infill, _cmd_info
 from .options import (
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="StarCoder2 code models on MLX: generate, fill in the middle, quantize, inspect.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 

@@ -27,7 +27,14 @@ def python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_help_and_argument_errors_import_nothing_heavy():
-    argvs = [["--help"], ["generate", "--help"], ["generate"], ["quantize", "a", "b", "--bits", "3"], []]
+    argvs = [
+        ["--help"],
+        ["--version"],
+        ["generate", "--help"],
+        ["generate"],
+        ["quantize", "a", "b", "--bits", "3"],
+        [],
+    ]
     code = (
         "import json, sys\n"
         "from langchain_starcoder.cli import main\n"
@@ -38,7 +45,27 @@ def test_help_and_argument_errors_import_nothing_heavy():
     result = python(code)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report == {"codes": [0, 0, 2, 2, 2], "heavy": []}
+    assert report == {"codes": [0, 0, 0, 2, 2, 2], "heavy": []}
+
+
+def test_the_version_is_the_installed_distributions():
+    import importlib.metadata
+    import re
+    from pathlib import Path
+
+    import langchain_starcoder
+
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert langchain_starcoder.__version__ == importlib.metadata.version("langchain-starcoder")
+    assert f'\nversion = "{langchain_starcoder.__version__}"\n' in pyproject
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", langchain_starcoder.__version__)
+    shown = subprocess.run(
+        [sys.executable, "-m", "langchain_starcoder", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.stdout.strip() == f"langchain-starcoder {langchain_starcoder.__version__}"
 
 
 def test_package_imports_lazily_and_keeps_its_names():
