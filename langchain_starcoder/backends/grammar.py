@@ -6,7 +6,9 @@ llguidance was chosen over xgrammar and outlines-core by measuring them on a 49,
 about 10x faster, Lark and GBNF besides JSON Schema and regex (outlines-core has no grammars), limits on
 every step's work, and no dependencies (xgrammar pulls in triton and torch).
 
-The front compiles (so a bad constraint fails before any decoding, in the caller's thread); the MLX
+The front compiles (so a bad constraint fails before any decoding, raised in the caller's thread); the
+compile itself runs on a thread of a known stack (:mod:`.native`), after a bound on how deep it may
+recurse (:mod:`.grammar_depth`): no constraint can overflow the native stack and kill the process. The MLX
 backend masks with a fresh matcher per generation (:mod:`.masking`); the front checks the finished text
 (:meth:`Grammar.accepts`), whichever backend produced it.
 """
@@ -21,9 +23,12 @@ from typing import Any
 
 import llguidance
 import numpy as np
+from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ..errors import GrammarError
+from . import grammar_depth
+from .native import StackThreads
 
 #: What one grammar may cost (llguidance's ``LLParserLimits``): work per mask step (lexer fuel, Earley
 #: items), building the lexer, and memory (lexer states, about 1-2 kB each; grammar symbols). A grammar
@@ -41,14 +46,19 @@ LIMITS = {
     # an expression grammar each needed under 10,000 on a 49,152-token vocabulary.
     "max_lexer_states": 20_000,
     "max_grammar_size": 500_000,
+    # An error says what went wrong in a line, not with the whole grammar and parser state (55 KB for
+    # a 3,000-rule grammar, echoed in every refused answer).
+    "verbose_errors": False,
 }
-#: JSON's whitespace between tokens, as llama.cpp's json-schema-to-grammar allows it (a space, or one or
-#: two newlines and up to 20 spaces or tabs of indent): bounded, so a model cannot pad for ever. A
-#: schema with llguidance's own "x-guidance" options (e.g. ``{"whitespace_flexible": false}``: none)
-#: gets those instead.
+#: JSON's whitespace between tokens where a schema asks for it (``"x-guidance": {"whitespace_flexible":
+#: true}``), as llama.cpp's json-schema-to-grammar allows it (a space, or one or two newlines and up to 20
+#: spaces or tabs of indent): bounded, so a model cannot pad for ever. By default there is none.
 JSON_WHITESPACE = r"(?:\x20|\n{1,2}[\x20\t]{0,20})?"
 #: Compiled grammars kept per tokenizer (least recently used first out).
 MAX_CACHED_GRAMMARS = 32
+# Where grammars compile: two threads, so that one slow compile (a 60,000-way alternation takes seconds)
+# does not hold up every other.
+_COMPILE = StackThreads(2, "langchain-starcoder-grammar")
 
 
 class Grammar:
@@ -103,7 +113,8 @@ class GrammarCompiler:
                 return grammar
             if self._tokenizer is None:
                 self._tokenizer = ll_tokenizer(self._source, self.vocab_size, self._eos)
-        grammar = Grammar(_matcher(self._tokenizer, *constraint), self._tokenizer, self.vocab_size)
+        matcher = _COMPILE.call(_matcher, self._tokenizer, *constraint)
+        grammar = Grammar(matcher, self._tokenizer, self.vocab_size)
         with self._lock:
             self._cache[constraint] = grammar
             while len(self._cache) > MAX_CACHED_GRAMMARS:
@@ -129,26 +140,61 @@ def ll_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> l
     return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos_token_ids)
 
 
+def json_options(schema: Any) -> dict[str, Any] | None:
+    """llguidance's JSON options for ``schema``: compact JSON (no whitespace between tokens, as vLLM's
+    llguidance writes it) unless the schema's own ``"x-guidance"`` options say otherwise; whitespace they
+    ask for (``"whitespace_flexible": true``) is :data:`JSON_WHITESPACE` unless they give a
+    ``"whitespace_pattern"`` too. None for a schema that is not an object (llguidance's defaults)."""
+    if not isinstance(schema, dict):
+        return None
+    own = schema.get("x-guidance")
+    options = {"whitespace_flexible": False, **(own if isinstance(own, dict) else {})}
+    if options["whitespace_flexible"] and "whitespace_pattern" not in options:
+        options["whitespace_pattern"] = JSON_WHITESPACE
+    return options
+
+
 def _matcher(tokenizer: llguidance.LLTokenizer, kind: str, text: str) -> llguidance.LLMatcher:
     """A checked matcher at the start of the grammar, its first mask computed (the lexer's first
     states built, so each copy starts warm; a limit hit there is refused here)."""
-    try:
-        if kind == "json_schema":  # a schema's own "x-guidance" options replace our whitespace rule
-            own = "x-guidance" in json.loads(text)
-            defaults = None if own else {"whitespace_pattern": JSON_WHITESPACE}
-            spec = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=defaults)
-        elif kind == "regex":
-            spec = llguidance.LLMatcher.grammar_from_regex(text)
-        else:  # Lark, or GBNF converted to Lark (llguidance tells them apart)
-            spec = llguidance.grammar_from("grammar", text)
-    except ValueError as e:
-        raise GrammarError(f"The {_NAMES[kind]} is invalid: {e}") from None
-    matcher = llguidance.LLMatcher(tokenizer, spec, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
+    matcher = llguidance.LLMatcher(
+        tokenizer, _spec(kind, text), log_level=0, limits=llguidance.LLParserLimits(**LIMITS)
+    )
     if not matcher.is_error():
         fill_next_token_bitmask(matcher, allocate_token_bitmask(1, tokenizer.vocab_size))
     if matcher.is_error():
-        raise GrammarError(f"The {_NAMES[kind]} is refused: {matcher.get_error()}")
+        raise GrammarError(f"The {_NAMES[kind]} is refused: {error_text(matcher)}")
     return matcher
+
+
+def _spec(kind: str, text: str) -> str:
+    """llguidance's grammar of ``(kind, text)``, once :mod:`.grammar_depth` finds it safe to compile."""
+    try:
+        if kind == "json_schema":
+            schema = json.loads(text)
+            grammar_depth.check_schema(schema)
+            return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=json_options(schema))
+        if kind == "regex":  # (llguidance bounds a regex's nesting itself)
+            return llguidance.LLMatcher.grammar_from_regex(text)
+        if not is_lark_syntax(text):
+            grammar_depth.check_gbnf(text)
+        try:  # Lark as it is, GBNF converted (as llguidance.grammar_from does)
+            lark = any_to_lark(text)
+        except Exception as e:
+            raise ValueError(f"Failed to convert the grammar from GBNF to Lark: {e}") from None
+        grammar_depth.check_lark(lark)
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    except GrammarError:
+        raise
+    except RecursionError:
+        raise GrammarError(f"The {_NAMES[kind]} is nested too deeply to read.") from None
+    except ValueError as e:
+        raise GrammarError(f"The {_NAMES[kind]} is invalid: {e}") from None
+
+
+def error_text(matcher: llguidance.LLMatcher) -> str:
+    """The matcher's error, without the marker llguidance puts where the verbose part would be."""
+    return matcher.get_error().replace("\n<non-verbose/>", "").strip()
 
 
 _NAMES = {"json_schema": "json_schema", "regex": "regex", "grammar": "grammar (Lark or GBNF)"}

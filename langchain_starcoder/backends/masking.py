@@ -22,7 +22,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ..errors import GrammarError
-from .grammar import unpack
+from .grammar import error_text, unpack
 
 # Shared by every backend: a mask takes tens of microseconds, and each worker waits for its own.
 _HELPERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="langchain-starcoder-mask")
@@ -98,5 +98,5 @@ def consume(matcher: llguidance.LLMatcher, tokens: Sequence[int]) -> None:
 def check(matcher: llguidance.LLMatcher) -> None:
     """A matcher in an error state (a limit hit while decoding) ends the generation with its reason."""
     if matcher.is_error():
-        msg = f"The grammar engine stopped this generation: {matcher.get_error()}"
+        msg = f"The grammar engine stopped this generation: {error_text(matcher)}"
         raise GrammarError(msg)
