@@ -6,13 +6,9 @@ from .blas import configure_from_env as _configure_blas
 _configure_blas()
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("langchain-starcoder")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .chat_models import ChatStarCoder

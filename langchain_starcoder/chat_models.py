@@ -134,12 +134,10 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
         .. code-block:: python
 
             from typing import Literal
-
             def get_weather(city: Literal["Paris", "London", "Tokyo"]) -> str:
                 "The weather in a city."
 
-            # Bounded arguments (a closed set, a maxLength) end within max_tokens whatever the weights; a
-            # free string is the model's to close, and a call cut by max_tokens comes back invalid.
+            # A closed set ends within max_tokens on any weights (an unclosed free string: invalid call)
             chat.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?").tool_calls
             # [{'name': 'get_weather', 'args': {'city': 'Paris'}, 'id': 'call_...', 'type': 'tool_call'}]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import __version__
+from .._version import __version__
 from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
 from .model import _cmd_generate, _cmd_infill, _cmd_info
 from .options import (
