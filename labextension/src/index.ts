@@ -8,6 +8,7 @@ import { ICompletionProviderManager } from '@jupyterlab/completer';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
+import { suggestAfterEnter } from './enter';
 import { DEFAULT_SETTINGS, ISettings, StarCoderInlineProvider } from './provider';
 
 const PLUGIN_ID = '@langchain-starcoder/jupyterlab:plugin';
@@ -26,6 +27,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ): void => {
     const provider = new StarCoderInlineProvider();
     manager.registerInlineProvider(provider);
+    // A new line after Enter gets ghost text too (JupyterLab asks nothing on a blank line).
+    suggestAfterEnter(app, manager, () => provider.settings.enabled);
     if (notebooks) {
       // Where the next keystrokes will be: another cell, another notebook, or the cell after one that ran
       // (its outputs are the next prompt's context).

@@ -22,7 +22,6 @@ export interface ISettings {
   enabled: boolean;
   model: string;
   backend: string;
-  baseUrl: string;
   maxTokens: number;
   debounceMs: number;
   repoContext: boolean;
@@ -33,7 +32,6 @@ export const DEFAULT_SETTINGS: ISettings = {
   enabled: true,
   model: '',
   backend: 'mlx',
-  baseUrl: '',
   maxTokens: 64,
   debounceMs: 200,
   repoContext: true,
@@ -172,7 +170,6 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
       max_tokens: this.settings.maxTokens,
       model: this.settings.model || null,
       backend: this.settings.backend || null,
-      base_url: this.settings.baseUrl || null,
       repo_context: this.settings.repoContext,
       request_id: token
     };

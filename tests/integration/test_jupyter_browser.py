@@ -46,12 +46,23 @@ from langchain_starcoder.testing.jupyter_lab import (
 
 CHROMIUM = "/usr/bin/chromium"
 ROUTE = "/".join(ROUTE_PARTS)
-#: A copy of the notebook (its hole cell empty) for the warm-up test: the others type in NOTEBOOK.
-WARM_NOTEBOOK = "warm.ipynb"
+#: Copies of the notebook (hole cell empty) for the warm-up and Enter tests: the others type in NOTEBOOK.
+WARM_NOTEBOOK, ENTER_NOTEBOOK = "warm.ipynb", "enter.ipynb"
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "jupyter-ghost-text.png"
 MAX_TOKENS = 8
 #: What the test may type: plain words (no brackets or quotes, which the editor would close itself).
 TYPED = ("areas_total = sum", "x = values", "mean = total / len", "result = circle_area", "big = max")
+#: Lines after which Enter indents the next one (what the Enter test may type).
+BLOCK_HEADS = (
+    "for r in radii:",
+    "for area in areas:",
+    "if radii:",
+    "while areas:",
+    "if total:",
+    "for i in range:",
+)
+#: JupyterLab's Python indent.
+INDENT = "    "
 #: A script of the project, its text, and what the test may type at its end.
 SCRIPT = "pkg/report.py"
 SCRIPT_HEAD = "from pkg.geometry import circle_area\n\n\ndef report(radius):\n    area = "
@@ -107,16 +118,17 @@ def browser() -> Iterator[Callable[[Callable[[Any], Any]], Any]]:
 
 
 def expected_middle(
-    engine: StarCoderEngine, root: Path, notebook: dict[str, Any], cell: int, typed: str
+    engine: StarCoderEngine, root: Path, notebook: dict[str, Any], cell: int, typed: str, path: str = NOTEBOOK
 ) -> str:
-    """What the server should answer for ``typed`` in ``cell``: the live notebook as context, and the
-    server root's repository context for the notebook's path (the extension's default)."""
+    """What the server should answer for ``typed`` in ``cell`` (the cursor at its end): the live
+    notebook as context, and the server root's repository context for the notebook's path (the
+    extension's default)."""
     live = json.loads(json.dumps(notebook))
     live["cells"][cell]["source"] = typed
     ctx = NotebookContext.from_notebook(live, cell)
     repo = RepoIndex(root)
     return engine.infill(
-        typed, "", notebook=ctx, repo=repo, file_path=NOTEBOOK, max_tokens=MAX_TOKENS, temperature=0
+        typed, "", notebook=ctx, repo=repo, file_path=path, max_tokens=MAX_TOKENS, temperature=0
     ).text
 
 
@@ -268,6 +280,53 @@ def test_entering_a_cell_warms_its_prompt_and_the_first_keystroke_there_takes_it
     assert shared > len(keystroke_ids) * 0.9  # the notebook's context: most of the prompt
     outcome, _, cached = lab.request_end(keystroke["request_id"])
     assert outcome != "failed" and cached is not None and cached >= shared - 1
+
+
+def test_enter_at_the_end_of_a_line_shows_ghost_text_for_the_next_line(
+    lab, lab_project, browser, tiny_engine: StarCoderEngine
+):
+    """Enter after a block's head: the editor indents the new line, and its ghost text comes without
+    another keystroke (JupyterLab itself asks nothing on a blank line): what ``engine.infill`` gives
+    for the cell up to the indent."""
+    root, cell = lab_project
+    notebook = json.loads((root / NOTEBOOK).read_text())
+    notebook["cells"][cell]["source"] = ""
+    (root / ENTER_NOTEBOOK).write_text(json.dumps(notebook))
+    answers = {
+        head: expected_middle(tiny_engine, root, notebook, cell, head + "\n" + INDENT, ENTER_NOTEBOOK)
+        for head in BLOCK_HEADS
+    }
+    head, middle = shown_as_is(answers)
+
+    def drive(chromium: Any) -> list[dict[str, Any]]:
+        page = chromium.new_page(viewport={"width": 1100, "height": 820})
+        sent: list[dict[str, Any]] = []
+        page.on("request", lambda r: sent.append(r.post_data_json) if ROUTE in r.url else None)
+        try:
+            open_notebook(page, lab, ENTER_NOTEBOOK, cells=cell + 1)
+            edit_cell(page, cell)
+            page.keyboard.type(head, delay=60)
+            page.keyboard.press("Enter")
+            assert cell_text(page, cell) == head + "\n" + INDENT  # indented by the editor
+            page.wait_for_function(
+                "expected => document.querySelector('.jp-GhostText')?.textContent === expected",
+                arg=middle,
+                timeout=GHOST_MS,
+                polling=100,
+            )
+            assert cell_text(page, cell) == head + "\n" + INDENT  # nothing typed after Enter
+            page.keyboard.press("Tab")
+            page.wait_for_function(
+                "() => !document.querySelector('.jp-GhostText')?.textContent", timeout=GHOST_MS
+            )
+            assert cell_text(page, cell) == head + "\n" + INDENT + middle
+            return list(sent)
+        finally:
+            page.close()
+
+    sent = browser(drive)
+    after_enter = [b for b in sent if not b.get("warm_up") and b["prefix"] == head + "\n" + INDENT]
+    assert after_enter and after_enter[-1]["path"] == ENTER_NOTEBOOK
 
 
 def _warmed(lab: JupyterLab, body: dict[str, Any]) -> bool:
