@@ -83,8 +83,12 @@ def create_app(
         msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
         raise InvalidParameterError(msg)
     GenerationParams.create(prompt_lookup_num_tokens=prompt_lookup_num_tokens)  # a bad value fails here
+    keys = [api_key] if isinstance(api_key, str) else api_key
+    if keys is not None and not (isinstance(keys, Sequence) and all(isinstance(k, str) for k in keys)):
+        msg = f"api_key must be a string or a list of strings (tenants' keys), not {type(api_key).__name__}."
+        raise InvalidParameterError(msg)
     server = ServerState(
-        engine, api_key, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo,
+        engine, keys, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo,
         prompt_lookup=prompt_lookup_num_tokens, supersede=supersede, fim_mode=fim_mode,
         stable_prefix=stable_prefix,
     )  # fmt: skip

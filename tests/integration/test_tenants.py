@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from langchain_starcoder import StarCoderEngine
+from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.server import create_app
 from langchain_starcoder.server.tenants import MAX_SALT_CHARS
 from langchain_starcoder.testing.servers import ServerThread
@@ -128,3 +129,9 @@ def test_the_prompt_cache_on_disk_is_partitioned_too(tiny_path: Path, tmp_path: 
     finally:
         running.stop()
         engine.close()
+
+
+@pytest.mark.parametrize("keys", [[1], b"key", 5], ids=["list of int", "bytes", "int"])
+def test_keys_that_are_not_strings_are_refused_when_the_app_is_made(tiny_engine, keys):
+    with pytest.raises(InvalidParameterError, match="api_key must be a string or a list of strings"):
+        create_app(tiny_engine, api_key=keys)
