@@ -6,6 +6,7 @@ decoding. The chat checkpoint has random weights: the shape is enforced, the val
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,12 +18,13 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from adversarial_grammars import ref_chain, rule_chain
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from langchain_starcoder import StarCoderEngine, registry
 from langchain_starcoder.server import create_app
-from langchain_starcoder.testing.servers import ServerThread
+from langchain_starcoder.testing.servers import ServerThread, free_port, wait_healthy
 
 # Bounded, so that random weights finish inside max_tokens.
 DIGITS = 'root ::= ("yes" | "no") " " [0-9] [0-9]?'
@@ -134,6 +136,46 @@ def test_a_bad_grammar_or_schema_is_a_400_before_decoding(server: str, extra: di
     assert post(f"{server}/completion", {"prompt": "x", "n_predict": 2}).status_code == 200
 
 
+def test_no_grammar_or_schema_crashes_the_server(chat_path: Path, tmp_path: Path) -> None:
+    """The review's chains of $refs and of rules overflowed llguidance's stack: the server died (SIGSEGV)
+    and every client with it. A ``serve`` process here, so that a regression kills it, not pytest."""
+    port = free_port()
+    serve = [sys.executable, "-m", "langchain_starcoder", "serve", "--model", str(chat_path)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([*serve, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deep = {"type": "json_schema", "json_schema": {"name": "d", "schema": ref_chain(3000)}}
+    refused = [
+        ("/completion", {"prompt": "x", "json_schema": ref_chain(3000)}),
+        ("/completion", {"prompt": "x", "grammar": rule_chain(12_000), "stream": True}),
+        ("/infill", {"input_prefix": "x = ", "grammar": rule_chain(4000, gbnf=True)}),
+        ("/v1/completions", {"prompt": "x", "structured_outputs": {"grammar": rule_chain(12_000)}}),
+        ("/v1/completions", {"prompt": "x", "response_format": deep}),
+        ("/v1/chat/completions", {"messages": QUESTION, "response_format": deep}),
+    ]
+    try:
+        wait_healthy(proc, url)
+        for path, body in refused:
+            reply = post(f"{url}{path}", {"n_predict": 4, "max_tokens": 4, **body})
+            assert reply.status_code == 400, (path, reply.text[:300])
+            assert "too deep to compile safely" in reply.text or "GBNF rules" in reply.text, reply.text[:300]
+        # The review's own inputs (2,000 links, 5,000 rules) compile; decoding them may meet a per-step
+        # limit (the answer says so), never the stack.
+        for body in ({"json_schema": ref_chain(2000)}, {"grammar": rule_chain(5000)}):
+            assert post(f"{url}/completion", {"prompt": "x", "n_predict": 4, **body}).status_code in (
+                200,
+                400,
+            )
+        answer = post(f"{url}/completion", {"prompt": "{", "n_predict": 200, "json_schema": POINT}).json()
+        jsonschema.validate(json.loads(answer["content"]), POINT)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
 # --- /v1/completions: the same constraints, in llama.cpp's, OpenAI's and vLLM's fields -----------------
 
 CHOICES = ["yes", "no", "a.b (c)*"]  # (regex metacharacters: matched as text)
@@ -163,12 +205,12 @@ def _one_of(text: str) -> None:
     ("constraint", "check"),
     [
         ({"grammar": DIGITS}, _matches(r"(yes|no) [0-9][0-9]?")),
-        ({"json_schema": POINT}, _json_point),
+        ({"json_schema": POINT}, _compact_point),  # (compact by default, on every path)
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": POINT}}},
-            _json_point,
+            _compact_point,
         ),
-        ({"structured_outputs": {"json": json.dumps(POINT)}}, _json_point),
+        ({"structured_outputs": {"json": json.dumps(POINT)}}, _compact_point),
         ({"structured_outputs": {"json": POINT, "disable_any_whitespace": True}}, _compact_point),
         ({"structured_outputs": {"regex": r"(yes|no) [0-9]"}}, _matches(r"(yes|no) [0-9]")),
         ({"structured_outputs": {"grammar": DIGITS}}, _matches(r"(yes|no) [0-9][0-9]?")),

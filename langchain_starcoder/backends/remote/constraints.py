@@ -7,13 +7,13 @@ so the server enforces it while it decodes (the front still checks the finished 
 - vLLM's ``/v1/completions`` (0.12 and later): ``structured_outputs`` with ``regex`` or ``grammar`` (vLLM
   reads GBNF and Lark; with ``auto`` its backend falls back to llguidance for what xgrammar cannot do).
   A ``json_schema`` goes as a Lark grammar in llguidance's dialect (``%llguidance {}`` and ``%json``),
-  the schema inside with JSON options that bound whitespace: vLLM 0.32 ignores a request's
-  ``disable_any_whitespace`` and ``whitespace_pattern`` (only its server-wide setting counts), its
-  xgrammar lets JSON pad whitespace without end (a weak model then never closes the object), and its
-  llguidance (< 1.8) repeats a ``whitespace_pattern`` without bound. xgrammar refuses that dialect, so
-  vLLM's ``auto`` decodes it with llguidance: compact JSON (``,`` and ``:``), which our engine's
-  whitespace rule also accepts, or the schema's own ``x-guidance`` options. A vLLM started with another
-  ``--structured-outputs-config.backend`` than ``auto`` (its default) or ``guidance`` refuses it.
+  the schema inside with the JSON options our engine uses (:func:`..grammar.json_options`): vLLM 0.32
+  ignores a request's ``disable_any_whitespace`` and ``whitespace_pattern`` (only its server-wide setting
+  counts), and its xgrammar lets JSON pad whitespace without end (a weak model then never closes the
+  object). xgrammar refuses that dialect, so vLLM's ``auto`` decodes it with llguidance: compact JSON
+  (``,`` and ``:``) as our engine writes it, unless the schema's own ``x-guidance`` options ask for
+  whitespace. A vLLM started with another ``--structured-outputs-config.backend`` than ``auto`` (its
+  default) or ``guidance`` refuses it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from ...errors import GrammarError
 from ...types import GenerationParams
+from ..grammar import json_options
 
 try:  # Python 3.11+: the parser behind ``re`` (sre_parse before, deprecated since)
     from re import _constants as sre  # type: ignore[attr-defined]
@@ -64,10 +65,9 @@ def vllm_fields(params: GenerationParams) -> dict[str, Any]:
 
 
 def json_schema_lark(schema: dict[str, Any]) -> str:
-    """``schema`` as a Lark grammar in llguidance's dialect: compact JSON unless the schema carries its
-    own ``x-guidance`` options (the JSON our engine allows by default holds it, see :mod:`..grammar`)."""
-    if "x-guidance" not in schema:
-        schema = {**schema, "x-guidance": {"whitespace_flexible": False}}
+    """``schema`` as a Lark grammar in llguidance's dialect, with the JSON options our engine uses:
+    compact JSON unless the schema's own ``x-guidance`` options ask for whitespace."""
+    schema = {**schema, "x-guidance": json_options(schema)}
     return f"%llguidance {{}}\nstart: %json {json.dumps(schema, separators=(',', ':'))}\n"
 
 
