@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, StarCoderError
 from ..loading.digests import file_digest, file_stamp
+from ..loading.private_folder import NotPrivateError, check_private, make_private
 from .header import read_header
 from .write import convert_to_gguf
 
@@ -93,12 +94,12 @@ def _converted_from(gguf: Path, files: list[Path], outtype: str) -> bool:
 def _private_folder(directory: Path) -> None:
     """Make the cache folder (0700), and refuse one that another user owns or that its group or others
     may write: whoever can write it could put other weights there, fingerprint and all, for us to serve."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    status = directory.stat()
-    if status.st_uid not in (os.geteuid(), 0) or status.st_mode & 0o022:
+    try:
+        make_private(directory)
+        check_private(directory.stat(), f"The GGUF cache folder {directory}")
+    except NotPrivateError as err:
         msg = (
-            f"The GGUF cache folder {directory} is not yours alone (owner uid {status.st_uid}, mode "
-            f"{status.st_mode & 0o777:o}): another user could replace the converted model there. Use a "
+            f"{err}: it is not yours alone, and another user could replace the converted model there. Use a "
             f"folder only you can write (llama_cpp cache_dir=..., or ${CACHE_ENV}), or chmod go-w it."
         )
-        raise StarCoderError(msg)
+        raise StarCoderError(msg) from None

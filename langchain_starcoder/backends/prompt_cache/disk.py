@@ -31,10 +31,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from ...loading.private_folder import Folder, NotPrivateError, make_private
 from ...types import CachePartition
 from .files import CacheFileError, Header, Tensor, dtype_name, read_header, read_tensors, write_cache_file
 from .fingerprint import partition_key
-from .folder import Folder, NotPrivateError, make_private
 from .layout import CacheLayout
 from .memory import prefix_copy
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ...loading.digests import file_digest, file_stamp
+from ...loading.private_folder import Folder, NotPrivateError, make_private
 from ...types import CachePartition
-from .folder import Folder, NotPrivateError, make_private
 
 #: Bumped whenever what a file holds or how it is keyed changes: older files are then never used.
 FORMAT_VERSION = 1

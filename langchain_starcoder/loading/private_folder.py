@@ -1,8 +1,8 @@
-"""The prompt-cache folder, private to its user: made 0700 and its files 0600 whatever the umask, and
-used only while no other user can have written what is in it.
+"""Cache folders private to their user (the prompt cache's, the converted GGUF files'): made 0700 and their
+files 0600 whatever the umask, and used only while no other user can have written what is in them.
 
-A kept cache decides what the model answers, and its token ids print the prompts' source. So a folder
-that another user owns, or that its group or others can write, is not used at all; a file in it counts
+A kept cache decides what the model answers, and a prompt cache's token ids print the prompts' source. So a
+folder that another user owns, or that its group or others can write, is not used at all; a file in it counts
 only when it is a regular file of this user (or root) that group and others cannot write. Each check is
 made on what was opened (the folder's descriptor, then the file's), and names are opened against the
 checked folder's descriptor without following links: nothing swapped in after a check is trusted.
