@@ -1,16 +1,35 @@
 """How deep llguidance's compiler may recurse on a constraint, bounded before it runs.
 
-llguidance compiles a JSON Schema's ``$ref``s and a Lark grammar's rules depth first, one native stack
-frame per reference followed and per nested part (llguidance 1.9.1): a chain of about 1,050
-``{"anyOf": [{"$ref": next}, ...]}`` or of 2,700 rules ``r_i: r_{i+1} | "a"`` overflows a thread's
-8 MiB stack and kills the process (SIGSEGV). Nesting inside one schema or one rule is bounded by
-llguidance itself (128 JSON levels; Lark groups, regexes), chains of references are not.
+llguidance (1.9.1) compiles a JSON Schema's ``$ref``s and a Lark grammar's rules depth first, native
+stack frames for each reference followed and each nested part, with no bound of its own on a chain of
+references. Where a chain overflowed an 8 MiB stack (SIGSEGV: the process dies), measured in
+subprocesses on x86-64 (links of the chain; units of :func:`schema_depth` / :func:`lark_depth`):
 
-:func:`depth` is an upper bound of that recursion, in units of one nesting level or one reference
-followed, read from the text alone (no graph walk that an adversary could make expensive): a path
-through the references visits each rule or ``$ref`` target at most once (llguidance compiles each
-once), and inside each at most its own nesting. :data:`MAX_DEPTH` refuses what could come near the
-end of the compile thread's stack (:mod:`.native`), with the margin measured there.
+====================================================  =======  ======  ========
+chain                                                   links   units  B/unit
+====================================================  =======  ======  ========
+``d_i: {"anyOf": [{"$ref": d_i+1}, {"const": "a"}]}``    1,046   4,191   2,002
+``d_i: {"$ref": d_i+1}``                                 2,500   5,005   1,676
+``d_i: {"type": "object", "properties": {"a": ref}}``     937   3,755   2,234
+``d_i: {"allOf": [ref], "type": "object"}``              1,359   5,443   1,541
+``d_i: {"type": "array", "items": ref}``                 1,093   3,285   2,554
+``d_i``: 20 nested objects, then the ref                   73   3,111   2,696
+Lark ``r_i: r_i+1 | "a"`` (the costliest unit)           2,687   2,689   3,120
+Lark terminals ``T_i: "a" T_i+1 | "b"``                  3,562   3,564   2,354
+GBNF ``r_i ::= r_i+1 | "a"``                             3,562   3,565   2,353
+Lark ``r_i: ((((((((r_i+1)))))))) | "a"``                  476   4,286   1,957
+the first chain inside a Lark ``%json``                  1,046   4,192   2,001
+====================================================  =======  ======  ========
+
+On a 64 MiB stack the same chains broke at 8 times the length (Lark rules 21,500: 3,121 B/unit;
+the anyOf chain 8,375: 2,003), so the cost is linear. Nesting without references is refused by
+llguidance itself before it costs much: JSON past 128 levels, Lark groups past about 30, regex groups
+past its parser's limit (tried up to 128,000 of each: a clean error every time).
+
+:func:`schema_depth` and :func:`lark_depth` bound that recursion from the text alone (no graph walk
+that an adversary could make expensive): a path through the references visits each rule or ``$ref``
+target at most once (llguidance compiles each once), and inside each at most its own nesting.
+:data:`MAX_DEPTH` refuses what could come near the end of the compile thread's stack (:mod:`.native`).
 """
 
 from __future__ import annotations
@@ -21,15 +40,15 @@ from typing import Any
 
 from ..errors import GrammarError
 
-#: The most units of recursion (:func:`depth`) a constraint may need. Measured (llguidance 1.9.1,
-#: x86-64, in subprocesses): the costliest unit took about 3.3 kB of native stack (a chain of
-#: ``{"allOf": [{"$ref": next}], "type": "object"}``); at this bound that is about 33 MB, an eighth of
-#: the compile thread's 256 MiB. A real schema or grammar needs a few hundred (a 200-rule C grammar,
-#: a schema of 100 definitions 10 levels deep: about 1,000).
+#: The most units (:func:`schema_depth`, :func:`lark_depth`) a constraint may need: at the costliest
+#: unit measured (3.1 kB) about 31 MB, an eighth of the compile thread's 256 MiB stack. Real constraints
+#: need far less: a recursive tree schema 11, a 10-field object 3, a Python expression grammar 18; a
+#: schema of 700 definitions each 6 levels deep about 5,000 (the bound sums every definition, as if
+#: all were chained).
 MAX_DEPTH = 10_000
 
 #: The most rules a GBNF grammar may have: llguidance converts GBNF to Lark in Python, in time that
-#: grows with the square of a chain of rules (1,000 chained rules: about 3 s; 4,000: 73 s).
+#: grows with the square of a chain of rules (1,000 chained rules: 1.1 s; 2,000: 4.4 s; 4,000: 14 s).
 MAX_GBNF_RULES = 1_000
 
 # Lark's lexemes that cannot nest (llguidance's own patterns, lark/lexer.rs): strings, /regexes/,

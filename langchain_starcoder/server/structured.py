@@ -85,7 +85,9 @@ def completions_constraint(body: dict[str, Any]) -> dict[str, Any]:
 
 def structured_outputs(body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's ``structured_outputs`` (``json``, ``regex``, ``grammar``, ``choice`` or ``json_object``) as
-    engine settings; ``disable_any_whitespace`` asks for JSON without whitespace, as vLLM does."""
+    engine settings. JSON is compact here by default (no whitespace between tokens); a schema asks for
+    whitespace with its own ``"x-guidance": {"whitespace_flexible": true}``, which vLLM's
+    ``disable_any_whitespace`` overrides (compact again), as it does in vLLM."""
     spec = field(body, "structured_outputs", dict, {})
     where = "structured_outputs"
     unknown = sorted(set(spec) - set(STRUCTURED_OUTPUTS))
