@@ -126,7 +126,10 @@ def test_the_bodies_carry_the_salt_where_the_server_takes_it() -> None:
     # llama-server ignores it (its cache_prompt says what may be reused); this package's own server takes it.
     assert "cache_salt" not in LlamaCpp(transport, 100, {}).body([1, 2], salted)  # type: ignore[arg-type]
     ours = LlamaCpp(transport, 100, {}, salted=True)  # type: ignore[arg-type]
-    assert ours.body([1, 2], salted)["cache_salt"] == "s1" and "cache_salt" not in ours.body([1, 2], plain)
+    assert ours.body([1, 2], salted)["cache_salt"] == salted.partition.digest != "s1"
+    assert "cache_salt" not in ours.body([1, 2], plain)
+    long = GenerationParams.create(cache_salt="s" * 10_000)  # past what our server takes (256)
+    assert len(ours.body([1, 2], long)["cache_salt"]) == 32
 
 
 @pytest.mark.vllm

@@ -61,7 +61,9 @@ class LlamaCpp(ServerProtocol):
         """The request: the prompt as ids, our sampling settings, with llama.cpp's other samplers
         turned off, and the constraint (:mod:`.constraints`). Stop strings stay with the front (they
         need our detokenizer). ``reuse``: whether the server may reuse its KV for a shared prefix."""
-        salt = {"cache_salt": params.cache_salt} if self.salted and params.cache_salt is not None else {}
+        # Our server takes salts of at most 256 characters: the partition's digest names any salt in 32.
+        salted = self.salted and params.cache_salt is not None
+        salt = {"cache_salt": params.partition.digest} if salted else {}
         return {
             "prompt": prompt,
             "n_predict": params.max_tokens,
