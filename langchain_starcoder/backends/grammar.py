@@ -41,9 +41,10 @@ LIMITS = {
     "initial_lexer_fuel": 1_000_000,  # about 20 ms of lexer building (a 100,000-item enum: refused in ~1 s)
     "step_lexer_fuel": 200_000,  # about 15 ms of lexing per mask
     "step_max_items": 20_000,  # about 1 ms of Earley items per mask
-    # Lexer states are built as the text needs them, 1-2 kB each: at most about 40 MB per grammar (so
-    # about 1.3 GB for a full cache of the worst), where a 10-field schema, a 20,000-word alternation and
-    # an expression grammar each needed under 10,000 on a 49,152-token vocabulary.
+    # Lexer states are built as the text needs them, 1-2 kB each, into the cached grammar (its copies
+    # share them): at most about 40 MB per grammar, which MAX_CACHED_BYTES does not see (a full cache of
+    # the worst: 1.3 GB), where a 10-field schema, a 20,000-word alternation and an expression grammar
+    # each needed under 10,000 on a 49,152-token vocabulary.
     "max_lexer_states": 20_000,
     "max_grammar_size": 500_000,
     # An error says what went wrong in a line, not with the whole grammar and parser state (55 KB for
@@ -54,8 +55,11 @@ LIMITS = {
 #: true}``), as llama.cpp's json-schema-to-grammar allows it (a space, or one or two newlines and up to 20
 #: spaces or tabs of indent): bounded, so a model cannot pad for ever. By default there is none.
 JSON_WHITESPACE = r"(?:\x20|\n{1,2}[\x20\t]{0,20})?"
-#: Compiled grammars kept per tokenizer (least recently used first out).
+#: Compiled grammars kept per tokenizer (least recently used first out)...
 MAX_CACHED_GRAMMARS = 32
+#: ... and what they may weigh together, estimated by :func:`weight`. Without it a full cache of big
+#: grammars held about 380 MB (32 of 20,000-word enums and alternations; 836 MB in the review's server).
+MAX_CACHED_BYTES = 128 << 20
 # Where grammars compile: two threads, so that one slow compile (a 60,000-way alternation takes seconds)
 # does not hold up every other.
 _COMPILE = StackThreads(2, "langchain-starcoder-grammar")
@@ -84,8 +88,8 @@ class Grammar:
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer and keeps the latest :data:`MAX_CACHED_GRAMMARS`, so a
-    repeated schema costs a dict lookup. Thread-safe: callers compile in their own threads.
+    """Compiles constraints for one tokenizer and keeps the latest :data:`MAX_CACHED_GRAMMARS` (at most
+    :data:`MAX_CACHED_BYTES` of them), so a repeated schema costs a dict lookup. Thread-safe.
 
     Args:
         tokenizer: The engine's tokenizer (mlx-lm's wrapper, a transformers fast tokenizer or a
@@ -100,6 +104,7 @@ class GrammarCompiler:
         self._eos = sorted(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+        self._cached_bytes = 0  # the cached grammars' weight
         self._lock = threading.Lock()
 
     def compile(self, constraint: tuple[str, str]) -> Grammar:
@@ -116,10 +121,20 @@ class GrammarCompiler:
         matcher = _COMPILE.call(_matcher, self._tokenizer, *constraint)
         grammar = Grammar(matcher, self._tokenizer, self.vocab_size)
         with self._lock:
-            self._cache[constraint] = grammar
-            while len(self._cache) > MAX_CACHED_GRAMMARS:
-                self._cache.popitem(last=False)
+            if constraint not in self._cache and weight(constraint) <= MAX_CACHED_BYTES:
+                self._cache[constraint] = grammar
+                self._cached_bytes += weight(constraint)
+            while len(self._cache) > MAX_CACHED_GRAMMARS or self._cached_bytes > MAX_CACHED_BYTES:
+                self._cached_bytes -= weight(self._cache.popitem(last=False)[0])
         return grammar
+
+
+def weight(constraint: tuple[str, str]) -> int:
+    """A compiled grammar's memory, estimated from its text: 512 KiB and 160 bytes a character, the most
+    measured (llguidance 1.9.1, 49,152-token vocabulary, after 40 generations: a 20,000-word Lark
+    alternation of 254 KB took 37 MB, a 20,000-value enum of 235 KB 13 MB, a 60-property schema of 2 KB
+    1 MB). Lexer states added while decoding are bounded apart (``max_lexer_states`` in :data:`LIMITS`)."""
+    return (512 << 10) + 160 * len(constraint[1])
 
 
 def ll_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> llguidance.LLTokenizer:

@@ -65,10 +65,13 @@ class StackThreads:
 
     def _serve(self) -> None:
         while True:
-            future, fn, args = self._jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # (handed to the caller, as concurrent.futures does)
-                future.set_exception(e)
+            _run(*self._jobs.get())  # (in a call of its own: no job's result outlives it in this frame)
+
+
+def _run(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn(*args))
+    except BaseException as e:  # (handed to the caller, as concurrent.futures does)
+        future.set_exception(e)
