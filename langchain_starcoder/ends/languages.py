@@ -91,10 +91,12 @@ EXTENSIONS = {
     ".php": "php", ".swift": "swift", ".scala": "scala", ".lua": "lua", ".sh": "bash", ".bash": "bash",
 }  # fmt: skip
 
-# Each language's telltale lines; the guess is the language with the most matches in a sample.
+# Each language's telltale lines; the guess is the language with the most matches in a sample. A line's
+# leading blanks are ``[^\S\n]*``: ``\s*`` would run on over the blank lines after each line start and
+# back again (quadratic in a run of blank lines: 4.7 s for 8,000 newlines), for the same count.
 _TELLTALES = {
-    "python": r"^\s*(?:def|class)\s+\w+.*:\s*$|^\s*(?:import \w|from [\w.]+ import )|^\s*(?:elif|except)\b"
-    r"|\bself\.|^\s*@\w+",
+    "python": r"^[^\S\n]*(?:def|class)\s+\w+.*:\s*$|^[^\S\n]*(?:import \w|from [\w.]+ import )"
+    r"|^[^\S\n]*(?:elif|except)\b|\bself\.|^[^\S\n]*@\w+",
     "javascript": r"\b(?:const|let|var)\s+\w+\s*=|=>|\bfunction\s*\w*\s*\(|\brequire\(|===|\bconsole\.",
     "typescript": r"\binterface\s+\w+\s*\{|:\s*(?:string|number|boolean)\b|\bexport type\b|\bimplements\b",
     "go": r"^func\s|:=|^package\s+\w+\s*$|\bfmt\.|\berr != nil\b",
@@ -102,8 +104,8 @@ _TELLTALES = {
     "java": r"\bpublic\s+(?:static\s+)?(?:final\s+)?(?:class|void|int|String)\b|\bprivate\s+\w+"
     r"|\bnew\s+\w+\(",
     "c": r"^#include\s*<|\bprintf\(|\bmalloc\(|->\w+|\bstruct\s+\w+\s*\*",
-    "ruby": r"^\s*def\s+\w+[^:]*$|^\s*end\s*$|\bdo\s*\|",
-    "bash": r"^#!/bin/(?:ba)?sh|^\s*fi\s*$|\$\{\w+\}|^\s*esac\b",
+    "ruby": r"^[^\S\n]*def\s+\w+[^:]*$|^[^\S\n]*end\s*$|\bdo\s*\|",
+    "bash": r"^#!/bin/(?:ba)?sh|^[^\S\n]*fi\s*$|\$\{\w+\}|^[^\S\n]*esac\b",
 }
 _TELLTALE_RES = {name: re.compile(pattern, re.M) for name, pattern in _TELLTALES.items()}
 

@@ -13,6 +13,7 @@ import re
 from ..errors import InvalidParameterError
 from ..fim_request import END_MODES as MODES
 from .languages import Syntax, syntax_for
+from .line import LineFacts, width
 from .scan import CODE, STRING, State, scanner_for
 
 # How the middle is being read: the cursor's line (a hole inside a line), a statement that goes on past
@@ -21,12 +22,9 @@ _LINE, _STATEMENT, _BLOCK, _LINE_ONLY, _INSIDE = range(5)
 #: A line whose last code character is one of these goes on on the next line.
 _CONTINUES = frozenset("+-*/%=&|^!?.:,\\~<")
 _PY_CONTINUES_WORDS = frozenset({"and", "or", "not", "in", "is", "if", "else", "lambda", "await", "yield"})
-_WORD = re.compile(r"[A-Za-z_]\w*")
-_TRAILING_WORD = re.compile(r"[A-Za-z_]\w*$")
-_LABEL = re.compile(r"[A-Za-z_]\w*:\s*$")
+_WORD_START = re.compile(r"[A-Za-z_]")
 #: Leading ``.`` continues a statement in these languages (method chains on the next line).
 _CHAINS = frozenset({"javascript", "typescript", "kotlin", "swift", "scala"})
-_TAB = 4
 _SUFFIX_SCAN = 65536
 
 
@@ -35,8 +33,9 @@ class MiddleEnd:
 
     ``MiddleEnd(prefix, suffix, file_path=...)`` reads the hole once; ``feed(text)`` takes the middle
     generated so far and returns how many of its characters to keep once the middle is complete within
-    it, else ``None``. Call it as often as you like (at each newline, say): it reads only the lines it
-    has not read yet. Feeding a text that does not extend the last one starts over. The rules:
+    it, else ``None``. Each call takes the whole middle so far, which extends the text of the last call
+    (a text that does not is refused: :meth:`fresh` reads another middle). Call it as often as you like
+    (at each newline, say): it reads only what it has not read yet. The rules:
 
     - A hole inside a line (code before or after the cursor on its line) ends at the end of that line
       once its statement is complete there; a statement that goes on (``if x:``, an open bracket, a
@@ -51,8 +50,8 @@ class MiddleEnd:
 
     __slots__ = (
         "_block_indent", "_comment_markers", "_cursor_indent", "_end", "_first_kind", "_inside_closer",
-        "_kept", "_kind", "_line_prefix", "_line_state", "_pos", "_prev_tail", "_scanner", "_seen",
-        "_st", "_suffix_line", "_suffix_rest", "mode", "syntax",
+        "_kept", "_kind", "_last", "_line", "_line_prefix", "_line_state", "_pos", "_pos_eol", "_prev_tail",
+        "_scanner", "_st", "_suffix_line", "_suffix_rest", "mode", "syntax",
     )  # fmt: skip
 
     def __init__(
@@ -80,7 +79,7 @@ class MiddleEnd:
         self._scanner.scan(prefix, 0, line_start, st, brackets=False)  # where the cursor's line starts
         self._line_state = st.rebased()
         self._line_prefix = line_prefix = prefix[line_start:]
-        self._cursor_indent = _width(line_prefix)
+        self._cursor_indent = width(line_prefix)
         at_cursor = self._line_state.copy()
         self._scanner.scan(line_prefix, 0, len(line_prefix), at_cursor)
         newline = suffix.find("\n")
@@ -122,8 +121,10 @@ class MiddleEnd:
             self._scanner.scan(self._line_prefix, 0, len(self._line_prefix), at_cursor)
         self._kind = self._first_kind
         self._st = at_cursor.rebased() if self._kind == _BLOCK else at_cursor
-        self._pos = 0
-        self._seen = ""
+        self._pos = 0  # where the first line not read yet starts
+        self._pos_eol = -1  # where the line before it ends (before its newline and a "\r")
+        self._last = ""  # the text of the last call to feed
+        self._line = LineFacts(0, self._suffix_line)  # what is known of the line at ``_pos``
         self._end: int | None = None
         self._kept = 0
         self._prev_tail = ""
@@ -133,52 +134,89 @@ class MiddleEnd:
         )
 
     def feed(self, text: str) -> int | None:
-        """How many characters of ``text`` (the middle so far) to keep, once it is complete; else None."""
+        """How many characters of ``text`` (the whole middle so far) to keep, once it is complete; else
+        None. ``text`` must extend the text of the last call (InvalidParameterError, a ValueError, if not)."""
         if not isinstance(text, str):
             msg = f"feed takes the middle generated so far as a string, not {type(text).__name__}"
             raise InvalidParameterError(msg)
+        if not text.startswith(self._last):
+            msg = (
+                f"feed takes the whole middle generated so far, not only its new lines: this text does "
+                f"not start with the {len(self._last)} characters of the last call's (fresh() reads "
+                "another middle)"
+            )
+            raise InvalidParameterError(msg)
+        self._last = text
+        return self._extend(text)
+
+    def _extend(self, text: str) -> int | None:
+        """:meth:`feed` for a caller that knows ``text`` extends the last one it passed (a stream's
+        :class:`~langchain_starcoder.ends.MiddleGate`): without the check, which compares the whole
+        text, a call costs only what arrived since the last one."""
         if self._first_kind is None:
             return None
-        if not text.startswith(self._seen):
-            self._start()
         if self._end is None:
             self._end = self._read(text)
-            self._seen = text if self._end is not None else text[: self._pos]
         return self._end
 
     def settled(self, text: str) -> int:
         """How many characters of ``text`` are kept whatever is generated after it, given that
         :meth:`feed` has read ``text`` up to its last newline: what a streaming caller may show."""
+        return self._settled(text, None, len(text))
+
+    def _settled(self, text: str, piece: str | None, size: int) -> int:
+        """:meth:`settled`; with ``piece``, only the text that arrived since the last call (no newline
+        in it; ``text`` is not read), for a stream (``size``: the text's length)."""
         if self._end is not None:
             return self._end
         if self._first_kind is None:
-            return len(text)
+            return size
         if self._kind == _INSIDE:  # the closer may come on this line: lines before it are kept
-            return max(0, end_of_line(text, self._pos - 1))
+            return max(0, self._pos_eol)
         s = self._pos
+        line = self._facts(text, s, size) if piece is None else self._line.take(piece)
         if s == 0:  # the first line is kept whole, once it holds code
-            return len(text.rstrip())
-        line = text[s:].rstrip()
-        return s + len(line) if line and self._stays(text, s, line) else self._kept
+            return line.last
+        return s + line.last if line.last and self._stays(line) else self._kept
 
-    def _stays(self, text: str, s: int, line: str) -> bool:
-        """Is the unfinished line at ``s`` sure to be kept, whatever ends it? Only when no rule can
+    def _stays(self, line: LineFacts) -> bool:
+        """Is the unfinished line (not blank) sure to be kept, whatever ends it? Only when no rule can
         still turn on its rest: it does not end the middle now, and it cannot yet repeat the suffix's
         line, be a comment (kept or not by its indentation), or be a brace language's label."""
         if self._kind == _LINE_ONLY:
             return True
-        if self._ends_before(text, s, len(text), partial=True) is not False:
+        if self._ends_before(line, partial=True) is not False:
             return False
         st = self._st
         if st.mode != CODE or st.depth > 0:
             return True  # inside a string or brackets: nothing ends it
-        if self._suffix_line is not None and self._suffix_line.startswith(line):
+        if self._suffix_line is not None and line.last <= line.same:  # the suffix's line so far
             return False
-        rest = line.lstrip()
-        if rest.startswith(self._comment_markers):
+        if line.space_head.startswith(self._comment_markers):
             return False
         label_possible = not self.syntax.indent_blocks and self._block_indent is not None
-        return not (self._kind == _BLOCK and label_possible and _width(line) < self._block_indent)
+        return not (self._kind == _BLOCK and label_possible and line.indent < self._block_indent)
+
+    def _facts(self, text: str, s: int, e: int) -> LineFacts:
+        """What is known of the line at ``s``, read up to ``e`` (only what was not read before)."""
+        line = self._line
+        if line.start != s or e - s < line.read:  # another line (or a shorter text): read it afresh
+            line = self._line = LineFacts(s, self._suffix_line)
+        return line.take(text[s + line.read : e])
+
+    def _forget(self) -> int:
+        """For a stream that passes only the text from the line not read yet on (less the two
+        characters before it, which ``end_of_line`` reads): how many characters the caller may drop
+        from the front of the text; the positions kept here move back as many."""
+        by = self._pos - 2
+        if by <= 0 or self._end is not None:
+            return 0
+        self._pos -= by
+        self._pos_eol -= by
+        self._kept -= by
+        self._line.start -= by
+        self._st.literal_end -= by  # (compared with places in the text only: all move together)
+        return by
 
     def fresh(self) -> MiddleEnd:
         """A copy that has read nothing of the middle (the hole is not read again): one per generation."""
@@ -200,9 +238,13 @@ class MiddleEnd:
                     return self._inside_end(text, at)
                 if partial:
                     return None
-                self._pos = e + 1
+                self._pos, self._pos_eol = e + 1, end_of_line(text, e)
                 continue
-            if s > 0 and self._kind != _LINE_ONLY and self._ends_before(text, s, e, partial=partial):
+            if (
+                s > 0
+                and self._kind != _LINE_ONLY
+                and self._ends_before(self._facts(text, s, e), partial=partial)
+            ):
                 return self._kept
             if partial:
                 return None
@@ -216,7 +258,7 @@ class MiddleEnd:
             self._keep(text, s, line_end, sig, mode_before)
             if sig > s:  # a literal (a string, a regular expression ending in ``/``) continues nothing
                 self._prev_tail = "" if sig == self._st.literal_end else text[max(s, sig - 8) : sig]
-            self._pos = e + 1
+            self._pos, self._pos_eol = e + 1, line_end
 
     def _line_end(self, text: str, s: int, line_end: int) -> int | None:
         """At the end of the cursor's line (mode "line": of any line): is the middle complete here?"""
@@ -242,58 +284,56 @@ class MiddleEnd:
         if s == 0:
             self._kept = line_end
             if self._kind == _BLOCK and self._block_indent is None:
-                self._block_indent = _width(self._line_prefix + line)
+                self._block_indent = width(self._line_prefix + line)
             return
         if mode_before == CODE and sig < 0:  # a comment line
             limit = self._block_indent if self._kind == _BLOCK else self._cursor_indent + 1
-            if limit is not None and _width(line) < limit:
+            if limit is not None and width(line) < limit:
                 return
         elif self._kind == _BLOCK and self._block_indent is None and mode_before == CODE:
-            self._block_indent = _width(line)
+            self._block_indent = width(line)
         self._kept = line_end
 
-    def _ends_before(self, text: str, s: int, e: int, *, partial: bool) -> bool | None:
-        """Does the middle end before the line starting at ``s``? (None: not known from a partial line.)"""
+    def _ends_before(self, line: LineFacts, *, partial: bool) -> bool | None:
+        """Does the middle end before this line? (None: not known from a partial line.)"""
         st = self._st
         if st.mode != CODE or st.depth > 0:
             return False
         if st.depth < 0:
             return True  # the middle closed a bracket opened before it, on an earlier line
-        first = s
-        while first < e and text[first] in " \t\r\f":
-            first += 1
-        if first == e:
+        if line.first < 0:
             return None if partial else False
-        char = text[first]
-        if char in ")]}":
+        head = line.head  # the line from its first character on (its first 16)
+        if head[0] in ")]}":
             return True
         if _continues(self._prev_tail):
             return False
-        rest = text[first:e]
         syntax = self.syntax
-        if partial and any(marker.startswith(rest) for marker in self._comment_markers):
-            return None
-        if not partial and self._suffix_line is not None and text[s:e].rstrip() == self._suffix_line:
-            return True
-        if rest.startswith(self._comment_markers) or (syntax.preprocessor and char == "#"):
+        markers = self._comment_markers
+        rest = line.read - line.first
+        if partial and any(len(marker) >= rest and marker.startswith(head) for marker in markers):
+            return None  # it may still become a comment
+        suffix_line = self._suffix_line
+        if not partial and suffix_line is not None and line.last == len(suffix_line) == line.same:
+            return True  # it repeats the suffix's first line
+        if head.startswith(markers) or (syntax.preprocessor and head[0] == "#"):
             return False
-        indent = _width(text[s:first])
-        word = _WORD.match(rest)
-        unfinished_word = partial and word is not None and word.end() == len(rest)
+        unfinished_word = partial and line.word_end == line.read
         if self._kind == _BLOCK:
-            if self._block_indent is None or indent >= self._block_indent:
+            if self._block_indent is None or line.indent >= self._block_indent:
                 return False
             if syntax.indent_blocks:
                 return True
             if unfinished_word:
                 return None  # it may be a label
-            return not (_LABEL.match(rest) and not rest.startswith("default"))
+            label = line.after_word == ":" and line.last == line.word_end + 1
+            return not (label and not head.startswith("default"))
         # a statement begun on the cursor's line: it ends at a line back at the cursor's indentation
-        if indent > self._cursor_indent:
+        if line.indent > self._cursor_indent:
             return False
         if unfinished_word:
             return None  # the first word may still grow into ``else``
-        return word is None or word.group() not in syntax.continue_words
+        return line.word_end < 0 or line.word() not in syntax.continue_words
 
     def _complete(self, line: str) -> bool:
         """Is the statement of this whole line (from the cursor line's start) complete at its end?"""
@@ -308,8 +348,7 @@ class MiddleEnd:
         if sig != st.literal_end and _continues(tail[-8:]):
             return False
         if syntax.indent_blocks:
-            word = _TRAILING_WORD.search(tail)
-            return word is None or word.group() not in _PY_CONTINUES_WORDS
+            return _trailing_word(tail) not in _PY_CONTINUES_WORDS
         if syntax.needs_semicolon and tail[-1] not in ";}":
             start = tail.lstrip()
             return start.startswith("@") or (syntax.preprocessor and start.startswith("#"))
@@ -338,17 +377,16 @@ def _continues(tail: str) -> bool:
     return tail[-1] in _CONTINUES and not tail.endswith(("++", "--", "...", "import *"))
 
 
-def _width(line: str) -> int:
-    """The indentation of a line, tabs counted as four columns."""
-    n = 0
-    for char in line:
-        if char == " ":
-            n += 1
-        elif char == "\t":
-            n += _TAB - n % _TAB
-        else:
-            break
-    return n
+def _trailing_word(tail: str) -> str | None:
+    """The word (``[A-Za-z_]\\w*``) that ``tail`` ends with, as ``re.search(r"[A-Za-z_]\\w*$", tail)``
+    finds it, read backwards from the end: such a search tries every start of a long run of word
+    characters and reads the run's rest from each (quadratic), where this reads the run once."""
+    end = len(tail) - 1 if tail.endswith("\n") else len(tail)  # ``$`` also matches before a last newline
+    start = end
+    while start > 0 and (tail[start - 1].isalnum() or tail[start - 1] == "_"):
+        start -= 1
+    word = _WORD_START.search(tail, start, end)
+    return None if word is None else tail[word.start() : end]
 
 
 def _first_full_line(suffix: str, newline: int) -> str | None:

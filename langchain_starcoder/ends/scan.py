@@ -20,8 +20,10 @@ _REGEX_AFTER_WORD = frozenset(
     {"return", "typeof", "case", "do", "else", "in", "of", "new", "delete", "void", "throw", "yield", "await",
      "instanceof"}
 )  # fmt: skip
-_REGEX_LITERAL = re.compile(r"/(?![*/])(?:[^/\\\[\n]|\\.|\[(?:[^\]\\\n]|\\.)*\])+/[A-Za-z]*")
-_WORD_BEFORE = re.compile(r"[A-Za-z_$][\w$]*$")
+#: What decides where a regular expression literal's body goes (a ``/`` closes it outside a class ``[...]``).
+_LITERAL_STOPS = re.compile(r"[/\[\]\\\n]")
+_FLAGS = re.compile(r"[A-Za-z]*")
+_WORD_START = re.compile(r"[A-Za-z_$]")
 #: A one-character literal (``'a'``, ``'\n'``, ``'\u{1F600}'``); a ``'`` that starts none is a lifetime.
 _CHAR_LITERAL = re.compile(r"'(?:\\(?:u\{[0-9a-fA-F]{1,6}\}|x[0-9a-fA-F]{2}|.)|[^\\'\n])'")
 
@@ -114,6 +116,7 @@ class Scanner:
         character outside comments (strings count), or -1 if there is none. ``brackets=False`` leaves
         brackets uncounted (outside template interpolations): only strings and comments are followed."""
         sig = -1
+        closes: dict[int, int] = {}  # where regular expression literals close, for this scan's lines
         while pos < end:
             code = self._code if brackets or st.templates else self._lexical
             mode = st.mode
@@ -151,7 +154,7 @@ class Scanner:
                 st.mode, st.comment_depth = COMMENT, 1
                 st.closer = self._block_close if tok == self._block_open else "]" + "=" * (len(tok) - 4) + "]"
             elif tok == "/":
-                pos, regex = self._slash(text, m.start(), end)
+                pos, regex = self._slash(text, m.start(), end, closes)
                 sig = pos
                 if regex:
                     st.literal_end = pos
@@ -171,7 +174,7 @@ class Scanner:
             body = _string_body(st.closer, st.escapes, st.multiline)
             while True:
                 p = body.match(text, pos, end).end()
-                if p >= end:
+                if p >= end or (p == end - 1 and st.escapes and text[p] == "\\"):  # (ends inside an escape)
                     return -1
                 if text.startswith("${", p):  # an interpolation is read as part of the string
                     pos = p + 2
@@ -241,23 +244,54 @@ class Scanner:
                 st.mode = CODE
                 return pos
 
-    def _slash(self, text: str, at: int, end: int) -> tuple[int, bool]:
+    def _slash(self, text: str, at: int, end: int, closes: dict[int, int]) -> tuple[int, bool]:
         """A ``/`` in JavaScript: a regular expression literal (skipped whole) or a division; where it
-        ends, and whether it was a literal."""
-        line_start = text.rfind("\n", 0, at) + 1
+        ends, and whether it was a literal. It reads back only over the blanks and the word before it
+        (never to the line's start), and ``closes`` keeps where literals close (see :func:`_close`)."""
         j = at
-        while j > line_start and text[j - 1] in " \t":
+        while j > 0 and text[j - 1] in " \t":
             j -= 1
-        before = text[j - 1] if j > line_start else ""
+        before = text[j - 1] if j > 0 and text[j - 1] != "\n" else ""
         regex = before == "" or before in _REGEX_AFTER_CHAR
         if not regex and (before.isalnum() or before in "_$"):
-            word = _WORD_BEFORE.search(text, line_start, j)
-            regex = word is not None and word.group() in _REGEX_AFTER_WORD
-        if regex:
-            literal = _REGEX_LITERAL.match(text, at, end)
-            if literal is not None:
-                return literal.end(), True
+            start = j - 1  # the start of the run of word characters before the ``/``
+            while start > 0 and (text[start - 1].isalnum() or text[start - 1] in "_$"):
+                start -= 1
+            word = _WORD_START.search(text, start, j)
+            regex = word is not None and text[word.start() : j] in _REGEX_AFTER_WORD
+        if regex and at + 1 < end and text[at + 1] not in "*/\n":
+            close = _close(text, at + 1, end, closes)
+            if close >= 0:
+                return _FLAGS.match(text, close + 1, end).end(), True
         return at + 1, False
+
+
+def _close(text: str, pos: int, end: int, closes: dict[int, int]) -> int:
+    """Where the body of a regular expression literal that starts at ``pos`` closes (the index of its
+    ``/``), or -1 when its line ends first. The body reads the same from a place in the same state (in
+    a class ``[...]`` or not), so ``closes`` keeps each answer by place and state: bodies that start at
+    different ``/`` of a line meet there, and the line is read about once, not once per ``/``."""
+    path: list[int] = []
+    in_class = False
+    while True:
+        key = 2 * pos + in_class
+        close = closes.get(key)
+        if close is not None:
+            break
+        path.append(key)
+        m = _LITERAL_STOPS.search(text, pos, end)
+        char, after = ("\n", end) if m is None else (m.group(), m.end())
+        if char == "\n" or (char == "\\" and (after >= end or text[after] == "\n")):
+            close = -1
+            break
+        if char == "/" and not in_class:
+            close = after - 1
+            break
+        pos = after + (char == "\\")  # an escape takes the character after it
+        in_class = char == "[" or (in_class and char != "]")
+    for key in path:
+        closes[key] = close
+    return close
 
 
 @functools.cache

@@ -256,7 +256,7 @@ def test_modes() -> None:
     assert ends.feed(text) == len("a = 1\n    b = 2")  # still usable
 
 
-def test_feeding_line_by_line_gives_the_one_shot_answer_and_restarts_on_other_text() -> None:
+def test_feeding_line_by_line_gives_the_one_shot_answer_and_refuses_other_text() -> None:
     middle = "for item in items:\n        result += item\n    return result"
     prefix, suffix = cut(PY, middle)
     text = middle + "\n\n\ndef other():\n    pass\n"
@@ -266,9 +266,14 @@ def test_feeding_line_by_line_gives_the_one_shot_answer_and_restarts_on_other_te
     assert answers[:first] == [None] * first
     assert set(answers[first:]) == {len(middle)}
     assert text[: first + 1].endswith("\nd")  # decided as soon as the line that leaves the block starts
-    # A text that does not extend the last one is read afresh.
-    assert ends.feed("x = 1\n    y = 2\n") is None
-    assert ends.feed("x = 1\n    y = 2\ndef g") == len("x = 1\n    y = 2")
+    # Each call takes the whole middle so far: a text that does not extend the last one is refused
+    # (issue 38: fed only its new lines, a middle of many lines was read as a few), and nothing is lost.
+    lines = MiddleEnd(prefix, suffix, file_path="m.py")
+    assert lines.feed("for item in items:\n") is None
+    with pytest.raises(ValueError, match="the whole middle generated so far, not only its new lines"):
+        lines.feed("        result += item\n")
+    assert lines.feed(text) == len(middle)  # the same as reading it whole
+    assert lines.fresh().feed("x = 1\n    y = 2\ndef g") == len("x = 1\n    y = 2")  # another middle
 
 
 def test_the_language_comes_from_the_path_else_from_the_text() -> None:

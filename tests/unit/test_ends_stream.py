@@ -69,13 +69,61 @@ def test_a_streamed_middle_never_passes_its_end_and_equals_middle_end(holes: lis
                 fed += len(piece)
                 shown += gate.feed(piece)
                 assert want.startswith(shown), (hole.path, shown, want)
-            shown += gate.finish()
+            shown += gate.finish(cut=False)  # the model ended the middle: its last line is whole
             assert shown == want, (hole.path, text)
             if len(want) < len(text.rstrip()):  # an end inside the text: found while decoding, not after
                 assert gate.ended == "syntax"
                 assert fed <= _end_of_next_code_line(text, len(want)) + 9
                 ended_early += fed < len(text)
     assert ended_early > len(holes)  # most overruns (2 or 3 a hole) were not decoded to their end
+
+
+def test_a_middle_cut_by_max_tokens_ends_only_where_the_rules_see_it_before_its_last_line() -> None:
+    """(issue 38) A generation stopped by max_tokens leaves its last line unfinished: ``finish()`` reads
+    it as such, so the middle ends only where an end is already known (``middle_end`` of the text as
+    it is, its last line unfinished), never because the line "completes" the statement."""
+    rng = random.Random(5)
+    differ = 0
+    for hole in HOLES + TS_HOLES:
+        text = hole.middle + hole.overruns[min(hole.overruns)]
+        stop = rng.randrange(1, len(text) + 1)  # max_tokens reached here, maybe inside a line
+        cut_text = text[:stop]
+        end = middle_end(hole.prefix, hole.suffix, cut_text, file_path=hole.path)
+        gate = MiddleGate(MiddleEnd(hole.prefix, hole.suffix, hole.path))
+        shown, fed = "", 0
+        while fed < len(cut_text) and gate.ended is None:
+            piece = cut_text[fed : fed + rng.randint(1, 9)]
+            fed += len(piece)
+            shown += gate.feed(piece)
+        shown += gate.finish()
+        assert shown == (cut_text if end is None else cut_text[:end]), (hole.path, cut_text)
+        assert (gate.ended == "syntax") == (end is not None), (hole.path, cut_text)
+        differ += end != middle_end(hole.prefix, hole.suffix, cut_text + "\n", file_path=hole.path)
+    assert differ >= 5  # cut middles that would end (complete) if their last line were whole
+
+
+def test_a_cut_middle_is_not_ended_by_its_unfinished_line_and_a_whole_one_is() -> None:
+    hole = ("def area(r):\n    return ", "\n\n\nprint(area(2))\n", "m.py")
+    cut = MiddleGate(MiddleEnd(*hole))
+    assert cut.feed("3.14 * r") == "3.14 * r"
+    assert cut.finish() == "" and cut.ended is None  # "3.14 * r" may go on ("* r"): not a whole middle
+    whole = MiddleGate(MiddleEnd(*hole))
+    assert whole.feed("3.14 * r") + whole.finish(cut=False) == "3.14 * r" and whole.ended == "syntax"
+    # An end found before the unfinished line counts: that line, begun, leaves the block.
+    block = MiddleGate(MiddleEnd("def f(x):\n    ", "\n", "m.py"))
+    assert block.feed("y = x\n") + block.feed("print(") == "y = x"
+    assert block.ended is None  # (decided at a newline, or at the finish)
+    assert block.finish() == "" and block.ended == "syntax"
+
+
+def test_a_backslash_ending_a_piece_inside_a_string_does_not_close_it() -> None:
+    """A middle written inside a docstring: a piece that ends with ``\\`` (an escape whose character
+    has not come yet) is not where the string closes; the middle ended there before (issue 38)."""
+    prefix, suffix = 'def f():\n    """Doc\n    ', '\n    """\n    return 1\n'
+    assert middle_end(prefix, suffix, "line one\n    a \\", file_path="m.py") is None
+    gate = MiddleGate(MiddleEnd(prefix, suffix, "m.py"))
+    shown = "".join(gate.feed(p) for p in ["line one", "\n    a \\", "n b", '\n    """', "\n"])
+    assert (shown, gate.ended) == ("line one\n    a \\n b", "syntax")
 
 
 def test_the_cursors_line_streams_as_it_comes() -> None:

@@ -115,6 +115,37 @@ def test_an_end_found_only_at_max_tokens_still_cuts_and_says_stop(tiny_engine: S
     assert done.completion_tokens == tokens  # it ran to max_tokens: the end was found at the finish
 
 
+# Holes of issue 38: cut by a small max_tokens, their greedy middle "completes" the statement only if its
+# unfinished last line were read as whole (which said "stop", "syntax" for a cut answer).
+CUT_HOLES = [
+    ("def area(r):\n    return ", "\n\n\nprint(area(2))\n"),
+    ("def f(x):\n    y = x +", "\n    return y\n"),
+    ("total = ", "\nprint(total)\n"),
+]
+
+
+@pytest.mark.parametrize(("prefix", "suffix"), CUT_HOLES)
+def test_a_middle_cut_by_max_tokens_says_length_unless_its_end_was_found(
+    tiny_engine: StarCoderEngine, prefix: str, suffix: str
+) -> None:
+    """ "stop" means a whole middle, "length" a cut one: an answer stopped by max_tokens ends (and says
+    "stop", "syntax") only where the rules find the end in the text as it is, its last line unfinished."""
+    cut = 0
+    for tokens in range(1, 9):
+        params = GREEDY | {"max_tokens": tokens, "trim_suffix_overlap": False}
+        raw = tiny_engine.infill(prefix, suffix, file_path="m.py", end="none", **params)
+        done = tiny_engine.infill(prefix, suffix, file_path="m.py", **params)
+        end = middle_end(prefix, suffix, raw.text, file_path="m.py")
+        if end is None:
+            assert (done.text, done.finish_reason, done.middle_end) == (raw.text, raw.finish_reason, None)
+            cut += raw.finish_reason == "length"
+        else:
+            assert (done.text, done.finish_reason, done.middle_end) == (raw.text[:end], "stop", "syntax")
+    assert cut  # some were cut, and said so
+    *_, last = tiny_engine.stream_infill(prefix, suffix, file_path="m.py", **(GREEDY | {"max_tokens": 1}))
+    assert (last.finish_reason, last.middle_end) == ("length", None)
+
+
 def _end_of_next_line(text: str, end: int) -> int:
     """Where the first non-blank line after the middle's ``end`` ends (its newline)."""
     rest = text[end + 1 :]

@@ -1,0 +1,93 @@
+"""Where the middle ends is linear in its input (issue 38): for each family of inputs that made it
+quadratic (a regular expression tried from every start of a long run, a line read again at every ``/``
+or at every piece of a stream, a blank line scanned again from every line start), doubling the input
+at most about doubles the time.
+
+The sizes are where the quadratic code took 0.1 to 0.5 s and 3.5 to 5 times as long at twice the size. A
+timing is the best of five batches of calls, each batch about 50 ms long, with garbage collection off:
+a busy machine slows some batches, not the best one. Linear is a ratio of 2; the bound is 3.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+
+import pytest
+
+from langchain_starcoder.ends import MiddleEnd, MiddleGate, middle_end
+
+Run = Callable[[], object]
+
+
+def _stream(prefix: str, suffix: str, path: str, pieces: list[str], min_indent: int = 0) -> Run:
+    def run() -> None:
+        gate = MiddleGate(MiddleEnd(prefix, suffix, path), min_indent)
+        for piece in pieces:
+            gate.feed(piece)
+        gate.finish()
+
+    return run
+
+
+# name: (n, the family's input of size n as a call)
+FAMILIES: dict[str, tuple[int, Callable[[int], Run]]] = {
+    # ``[A-Za-z_]\w*$`` searched on the cursor's line: every start of the run read to its end
+    "python, a long word before the line's last bracket": (
+        4000,
+        lambda n: lambda: middle_end("v = f(", "\n", "a" * n + ")\n", file_path="m.py"),
+    ),
+    # a regular expression literal tried at every ``/``, each read to the line's end (no ``]``)
+    "javascript, a line of `(/[`": (2000, lambda n: lambda: MiddleEnd("(/[" * n + "\n", "\n", "m.js")),
+    # the word before each ``/`` searched from the line's start
+    "javascript, a line of divisions `a/b/`": (
+        1500,
+        lambda n: lambda: MiddleEnd("x = " + "a/b/" * n + "\n", "\n", "m.js"),
+    ),
+    # a minified file's one line, both kinds of ``/`` (the prefix of every request for it is read)
+    "javascript, a minified line": (
+        600,
+        lambda n: lambda: MiddleEnd("var a=b/c,d=/[x/]y/g.test(e);" * n + "\n", "\n", "m.js"),
+    ),
+    # no file name: the language is guessed, ``^\s*`` read on over the blank lines from each line start
+    "a prefix of blank lines, the language guessed": (
+        1000,
+        lambda n: lambda: middle_end("\n" * n, "", "x\n"),
+    ),
+    # a stream's unfinished line, read again from its start at every piece (the rules and min_indent)
+    "a stream, a long blank line a space at a time": (
+        1000,
+        lambda n: _stream("def f():\n    ", "\n", "m.py", ["y = 1\n"] + [" "] * n, min_indent=4),
+    ),
+}
+
+
+def _best(run: Run, reps: int) -> float:
+    """The best of five timings of ``reps`` calls of ``run``."""
+    times = []
+    gc.disable()
+    try:
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(reps):
+                run()
+            times.append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return min(times)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_doubling_an_adversarial_input_at_most_about_doubles_the_time(family: str) -> None:
+    n, make = FAMILIES[family]
+    small, large = make(n), make(2 * n)
+    start = time.perf_counter()
+    small()
+    once = time.perf_counter() - start
+    reps = max(1, math.ceil(0.05 / max(once, 1e-6)))  # a batch of about 50 ms
+    at_n, at_2n = _best(small, reps), _best(large, reps)
+    assert at_2n / at_n < 3, (
+        f"{family}: {at_n / reps * 1000:.3f} ms at n={n}, {at_2n / reps * 1000:.3f} ms at 2n"
+    )
