@@ -13,7 +13,7 @@ TIME_LIMIT = "time_limit"
 #: ``finish_reason`` (and llama.cpp ``stop_type``) of an answer a newer request for its document cancelled.
 CANCELLED = "cancelled"
 #: ``stop_type`` of a middle that ended where the code does (``end``); one ended by ``n_indent`` is
-#: "limit", as llama.cpp reports it.
+#: "limit", as llama.cpp reports it. A middle cut by ``n_predict`` is "limit" whatever it holds.
 MIDDLE_END = "middle_end"
 
 
@@ -47,7 +47,7 @@ def final_answer(model: str, c: Completion, content: str, truncated: bool, n_pre
     cut = c.finish_reason == TIME_LIMIT
     cancelled = c.finish_reason == CANCELLED
     stop_type = "word" if c.stop_sequence else ("limit" if c.finish_reason == "length" or cut else "eos")
-    if c.middle_end is not None:
+    if c.middle_end is not None and c.finish_reason == "stop":  # a whole middle, ended where the code is
         stop_type = MIDDLE_END if c.middle_end == "syntax" else "limit"
     stop_type = CANCELLED if cancelled else stop_type
     out = {

@@ -98,3 +98,22 @@ def test_bad_end_fields_are_a_400(server: str, field: str, value: object) -> Non
     response = httpx.post(f"{server}/infill", json=body, timeout=60)
     assert response.status_code == 400 and field in response.text, response.text
     assert _infill(server, n_predict=2)["tokens_predicted"] <= 2  # the server stays usable
+
+
+def test_an_answer_cut_by_n_predict_says_so(server: str, tiny_engine: StarCoderEngine) -> None:
+    """(issue 38) A middle cut by ``n_predict`` says "limit" (``/infill``) and "length" (``/v1/completions``);
+    "middle_end" and "stop" only for one that ended where the code does. The greedy middle of this hole
+    "completes" ``return ...`` at every cut if its unfinished last line is read as whole."""
+    prefix, suffix = "def area(r):\n    return ", "\n\n\nprint(area(2))\n"
+    seen = set()
+    for n in range(1, 9):
+        done = tiny_engine.infill(FIMRequest(prefix, suffix, file_path="m.py"), max_tokens=n, temperature=0.0)
+        want = "middle_end" if done.middle_end == "syntax" else "limit"
+        assert done.finish_reason == ("stop" if want == "middle_end" else "length")
+        got = _infill(server, input_prefix=prefix, input_suffix=suffix, n_predict=n, temperature=0.0)
+        assert (got["content"], got["stop_type"]) == (done.text, want)
+        body = {"prompt": prefix, "suffix": suffix, "file_path": "m.py", "max_tokens": n, "temperature": 0.0}
+        choice = httpx.post(f"{server}/v1/completions", json=body, timeout=120).json()["choices"][0]
+        assert (choice["text"], choice["finish_reason"]) == (done.text, done.finish_reason)
+        seen.add(want)
+    assert seen == {"limit", "middle_end"}  # cut at first, then ended at the line's newline
