@@ -16,7 +16,7 @@ import pytest
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_starcoder import ChatStarCoder, StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.grammar import GrammarCompiler
@@ -47,6 +47,8 @@ TOOLS_TEMPLATE = (
 class Add(BaseModel):
     """Add two integers."""
 
+    # closed: in compact JSON, random weights would otherwise add properties until max_tokens
+    model_config = ConfigDict(extra="forbid")
     a: int = Field(ge=-1000, le=1000)
     b: int = Field(ge=-1000, le=1000)
 
