@@ -12,6 +12,8 @@ import { suggestAfterEnter } from './enter';
 import { DEFAULT_SETTINGS, ISettings, StarCoderInlineProvider } from './provider';
 
 const PLUGIN_ID = '@langchain-starcoder/jupyterlab:plugin';
+/** @jupyterlab/apputils-extension's command that shows a notification. */
+const NOTIFY = 'apputils:notify';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
@@ -25,7 +27,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     registry: ISettingRegistry | null,
     notebooks: INotebookTracker | null
   ): void => {
-    const provider = new StarCoderInlineProvider();
+    // JupyterLab's notification (its command, so that no other package is bundled), else the console.
+    const notify = (message: string): void => {
+      if (!app.commands.hasCommand(NOTIFY)) {
+        console.error(message);
+        return;
+      }
+      const args = { message, type: 'error', options: { autoClose: false } };
+      app.commands.execute(NOTIFY, args).catch(() => console.error(message));
+    };
+    const provider = new StarCoderInlineProvider(notify);
     manager.registerInlineProvider(provider);
     // A new line after Enter gets ghost text too (JupyterLab asks nothing on a blank line).
     suggestAfterEnter(app, manager, () => provider.settings.enabled);

@@ -20,8 +20,6 @@ import { documentContext, IDocumentContext } from './context';
 /** The extension's settings (schema/plugin.json). */
 export interface ISettings {
   enabled: boolean;
-  model: string;
-  backend: string;
   maxTokens: number;
   debounceMs: number;
   repoContext: boolean;
@@ -30,8 +28,6 @@ export interface ISettings {
 
 export const DEFAULT_SETTINGS: ISettings = {
   enabled: true,
-  model: '',
-  backend: 'mlx',
   maxTokens: 64,
   debounceMs: 200,
   repoContext: true,
@@ -44,7 +40,14 @@ interface IAnswerLine {
   done?: boolean;
   finish_reason?: string;
   error?: string;
+  /** `no_model`: the Jupyter server has no model (its configuration names one it cannot have). */
+  code?: string;
+  /** What to tell the user of a `no_model` answer, short (`error` has the whole story). */
+  notice?: string;
 }
+
+/** How the user is told something once (a JupyterLab notification, else the console). */
+export type Notify = (message: string) => void;
 
 interface IPending {
   response: Promise<Response>;
@@ -66,6 +69,10 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
   private _warming: AbortController | null = null;
   private _pending = new Map<string, IPending>();
   private _counter = 0;
+  private _toldNoModel = false;
+
+  /** `notify` tells the user, once, that the server has no model and how to fix it. */
+  constructor(private readonly _notify: Notify = message => console.error(message)) {}
 
   async fetch(
     request: CompletionHandler.IRequest,
@@ -111,7 +118,14 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
     const offset = editor.getOffsetAt(editor.getCursorPosition());
     const body = { ...this._body(document, text, offset, `warm-${this._token()}`), warm_up: true };
     try {
-      await (await this._post(body, controller.signal)).text();
+      const response = await this._post(body, controller.signal);
+      if (response.ok) {
+        await response.text();
+      } else {
+        for await (const answer of ndjson(response)) {
+          this._noModel(answer); // a warm-up is the first to find it when a notebook opens
+        }
+      }
     } catch {
       // aborted by a newer warm-up, or the server is away: the next keystroke's request says so
     }
@@ -127,6 +141,9 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
     try {
       const response = await pending.response;
       for await (const answer of ndjson(response)) {
+        if (this._noModel(answer)) {
+          return; // no ghost text: the user was told (once) how to give the server a model
+        }
         if (answer.error !== undefined) {
           yield { response: { insertText: text, error: { message: answer.error } } };
           return;
@@ -150,6 +167,19 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
     }
   }
 
+  /** Whether `answer` says the server has no model; the first such answer is shown to the user. */
+  private _noModel(answer: IAnswerLine): boolean {
+    if (answer.code !== 'no_model') {
+      return false;
+    }
+    if (!this._toldNoModel) {
+      this._toldNoModel = true;
+      console.error(`langchain-starcoder: ${answer.error}`);
+      this._notify(answer.notice ?? answer.error ?? 'No StarCoder model on the Jupyter server.');
+    }
+    return true;
+  }
+
   private _token(): string {
     return `${Date.now()}-${++this._counter}`;
   }
@@ -168,8 +198,6 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
       notebook: document.notebook,
       cell: document.cell,
       max_tokens: this.settings.maxTokens,
-      model: this.settings.model || null,
-      backend: this.settings.backend || null,
       repo_context: this.settings.repoContext,
       request_id: token
     };
@@ -186,13 +214,14 @@ export class StarCoderInlineProvider implements IInlineCompletionProvider {
 async function* ndjson(response: Response): AsyncGenerator<IAnswerLine> {
   if (!response.ok || !response.body) {
     const body = await response.text();
-    let error = `${response.status} ${response.statusText}`;
+    const error = `${response.status} ${response.statusText}`;
+    let answer: IAnswerLine = {};
     try {
-      error = (JSON.parse(body) as IAnswerLine).error ?? error;
+      answer = JSON.parse(body) as IAnswerLine;
     } catch {
       // not JSON: the status says it
     }
-    yield { error };
+    yield { ...answer, error: answer.error ?? error };
     return;
   }
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();

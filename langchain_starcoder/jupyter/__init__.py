@@ -6,8 +6,9 @@
 notebook (StarCoder2's structured-notebook context) or the file's repository context, and shows it as
 ghost text while it streams (docs/jupyter.md, "Inline completion in JupyterLab").
 
-Jupyter imports this module to find the extension: it imports nothing heavy (MLX and the engine load on
-the first request).
+The model, its backend and where it runs are the Jupyter server's configuration
+(:class:`~.config.StarCoderJupyter`: ``jupyter lab --StarCoderJupyter.model=DIR``). Jupyter imports this
+module to find the extension: it imports nothing heavy (MLX and the engine load on the first request).
 """
 
 from __future__ import annotations
@@ -21,22 +22,13 @@ LABEXTENSION_NAME = "@langchain-starcoder/jupyterlab"
 LABEXTENSION_DIR = Path(__file__).resolve().parent / "labextension"
 
 
-def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "langchain_starcoder.jupyter"}]
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    # The app (an ExtensionApp) holds the configuration and is stopped with the server (its engine closed).
+    from .config import StarCoderJupyter
+
+    return [{"module": "langchain_starcoder.jupyter", "app": StarCoderJupyter}]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """Where the prebuilt bundle is, for ``jupyter labextension develop`` and tools that read it."""
     return [{"src": "labextension", "dest": LABEXTENSION_NAME}]
-
-
-def _load_jupyter_server_extension(server_app: Any) -> None:
-    """Add the completion route to the running Jupyter server (and the bundle's folder, for editable
-    installs whose shared data JupyterLab does not see)."""
-    from .handlers import setup
-
-    setup(server_app)
-
-
-# The name jupyter_server < 2 looked for.
-load_jupyter_server_extension = _load_jupyter_server_extension

@@ -11,23 +11,21 @@ refused before streaming gets ``{"error": ...}`` with a 4xx/5xx status, an error
 ``{"error": ...}`` line. The generation runs in the engine's worker (the server's event loop only
 waits), and stops at its next step when the client disconnects or the same Jupyter user's newer request
 for the same document comes (its answer then ends with ``finish_reason`` "superseded"): on a shared
-server one user's requests never stop another's. Where the model runs is the server's configuration
-(:class:`~.config.StarCoderJupyter`), never a request's.
+server one user's requests never stop another's. The model, its backend and where it runs are the
+server's configuration (:class:`~.config.StarCoderJupyter`), never a request's; when that model cannot be
+had the answer is a 503 ``{"error": ..., "code": "no_model", "notice": ...}`` saying how to fix it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import url_path_join
 from tornado.iostream import StreamClosedError
 
-from .completer import Completer
-from .config import StarCoderJupyter
+from .completer import Completer, NoModelError
 from .protocol import CompletionAsk, RequestError, error_status, line, parse_ask, read_body
 
 #: Where the handler finds the server's :class:`Completer` in the tornado application's settings.
@@ -117,7 +115,9 @@ class CompleteHandler(APIHandler):
             status, message = error_status(e)
             if status == 500 and not isinstance(e, RequestError):
                 self.log.exception("langchain-starcoder: completion request %r failed", ask.request_id)
-            self._refuse(status, message)
+            elif isinstance(e, NoModelError):
+                self.log.error("langchain-starcoder: %s", message)
+            self._refuse(status, message, **getattr(e, "fields", {}))
         finally:
             if stream is not None:
                 await stream.aclose()  # type: ignore[attr-defined]  # stops the engine's generation
@@ -134,28 +134,16 @@ class CompleteHandler(APIHandler):
         self.write(data)
         await self.flush()
 
-    def _refuse(self, status: int, message: str) -> None:
-        """An error: its status and body before anything was sent, else an ``{"error"}`` line."""
+    def _refuse(self, status: int, message: str, **fields: str) -> None:
+        """An error: its status and body before anything was sent (with ``fields``: the ``code`` and
+        ``notice`` of one the labextension tells the user about), else an ``{"error"}`` line."""
         if self._closed():
             return
         if not self._headers_written:
             self.set_status(status)
-            self.finish(json.dumps({"error": message}))
+            self.finish(json.dumps({"error": message, **fields}))
         else:
             self.finish(line(error=message), set_content_type=NDJSON)
 
     def _closed(self) -> bool:
         return self._finished or self._gone
-
-
-def setup(server_app: Any) -> None:
-    """Route ``{base_url}langchain-starcoder/complete`` to :class:`CompleteHandler` on this server, with
-    the extension's settings from the server's configuration."""
-    web_app = server_app.web_app
-    root = getattr(server_app.contents_manager, "root_dir", None) or server_app.root_dir
-    config = StarCoderJupyter(parent=server_app)
-    web_app.settings[SETTINGS_KEY] = Completer(root, base_url=config.base_url)
-    route = url_path_join(web_app.settings["base_url"], *ROUTE)
-    web_app.add_handlers(".*$", [(route, CompleteHandler)])
-    where = f"generated on {config.base_url}" if config.base_url else "generated in this process"
-    server_app.log.info("langchain-starcoder: inline completion at %s (%s)", route, where)

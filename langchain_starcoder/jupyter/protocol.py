@@ -2,8 +2,8 @@
 checked field by field (a bad one is refused with what is wrong), the status of an error, and the NDJSON
 lines of the answer.
 
-Where the model runs (a remote server's URL) is the Jupyter server's configuration, never a request's:
-a request that names one is refused.
+The model, its backend and where it runs (a remote server's URL) are the Jupyter server's configuration,
+never a request's: a request that names one is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 #: Tokens at most when a request does not say (ghost text is a line or a short block).
 DEFAULT_MAX_TOKENS = 64
-BACKENDS = ("mlx", "llama.cpp")
+#: What the server's configuration chooses (:class:`~.config.StarCoderJupyter`), never a request.
+SERVER_SETTINGS = ("model", "backend", "base_url")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -48,10 +49,6 @@ class CompletionAsk:
     warm_up: bool
     """Only fill the engine's cache with the prompt (the user moved to this cell, a cell ran): nothing is
     generated or answered but the done line, and it never supersedes a request that generates."""
-    model: str | None
-    """A checkpoint folder, GGUF file or hub id (None: ``$LANGCHAIN_STARCODER_MODEL``, else the default)."""
-    backend: str
-    """"mlx" (in-process) or "llama.cpp" (a llama-server the engine starts)."""
     repo_context: bool
     """Add the server root's repository context (the modules a notebook imports, a file's related code)."""
     request_id: str
@@ -70,18 +67,17 @@ def parse_ask(body: Any) -> CompletionAsk:
     max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
     if not _is_int(max_tokens) or max_tokens < 1:
         raise RequestError(f"max_tokens must be a positive integer, not {max_tokens!r}.")
-    backend = _text(body, "backend") or "mlx"
-    if backend not in BACKENDS:
-        raise RequestError(f"backend must be one of {list(BACKENDS)}, not {backend!r}.")
     temperature = body.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise RequestError(f"temperature must be a number >= 0, not {temperature!r}.")
-    if body.get("base_url") is not None:  # older bundles send null: only a URL is refused
-        msg = (
-            "base_url is not taken from a request: the server to generate on is the Jupyter server's "
-            "configuration (c.StarCoderJupyter.base_url, or --StarCoderJupyter.base_url=...)."
-        )
-        raise RequestError(msg)
+    for name in SERVER_SETTINGS:
+        if body.get(name) is not None:  # older bundles send null: only a value is refused
+            msg = (
+                f"{name} is not taken from a request: the model, its backend and the server to generate "
+                f"on are the Jupyter server's configuration (c.StarCoderJupyter.{name} in "
+                f"jupyter_server_config.py, or jupyter lab --StarCoderJupyter.{name}=...)."
+            )
+            raise RequestError(msg)
     repo_context, warm_up = body.get("repo_context", False), body.get("warm_up", False)
     for name, value in (("repo_context", repo_context), ("warm_up", warm_up)):
         if not isinstance(value, bool):
@@ -94,8 +90,6 @@ def parse_ask(body: Any) -> CompletionAsk:
         cell=cell if notebook is not None else None,
         max_tokens=max_tokens,
         warm_up=warm_up,
-        model=_text(body, "model"),
-        backend=backend,
         repo_context=repo_context,
         request_id=_text(body, "request_id") or "",
         temperature=float(temperature),
@@ -134,7 +128,7 @@ def error_status(e: Exception) -> tuple[int, str]:
     if isinstance(e, RequestError):
         return e.status, str(e)
     if isinstance(e, ModelNotFoundError):
-        where = "JupyterLab's StarCoder inline completion settings, or $LANGCHAIN_STARCODER_MODEL"
+        where = "the Jupyter server's configuration (--StarCoderJupyter.model=...)"
         return 404, f"{e} Set the model in {where}."
     if isinstance(e, ContextLengthError):
         return 413, str(e)

@@ -32,7 +32,8 @@ from benchmarks.jupyter import bench_jupyter, percentile
 from langchain_starcoder import NotebookContext, RepoIndex, StarCoderEngine
 from langchain_starcoder.jupyter.completer import Completer
 from langchain_starcoder.jupyter.handlers import ROUTE as ROUTE_PARTS
-from langchain_starcoder.jupyter.protocol import parse_ask
+from langchain_starcoder.jupyter.protocol import SERVER_SETTINGS, parse_ask
+from langchain_starcoder.testing import MODEL_ENV
 from langchain_starcoder.testing.jupyter_lab import (
     NOTEBOOK,
     PAGE_TIMEOUT_MS,
@@ -78,11 +79,22 @@ def lab_project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return root, cell
 
 
+#: The labextension's settings here: repository context on, as by default.
+SETTINGS = {"maxTokens": MAX_TOKENS, "debounceMs": 100}
+
+
+def configured_lab(root: Path, home: Path, model: str | Path) -> JupyterLab:
+    """A ``jupyter lab`` whose model is its configuration's (``jupyter_server_config.py`` in the config
+    folder JupyterLab gives it), the environment's left empty."""
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "jupyter_server_config.py").write_text(f"c.StarCoderJupyter.model = {str(model)!r}\n")
+    return JupyterLab(root, home, model="", settings=SETTINGS, env={MODEL_ENV: ""})
+
+
 @pytest.fixture(scope="session")
 def lab(lab_project, tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
     root, _ = lab_project
-    settings = {"maxTokens": MAX_TOKENS, "debounceMs": 100}  # repository context: on, as by default
-    with JupyterLab(root, tmp_path_factory.mktemp("browser-home"), model=tiny_path, settings=settings) as lab:
+    with configured_lab(root, tmp_path_factory.mktemp("browser-home"), tiny_path) as lab:
         yield lab
 
 
@@ -259,15 +271,21 @@ def test_entering_a_cell_warms_its_prompt_and_the_first_keystroke_there_takes_it
             # The user pauses in the cell until a warm-up has run (the first loads the model), then types.
             _until(page, lambda: any(_warmed(lab, b) for b in sent if b.get("warm_up") and b["cell"] == cell))
             page.keyboard.type(TYPED[0], delay=60)
-            _until(page, lambda: any(not b.get("warm_up") for b in sent))
+            # The whole word's request (one sent mid-word on a loaded machine is aborted by the next key),
+            # answered before the page goes (closing it would disconnect the request).
+            _until(page, lambda: any(typed(b) and _ended(lab, b) for b in sent))
             return list(sent)
         finally:
             page.close()
 
+    def typed(body: dict[str, Any]) -> bool:
+        return not body.get("warm_up") and body["prefix"] == TYPED[0]
+
     sent = browser(drive)
-    keystroke = next(b for b in sent if not b.get("warm_up"))
+    keystroke = next(b for b in sent if typed(b))
     warm_ups = [b for b in sent[: sent.index(keystroke)] if b.get("warm_up") and b["cell"] == cell]
     assert warm_ups and all(b["max_tokens"] == MAX_TOKENS for b in warm_ups)  # budgeted as the keystrokes
+    assert not any(name in b for b in sent for name in SERVER_SETTINGS)  # the server's configuration
     warmed = [b for b in warm_ups if lab.request_end(b["request_id"])[0] == "warm_up"]
     assert warmed, [lab.request_end(b["request_id"]) for b in warm_ups]  # one ran to its end
     completer = Completer(str(root))  # the server's own request for each body
@@ -329,10 +347,54 @@ def test_enter_at_the_end_of_a_line_shows_ghost_text_for_the_next_line(
     assert after_enter and after_enter[-1]["path"] == ENTER_NOTEBOOK
 
 
+def test_with_no_model_the_user_is_told_once_how_to_fix_it_and_no_ghost_text_appears(
+    lab_project, browser, tmp_path_factory: pytest.TempPathFactory
+):
+    """The server's configured model cannot be had (a folder not there): the notebook's warm-up and
+    each keystroke get 503 ``no_model``; JupyterLab shows one notification with the commands that fix
+    it, and no ghost text."""
+    root, cell = lab_project
+    missing = root / "no-such-checkpoint"
+
+    def drive(chromium: Any) -> tuple[list[str], list[int], str]:
+        page = chromium.new_page(viewport={"width": 1100, "height": 820})
+        statuses: list[int] = []
+        page.on("response", lambda r: statuses.append(r.status) if ROUTE in r.url else None)
+        try:
+            open_notebook(page, nomodel, NOTEBOOK, cells=cell + 1)
+            edit_cell(page, cell)
+            for word in ("x = ", "values"):  # two keystroke pauses: two answers of 503
+                page.keyboard.type(word, delay=60)
+                before = statuses.count(503)
+                _until(page, lambda before=before: statuses.count(503) > before)
+            page.wait_for_selector(".Toastify__toast", timeout=PAGE_MS)
+            page.wait_for_timeout(500)  # a second notification would be on the page by now
+            toasts = page.locator(".Toastify__toast").all_inner_texts()
+            return (
+                toasts,
+                statuses,
+                page.evaluate("document.querySelector('.jp-GhostText')?.textContent ?? ''"),
+            )
+        finally:
+            page.close()
+
+    with configured_lab(root, tmp_path_factory.mktemp("nomodel-home"), missing) as nomodel:
+        toasts, statuses, ghost = browser(drive)
+    told = [toast for toast in toasts if "StarCoder" in toast]
+    assert len(told) == 1, toasts
+    assert "--StarCoderJupyter.model=DIR" in told[0] and "build-test-model DIR" in told[0], told
+    assert statuses.count(503) >= 2 and ghost == ""
+
+
 def _warmed(lab: JupyterLab, body: dict[str, Any]) -> bool:
     """Whether the warm-up request ``body`` ran to its end (the extension's log says so)."""
     pattern = rf"'{re.escape(body['request_id'])}' for .* ended \(warm_up\)"
     return re.search(pattern, lab.log_text()) is not None
+
+
+def _ended(lab: JupyterLab, body: dict[str, Any]) -> bool:
+    """Whether the request ``body`` has ended, however (the extension's log says so)."""
+    return re.search(rf"'{re.escape(body['request_id'])}' for .* ended \(", lab.log_text()) is not None
 
 
 def _until(page: Any, condition: Callable[[], bool]) -> None:

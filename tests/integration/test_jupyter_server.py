@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 import shutil
 import threading
@@ -26,15 +27,19 @@ import pytest
 from jupyter_server.serverapp import ServerApp
 from sequences import shared_prefix
 
-from langchain_starcoder import FIMRequest, NotebookContext, RepoIndex, StarCoderEngine, registry
+from langchain_starcoder import FIMRequest, NotebookContext, RepoIndex, StarCoderEngine
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.jupyter import LABEXTENSION_DIR, LABEXTENSION_NAME
 from langchain_starcoder.jupyter.bundle import SOURCE_DIR, bundle_stamp, source_hash
+from langchain_starcoder.jupyter.completer import Completer
+from langchain_starcoder.jupyter.handlers import SETTINGS_KEY
 from langchain_starcoder.server import create_app
+from langchain_starcoder.testing import MODEL_ENV
 from langchain_starcoder.testing.jupyter_lab import NOTEBOOK, JupyterLab, write_project
 from langchain_starcoder.testing.servers import ServerThread, free_port
 
 ROUTE = "langchain-starcoder/complete"
+DOCS, DOCS_MODEL = Path(__file__).resolve().parents[2] / "docs" / "jupyter.md", "/models/starcoder2-3b-4bit"
 N = 12
 #: Holes among which the tiny model fills one with hundreds of tokens (long enough to cancel).
 LONG_CANDIDATES, LONG_TOKENS, LONG_ENOUGH = (
@@ -64,9 +69,21 @@ def lab(
 ) -> Iterator[JupyterLab]:
     root, _, _ = project
     home = tmp_path_factory.mktemp("jupyter-home")
-    env = {CACHE_ENV: str(gguf_cache)}
-    with JupyterLab(root, home, model=tiny_path, settings={}, env=env) as server:
+    configure(home, model=tiny_path)
+    # The model is the configuration's: the environment's (the helper sets it) is left empty.
+    env = {CACHE_ENV: str(gguf_cache), MODEL_ENV: ""}
+    with JupyterLab(root, home, model="", settings={}, env=env) as server:
         yield server
+
+
+def configure(home: Path, model: str | Path) -> None:
+    """docs/jupyter.md's ``jupyter_server_config.py``, its model replaced by ``model``, in the Jupyter
+    config folder that :class:`JupyterLab` gives the server (``home/config``), as a user writes it."""
+    (block,) = re.findall(r"```py\n(.*?)```", DOCS.read_text(), flags=re.S)
+    assert DOCS_MODEL in block
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "jupyter_server_config.py").write_text(block.replace(DOCS_MODEL, str(model)))
 
 
 #: Logged-in clients, by server and name: each is one Jupyter user (its login cookie), as a browser is.
@@ -264,8 +281,9 @@ def test_the_servers_base_url_generates_on_that_server(
 
     served = ServerThread(counted)
     try:
-        with jupyter_in_this_process(root, f"--StarCoderJupyter.base_url={served.url}") as (base, auth):
-            body = {"prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N, "model": str(tiny_path)}
+        argv = (f"--StarCoderJupyter.base_url={served.url}", f"--StarCoderJupyter.model={tiny_path}")
+        with jupyter_in_this_process(root, *argv) as (base, auth, _):
+            body = {"prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N}
             done = answer_lines(user(base, auth).post(base + ROUTE, json=body))[-1]
     finally:
         served.stop()
@@ -273,12 +291,13 @@ def test_the_servers_base_url_generates_on_that_server(
     assert any(path and "completion" in path for path in asked), asked  # generated there
 
 
-def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
-    lab, project, tiny_path: Path, gguf_cache: Path, monkeypatch: pytest.MonkeyPatch
+def test_backend_llama_cpp_runs_the_model_in_a_llama_server_stopped_with_the_server(
+    project, tiny_path: Path, gguf_cache: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """``backend="llama.cpp"`` (JupyterLab's setting): the server's engine starts a llama-server and
-    answers as the same managed engine does in-process."""
-    _, notebook, cell = project
+    """``StarCoderJupyter.backend = "llama.cpp"`` (the server's configuration): the server's engine
+    starts a llama-server and answers as the same managed engine does in-process; when the Jupyter
+    server stops, the extension closes its engine: the llama-server is gone."""
+    root, notebook, cell = project
     prefix = "mean_area = sum(areas) / "
     nb = live(notebook, cell, prefix)
     monkeypatch.setenv(CACHE_ENV, str(gguf_cache))
@@ -288,12 +307,80 @@ def test_backend_llama_cpp_runs_the_model_in_a_llama_server(
         expected = managed.infill(prefix, "", notebook=ctx, max_tokens=N, temperature=0)
     finally:
         managed.close()
-    body = {"prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N, "backend": "llama.cpp"}
-    done = answer_lines(ask(lab, body))[-1]
+    body = {"prefix": prefix, "notebook": nb, "cell": cell, "max_tokens": N}
+
+    def llama_servers() -> list[psutil.Process]:
+        children = psutil.Process().children(recursive=True)
+        return [child for child in children if "llama-server" in " ".join(child.cmdline())]
+
+    before = {child.pid for child in llama_servers()}
+    argv = (f"--StarCoderJupyter.model={tiny_path}", "--StarCoderJupyter.backend=llama.cpp")
+    with jupyter_in_this_process(root, *argv) as (base, auth, _):
+        done = answer_lines(user(base, auth).post(base + ROUTE, json=body))[-1]
+        started = [child for child in llama_servers() if child.pid not in before]
     assert (done["text"], done["completion_tokens"]) == (expected.text, expected.completion_tokens)
-    assert lab.proc is not None
-    children = psutil.Process(lab.proc.pid).children(recursive=True)
-    assert any("llama-server" in " ".join(child.cmdline()) for child in children)  # not MLX's answer
+    assert len(started) == 1  # not MLX's answer: one llama-server, the configuration's
+    psutil.wait_procs(started, timeout=30)
+    assert not started[0].is_running()  # released with the server extension
+
+
+# --- the model: the server's configuration ----------------------------------------------------------
+
+
+def test_the_configured_model_answers_not_the_environments(
+    project, tiny_engine: StarCoderEngine, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    root, notebook, cell = project
+    monkeypatch.setenv(MODEL_ENV, str(root / "not-this-one"))
+    nb = live(notebook, cell, "y = ")
+    expected = tiny_engine.infill("y = ", "", notebook=NotebookContext.from_notebook(nb, cell), max_tokens=N)
+    with jupyter_in_this_process(root, f"--StarCoderJupyter.model={tiny_path}") as (base, auth, _):
+        body = {"prefix": "y = ", "notebook": nb, "cell": cell, "max_tokens": N}
+        reply = user(base, auth).post(base + ROUTE, json=body)
+    assert answer_lines(reply)[-1]["text"] == expected.text
+
+
+@pytest.mark.parametrize("model", ["a missing folder", "a hub id not in the cache", "the default"])
+def test_with_no_model_a_request_gets_503_saying_how_to_fix_it_and_no_answer(
+    project, monkeypatch: pytest.MonkeyPatch, model: str
+):
+    """Offline (the tests' HF_HUB_OFFLINE=1), a model that cannot be had is not replaced by random
+    weights: every request gets 503 ``no_model`` whose message gives the commands that fix it."""
+    root, notebook, cell = project
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    argv = {
+        "a missing folder": [f"--StarCoderJupyter.model={root / 'no-such-checkpoint'}"],
+        "a hub id not in the cache": ["--StarCoderJupyter.model=bigcode/not-in-this-cache"],
+        "the default": [],
+    }[model]
+    body = {"prefix": "y = ", "notebook": live(notebook, cell, "y = "), "cell": cell, "path": NOTEBOOK}
+    with jupyter_in_this_process(root, *argv) as (base, auth, _):
+        replies = [user(base, auth).post(base + ROUTE, json=b) for b in (body, {**body, "warm_up": True})]
+    for reply in replies:
+        assert reply.status_code == 503, reply.text
+        answer = reply.json()
+        assert answer["code"] == "no_model" and set(answer) == {"error", "code", "notice"}
+        for told in (answer["error"], answer["notice"]):  # the notice: JupyterLab shows 140 characters
+            assert "--StarCoderJupyter.model=DIR" in told
+            assert "langchain-starcoder build-test-model DIR" in told
+        assert len(answer["notice"]) <= 140
+
+
+def test_random_weights_answer_only_when_the_configuration_asks(project, monkeypatch: pytest.MonkeyPatch):
+    """``offline_test_model``: a model that cannot be had is replaced by a checkpoint of random weights,
+    for trying the extension offline; the same configuration without it answers 503."""
+    root, notebook, cell = project
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    missing = f"--StarCoderJupyter.model={root / 'no-such-checkpoint'}"
+    body = {"prefix": "y = ", "notebook": live(notebook, cell, "y = "), "cell": cell, "max_tokens": N}
+    statuses = {}
+    for asks in (False, True):
+        flag = f"--StarCoderJupyter.offline_test_model={asks}"
+        with jupyter_in_this_process(root, missing, flag) as (base, auth, _):
+            statuses[asks] = user(base, auth).post(base + ROUTE, json=body)
+    assert statuses[False].status_code == 503
+    done = answer_lines(statuses[True])[-1]
+    assert done["done"] is True and done["completion_tokens"] > 0
 
 
 def hole_notebook(**fields: Any) -> dict[str, Any]:
@@ -314,7 +401,8 @@ def hole_notebook(**fields: Any) -> dict[str, Any]:
         ({"prefix": "x", "warm_up": "yes"}, 400, "warm_up"),
         ({"prefix": "x", "notebook": {"nbformat": 3, "cells": []}, "cell": 0}, 400, "format 4"),
         ({"prefix": "x", "notebook": "MARKDOWN", "cell": 0}, 400, "notebook"),
-        ({"prefix": "x", "model": "/no/such/checkpoint"}, 404, "no/such/checkpoint"),
+        ({"prefix": "x", "model": "/no/such/checkpoint"}, 400, "StarCoderJupyter.model"),
+        ({"prefix": "x", "backend": "mlx"}, 400, "StarCoderJupyter.backend"),
         (b"[" * 100_000 + b"]" * 100_000, 400, "nests too deeply"),
         (hole_notebook(metadata={"language_info": None}), 400, "language_info"),
         (hole_notebook(metadata={"language_info": ["python"]}), 400, "language_info"),
@@ -501,9 +589,9 @@ class ServerInThisProcess(ServerApp):
 
 
 @contextlib.contextmanager
-def jupyter_in_this_process(root: Path, *argv: str) -> Iterator[tuple[str, dict[str, str]]]:
+def jupyter_in_this_process(root: Path, *argv: str) -> Iterator[tuple[str, dict[str, str], ServerApp]]:
     """A Jupyter server with the extension on a thread of this process, with ``argv`` added to its
-    command line: its URL and the header of its token."""
+    command line: its URL, the header of its token and the server (stopped when the block ends)."""
     port, token = free_port(), secrets.token_hex(16)
     started, apps = threading.Event(), []
 
@@ -528,17 +616,21 @@ def jupyter_in_this_process(root: Path, *argv: str) -> Iterator[tuple[str, dict[
     while not started.wait(0.2):
         assert thread.is_alive() and time.monotonic() < deadline, "the Jupyter server did not start"
     try:
-        yield f"http://127.0.0.1:{port}/", {"Authorization": f"token {token}"}
+        yield f"http://127.0.0.1:{port}/", {"Authorization": f"token {token}"}, apps[0]
     finally:
         apps[0].io_loop.add_callback(apps[0].stop)
         thread.join(60)
 
 
 @pytest.fixture(scope="module")
-def inside(project) -> Iterator[tuple[str, dict[str, str]]]:
+def inside(project, tiny_path: Path) -> Iterator[tuple[str, dict[str, str], ServerApp]]:
     root, _, _ = project
-    with jupyter_in_this_process(root) as (base, auth):
-        yield base, auth
+    with jupyter_in_this_process(root, f"--StarCoderJupyter.model={tiny_path}") as server:
+        yield server
+
+
+def completer_of(app: ServerApp) -> Completer:
+    return app.web_app.settings[SETTINGS_KEY]
 
 
 @dataclass
@@ -579,10 +671,10 @@ def watch_generations(engine: StarCoderEngine, monkeypatch: pytest.MonkeyPatch) 
 def test_the_engines_generation_stops_when_its_request_is_dropped(
     inside, project, long_hole, tiny_path: Path, monkeypatch: pytest.MonkeyPatch, leave: str
 ):
-    base, auth = inside
+    base, auth, app = inside
     url, ada = base + ROUTE, user(base, auth)
-    engine = registry.get_engine(tiny_path)  # the engine the server's requests for this model get
-    body = {**long_body(project, long_hole, leave), "model": str(tiny_path)}
+    engine = completer_of(app).engine()  # the server's one engine
+    body = long_body(project, long_hole, leave)
     whole = long_hole[1]
     seen = watch_generations(engine, monkeypatch)
     with ada.stream("POST", url, json=body) as reply:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from langchain_starcoder.jupyter.completer import Completer
+from langchain_starcoder.jupyter.completer import Completer, EngineSettings
 from langchain_starcoder.jupyter.protocol import RequestError, error_status, parse_ask, read_body
 from langchain_starcoder.testing import MODEL_ENV
 
@@ -109,9 +109,11 @@ def completer(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     (root / "pkg").mkdir()
     (root / "pkg" / "app.py").write_text("def area(r):\n    return 3.14 * r * r\n")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MODEL_ENV, str(tiny_path))
+        patch.delenv(MODEL_ENV, raising=False)  # the model is the server's configuration's
         os.environ.pop("LANGCHAIN_STARCODER_BASE_URL", None)
-        yield Completer(str(root))
+        completer = Completer(str(root), EngineSettings(model=str(tiny_path)))
+        yield completer
+        completer.close()
 
 
 def status_of(completer: Completer, body: bytes) -> tuple[int, str]:
@@ -155,6 +157,8 @@ def with_notebook(**fields: Any) -> dict[str, Any]:
         (with_notebook(cells=[{"cell_type": "code", "outputs": 3}, HOLE]), "cells[0].outputs"),
         (with_notebook(cells=[{"cell_type": "code", "outputs": [7]}, HOLE]), "cells[0].outputs[0]"),
         ({"prefix": "x", "base_url": "http://169.254.169.254/"}, "base_url"),
+        ({"prefix": "x", "model": "/etc"}, "StarCoderJupyter.model"),
+        ({"prefix": "x", "backend": "llama.cpp"}, "StarCoderJupyter.backend"),
         ({"prefix": "x\ud800"}, "surrogate"),
     ],
 )
