@@ -53,22 +53,30 @@ class SuffixOverlap:
         """The held-back text, without the overlap (if it qualifies). Call once, at the end."""
         held, self._held = self._held, ""
         k = self._matched
+        solid = _solid_counts(self.suffix, k)  # counted once: the candidates can be as many as k
         while k:
             before = held[-k - 1] if k < len(held) else self._last
-            if self._qualifies(k, before):
+            if self._qualifies(k, before, solid[k]):
                 return held[: len(held) - k]
             k = self._border[k]
         return held
 
-    def _qualifies(self, k: int, before: str) -> bool:
-        overlap = self.suffix[:k]
-        solid = sum(not ch.isspace() for ch in overlap)
+    def _qualifies(self, k: int, before: str, solid: int) -> bool:
+        """Whether the suffix's first ``k`` characters (``solid`` of them not whitespace) are trimmed."""
         if solid == 0:
             return False
         if solid >= self.min_chars:
             return True
-        whole_lines_end = overlap.endswith("\n") or k == len(self.suffix)
+        whole_lines_end = self.suffix[k - 1] == "\n" or k == len(self.suffix)
         return whole_lines_end and before in ("", "\n")
+
+
+def _solid_counts(text: str, n: int) -> list[int]:
+    """``counts[j]``: the characters of ``text[:j]`` that are not whitespace, for ``j`` up to ``n``."""
+    counts = [0]
+    for ch in text[:n]:
+        counts.append(counts[-1] + (not ch.isspace()))
+    return counts
 
 
 class _Borders:

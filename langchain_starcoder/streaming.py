@@ -158,7 +158,9 @@ class ChunkSink:
     def _shown(self, text: str, final: bool = False) -> str:
         """What of the detokenized ``text`` is shown: not past the middle's end nor into the suffix."""
         if self._gate is not None:
-            text = self._gate.feed(text) + (self._gate.finish() if final else "")
+            # only an answer the model ended (an end token, a stop string) has a whole last line
+            cut = self._text.finish_reason != "stop"
+            text = self._gate.feed(text) + (self._gate.finish(cut=cut) if final else "")
         if self._overlap is not None:
             text = (self._overlap.feed(text) if text else "") + (self._overlap.finish() if final else "")
         if self._grammar is not None and text:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import pytest
 
 from langchain_starcoder.ends import MiddleEnd, MiddleGate, middle_end
+from langchain_starcoder.overlap import trim_suffix_overlap
 
 Run = Callable[[], object]
 
@@ -60,6 +61,11 @@ FAMILIES: dict[str, tuple[int, Callable[[int], Run]]] = {
     "a stream, a long blank line a space at a time": (
         1000,
         lambda n: _stream("def f():\n    ", "\n", "m.py", ["y = 1\n"] + [" "] * n, min_indent=4),
+    ),
+    # the suffix-overlap trim: a blank suffix's every border tried, each counted again from the start
+    "the suffix overlap, a suffix of spaces": (
+        1000,
+        lambda n: lambda: trim_suffix_overlap("x =" + " " * n, " " * n),
     ),
 }
 
