@@ -120,6 +120,7 @@ def task_stall_3b(args: dict[str, Any]) -> dict[str, Any]:
 
     from langchain_starcoder import StarCoderEngine
     from langchain_starcoder.backends.prompt_cache import CacheLayout, DiskPromptCache
+    from langchain_starcoder.types import CachePartition
 
     engine = StarCoderEngine.load(args["checkpoint"])
     engine.generate("def warm_up():\n    return 1\n", max_tokens=2)
@@ -138,7 +139,7 @@ def task_stall_3b(args: dict[str, Any]) -> dict[str, Any]:
     with _short_requests(engine) as spans:
         time.sleep(1.0)  # short requests alone first
         started = time.perf_counter()
-        copy = engine.backend.call(lambda: _time(lambda: disk.offer(list(range(n)), cache)))
+        copy = engine.backend.call(lambda: _time(lambda: disk.offer(list(range(n)), cache, CachePartition())))
         disk.flush()
         ended = time.perf_counter()
         time.sleep(0.5)

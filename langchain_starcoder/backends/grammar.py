@@ -169,6 +169,20 @@ def json_options(schema: Any) -> dict[str, Any] | None:
     return options
 
 
+def with_json_whitespace(constraint: tuple[str, str], whitespace: str | None) -> tuple[str, str]:
+    """``constraint`` as the verdict on a server's answer, where the server allows ``whitespace``
+    between JSON tokens (llama.cpp's json-schema-to-grammar does; it ignores "x-guidance"). As it is
+    for None, or a constraint that is not a JSON schema."""
+    kind, text = constraint
+    if whitespace is None or kind != "json_schema":
+        return constraint
+    schema = json.loads(text)
+    if not isinstance(schema, dict):
+        return constraint
+    options = {"whitespace_flexible": True, "whitespace_pattern": whitespace}
+    return kind, json.dumps({**schema, "x-guidance": options}, separators=(",", ":"))
+
+
 def _matcher(tokenizer: llguidance.LLTokenizer, kind: str, text: str) -> llguidance.LLMatcher:
     """A checked matcher at the start of the grammar, its first mask computed (the lexer's first
     states built, so each copy starts warm; a limit hit there is refused here)."""

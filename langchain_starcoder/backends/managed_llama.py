@@ -318,6 +318,10 @@ class ManagedLlamaBackend(ServerBackend):
             self.server.stop()
             raise
 
+    @property
+    def json_whitespace(self) -> str | None:
+        return self._remote.json_whitespace
+
     def _live_remote(self) -> RemoteBackend:
         """The remote backend over a running child: a child that exited is started again."""
         with self._lock:

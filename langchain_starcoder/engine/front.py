@@ -375,14 +375,14 @@ class StarCoderEngine:
         params, parse = jobs.split_settings(dict(settings), self.backend, self.eos_token_ids)
         if isinstance(prompt, FIMRequest):  # FIM parts are always data: parse_special_tokens does not apply
             job = jobs.fim_job(built or self.fim_prompt(prompt, params.max_tokens), params, prompt)
-            return jobs.constrain(job, self._grammars)
+            return jobs.constrain(job, self._grammars, self.backend)
         if isinstance(prompt, str):
             jobs.check_text_prompt(prompt)
             self.check_prompt_size(len(prompt), params.max_tokens)  # before tokenizing it whole
             ids = self.encode(prompt, special_tokens=parse)
         else:
             ids = jobs.prompt_ids(prompt, self.vocab_size)
-        return jobs.constrain(jobs.ids_job(ids, params, self.context_window), self._grammars)
+        return jobs.constrain(jobs.ids_job(ids, params, self.context_window), self._grammars, self.backend)
 
     def _prepare_batch(self, prompts: Sequence[Prompt], settings: dict[str, Any]) -> list[jobs.Job]:
         return [self._prepare(p, settings) for p in jobs.check_batch(prompts)]

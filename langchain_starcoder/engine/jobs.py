@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Backend, Generation
-from ..backends.grammar import Grammar, GrammarCompiler
+from ..backends.grammar import Grammar, GrammarCompiler, with_json_whitespace
 from ..ends import MiddleEnd, MiddleGate
 from ..errors import ContextLengthError, InvalidParameterError
 from ..fim import FIMPrompt
@@ -171,11 +171,15 @@ def fim_job(prompt: FIMPrompt, params: GenerationParams, request: FIMRequest) ->
     return Job(prompt.token_ids, params, trim, end=end, min_indent=request.min_indent if free else 0)
 
 
-def constrain(job: Job, grammars: GrammarCompiler) -> Job:
-    """``job`` with its constraint compiled (cached per constraint); a bad one raises
+def constrain(job: Job, grammars: GrammarCompiler, backend: Backend) -> Job:
+    """``job`` with its constraint compiled (cached per constraint) for ``backend``'s answers (a server
+    that pads JSON with whitespace is held to its own); a bad one raises
     :class:`~langchain_starcoder.errors.GrammarError` here, before anything is decoded."""
     constraint = job.params.constraint
-    return job if constraint is None else dataclasses.replace(job, grammar=grammars.compile(constraint))
+    if constraint is None:
+        return job
+    constraint = with_json_whitespace(constraint, getattr(backend, "json_whitespace", None))
+    return dataclasses.replace(job, grammar=grammars.compile(constraint))
 
 
 def to_generation(tokenizer: Any, job: Job, emit: Emit) -> Generation:

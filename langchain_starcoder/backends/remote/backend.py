@@ -249,6 +249,11 @@ class RemoteBackend(ServerBackend):
         self._pool.shutdown(wait=True)  # each stream sees its cancel at its next event
         self._transport.close()
 
+    @property
+    def json_whitespace(self) -> str | None:
+        """The whitespace the server allows between JSON tokens (the front's verdict allows it too)."""
+        return self._protocol.json_whitespace
+
     # --- one generation (on a pool thread) -----------------------------------------------------
 
     def _run(self, gen: Generation) -> None:

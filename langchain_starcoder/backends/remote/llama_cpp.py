@@ -21,6 +21,7 @@ import httpx
 
 from ...types import PENALTY_CONTEXT, GenerationParams
 from .. import Generation
+from ..grammar import JSON_WHITESPACE
 from .constraints import llama_cpp_fields
 from .errors import ServerError
 from .protocol import ServerProtocol
@@ -38,6 +39,7 @@ class LlamaCpp(ServerProtocol):
 
     path = "/completion"
     needs = "it needs a llama-server that supports return_tokens"
+    json_whitespace = JSON_WHITESPACE  # its json-schema-to-grammar's; it ignores our compact option
 
     def __init__(
         self, transport: Transport, vocab_size: int, token_bytes: Mapping[bytes, int], *, salted: bool = False

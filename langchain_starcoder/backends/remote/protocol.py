@@ -22,6 +22,8 @@ class ServerProtocol:
     path: str
     #: What a server that streams no token ids lacks (its error says so).
     needs: str
+    #: The whitespace the server allows between JSON tokens under a ``json_schema`` (None: none, as ours).
+    json_whitespace: str | None = None
 
     def __init__(self, transport: Transport, vocab_size: int) -> None:
         self.base_url = transport.base_url
