@@ -37,7 +37,7 @@ class ServerState:
     def __init__(
         self,
         engine: StarCoderEngine | Callable[[], StarCoderEngine],
-        api_keys: str | Iterable[str] | None,
+        api_keys: Iterable[str] | None,
         parse_special_tokens: bool,
         model_name: str | None,
         batch_window_ms: float,
@@ -53,7 +53,7 @@ class ServerState:
         self.load_error: BaseException | None = None
         self.loader = None if isinstance(engine, StarCoderEngine) else engine
         #: The API keys, each a tenant (none: one tenant, no key needed); tenants.py.
-        self.tenants = Tenants([api_keys] if isinstance(api_keys, str) else api_keys or ())
+        self.tenants = Tenants(api_keys or ())
         self.parse_special_tokens = parse_special_tokens
         self.model_name = model_name
         self.created = int(time.time())
