@@ -47,27 +47,32 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--baselines", action="store_true", help="also run the baselines (transformers)")
     parser.add_argument("--quick", action="store_true", help="fewer tokens and runs")
     parser.add_argument(
-        "--preset", choices=("real", "tiny"), default="real",
+        "--preset",
+        choices=("real", "tiny"),
+        default="real",
         help="'tiny' builds every checkpoint with the tiny preset: a harness check in seconds, whose "
         "speeds say nothing (the goals are the real shapes'; a tiny run's table does not judge them)",
-    )  # fmt: skip
+    )
     parser.add_argument("--reps", type=int, help="interleaved rounds per comparison (default 3, quick 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant first")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where checkpoints are kept")
     parser.add_argument(
-        "--out", type=Path,
+        "--out",
+        type=Path,
         help="folder for results.json and results.md (default: WORKDIR/results, outside the checkout)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--write-results", action="store_true",
+        "--write-results",
+        action="store_true",
         help="when the run finishes, also copy its results over the published benchmarks/results.json and "
         "results.md (real preset only)",
-    )  # fmt: skip
+    )
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json or checkpoint for --only repo counts")
     parser.add_argument(
-        "--typing-repo", type=Path,
+        "--typing-repo",
+        type=Path,
         help="a git repository whose history --only typing replays (default: a small one made on the spot)",
-    )  # fmt: skip
+    )
     parser.add_argument("--no-openblas", action="store_true", help="leave out the OpenBLAS variants")
     parser.add_argument("--keep-going", action="store_true", help="report a failing benchmark and go on")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the table")
@@ -82,8 +87,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.write_results and args.preset != "real":
-        parser.error(f"--write-results publishes the table of the real shapes; a --preset {args.preset} "
-                     "run never replaces it (its results go to --out)")  # fmt: skip
+        parser.error(
+            f"--write-results publishes the table of the real shapes; a --preset {args.preset} "
+            "run never replaces it (its results go to --out)"
+        )
     out = args.out or args.workdir / "results"
     selected = [n for n in BENCHMARKS if n not in OPTIONAL or (args.baselines and n == "baselines")]
     if args.only:
@@ -98,9 +105,16 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    ctx = Context(Checkpoints(args.workdir, tiny=tiny, log=log), quick=args.quick, reps=reps,
-                  warmup=args.warmup, log=log, openblas=not args.no_openblas,
-                  tokenizer=args.tokenizer, typing_repo=args.typing_repo)  # fmt: skip
+    ctx = Context(
+        Checkpoints(args.workdir, tiny=tiny, log=log),
+        quick=args.quick,
+        reps=reps,
+        warmup=args.warmup,
+        log=log,
+        openblas=not args.no_openblas,
+        tokenizer=args.tokenizer,
+        typing_repo=args.typing_repo,
+    )
     meta = {
         "command": f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "selected": selected,

@@ -1,7 +1,7 @@
 """Measurements that need a fresh process: the BLAS MLX binds to is fixed when MLX is imported.
 
 ``python -m benchmarks.child TASK JSON`` prints one JSON line. With ``"blas": "openblas"`` the
-optimized OpenBLAS is loaded (by :mod:`langchain_starcoder.blas`, read from its file so that the
+optimized OpenBLAS is loaded (by :mod:`langchain_starcoder._blas`, read from its file so that the
 package, which imports MLX, is not imported first) before anything imports MLX.
 """
 
@@ -21,12 +21,12 @@ def load_blas(variant: str) -> dict[str, Any] | None:
     if variant == "reference":
         return None
     spec = importlib.util.spec_from_file_location(
-        "langchain_starcoder.blas", REPO / "langchain_starcoder" / "blas.py"
+        "langchain_starcoder._blas", REPO / "langchain_starcoder" / "_blas.py"
     )
     assert spec is not None and spec.loader is not None
     blas = importlib.util.module_from_spec(spec)
     # Registered under its real name, so the package's own import of it finds this one.
-    sys.modules["langchain_starcoder.blas"] = blas
+    sys.modules["langchain_starcoder._blas"] = blas
     spec.loader.exec_module(blas)
     if not blas.use_optimized_blas():
         msg = "the optimized BLAS could not be loaded"

@@ -45,8 +45,14 @@ def _infill(engine: Any, texts: dict[str, Any], tail: str, context: str = "conte
     from langchain_starcoder.fim import ContextFile
 
     files = [ContextFile("app/util.py", texts[context])]
-    return engine.infill(texts["head"] + tail, SUFFIX, context_files=files, repo_name="acme/app",
-                         file_path="app/main.py", max_tokens=1)  # fmt: skip
+    return engine.infill(
+        texts["head"] + tail,
+        SUFFIX,
+        context_files=files,
+        repo_name="acme/app",
+        file_path="app/main.py",
+        max_tokens=1,
+    )
 
 
 def _timed(engine: Any, texts: dict[str, Any], tail: str) -> dict[str, float]:
@@ -148,8 +154,13 @@ def task_stall_3b(args: dict[str, Any]) -> dict[str, Any]:
     engine.close()
     before = [e - s for s, e in spans if e < started]
     during = [e - s for s, e in spans if e >= started and s <= ended]
-    return {"before": before, "during": during, "copy_seconds": copy, "write_seconds": ended - started,
-            "file_bytes": nbytes}  # fmt: skip
+    return {
+        "before": before,
+        "during": during,
+        "copy_seconds": copy,
+        "write_seconds": ended - started,
+        "file_bytes": nbytes,
+    }
 
 
 @contextlib.contextmanager
@@ -228,35 +239,82 @@ def bench_disk_cache(ctx: Any) -> Section:
             "stall", {"checkpoint": str(checkpoint), "folder": str(Path(tmp) / "stall"), "texts": texts}
         )
         without = _run("stall", {"checkpoint": str(checkpoint), "texts": texts})
-        big = _run("stall_3b", {"checkpoint": str(checkpoint), "folder": str(Path(tmp) / "3b"),
-                                "tokens": ctx.size(2000, 2000, 300)})  # fmt: skip
+        big = _run(
+            "stall_3b",
+            {
+                "checkpoint": str(checkpoint),
+                "folder": str(Path(tmp) / "3b"),
+                "tokens": ctx.size(2000, 2000, 300),
+            },
+        )
     describe = shape.describe()
     section.rows.append(
-        Row(ITEM, "Prompt cache on disk", "time to first token, new process", "cache file on disk",
-            "cold prefill", samples["disk"], samples["cold"], "s", describe, ("<=", 0.1))
-    )  # fmt: skip
+        Row(
+            ITEM,
+            "Prompt cache on disk",
+            "time to first token, new process",
+            "cache file on disk",
+            "cold prefill",
+            samples["disk"],
+            samples["cold"],
+            "s",
+            describe,
+            ("<=", 0.1),
+        )
+    )
     section.rows.append(
-        Row(ITEM, "Prompt cache on disk", "time to first token", "cache file, new process",
-            "in-memory hit", samples["disk"], samples["memory"], "s", describe)
-    )  # fmt: skip
+        Row(
+            ITEM,
+            "Prompt cache on disk",
+            "time to first token",
+            "cache file, new process",
+            "in-memory hit",
+            samples["disk"],
+            samples["memory"],
+            "s",
+            describe,
+        )
+    )
     section.rows.append(
-        Row(ITEM, "Prompt cache on disk", "short request latency", "during a cache write",
-            "no disk cache", with_write["latencies"], without["latencies"], "s", describe,
-            note="max in notes")
-    )  # fmt: skip
+        Row(
+            ITEM,
+            "Prompt cache on disk",
+            "short request latency",
+            "during a cache write",
+            "no disk cache",
+            with_write["latencies"],
+            without["latencies"],
+            "s",
+            describe,
+            note="max in notes",
+        )
+    )
     per_token = with_write["file_bytes"] / max(with_write["file_tokens"], 1)
     prompt = made["first"]["prompt"]
     section.rows.append(
-        Row(ITEM, "Prompt cache on disk", "short request latency", "during a 3b-sized write",
-            "just before it", big["during"], big["before"], "s", "3b KV shape (30 layers), float32",
-            note="max in notes")
-    )  # fmt: skip
+        Row(
+            ITEM,
+            "Prompt cache on disk",
+            "short request latency",
+            "during a 3b-sized write",
+            "just before it",
+            big["during"],
+            big["before"],
+            "s",
+            "3b KV shape (30 layers), float32",
+            note="max in notes",
+        )
+    )
     section.data.update(
-        prompt_tokens=prompt, cached_tokens=statistics.median(cached), bytes_per_token=per_token,
-        write_seconds=with_write["write_seconds"], copy_seconds=with_write["copy_seconds"],
-        max_latency_writing=max(with_write["during_write"]), max_latency_without=max(without["latencies"]),
+        prompt_tokens=prompt,
+        cached_tokens=statistics.median(cached),
+        bytes_per_token=per_token,
+        write_seconds=with_write["write_seconds"],
+        copy_seconds=with_write["copy_seconds"],
+        max_latency_writing=max(with_write["during_write"]),
+        max_latency_without=max(without["latencies"]),
         write_3b=big,
-    )  # fmt: skip
+    )
     section.notes += [
         f"{prompt}-token repository-level infill (max_tokens=1); in the new process "
         f"{statistics.median(cached):.0f} tokens came from the file written by an earlier process.",

@@ -125,8 +125,11 @@ def _jdk_files(package: str, exts: tuple[str, ...]) -> tuple[list[tuple[str, str
         return "no JDK with lib/src.zip under /usr/lib/jvm"
     _, version, src = max(jdks)
     with zipfile.ZipFile(src) as archive:
-        names = [n for n in archive.namelist() if n.startswith(package) and "/" not in n[len(package) :]
-                 and n.endswith(exts)]  # fmt: skip
+        names = [
+            n
+            for n in archive.namelist()
+            if n.startswith(package) and "/" not in n[len(package) :] and n.endswith(exts)
+        ]
         files = [(n, archive.read(n).decode("utf-8", "replace")) for n in sorted(names)]
     return files, f"OpenJDK {version} {package.rstrip('/')} (the JDK's src.zip)"
 
@@ -142,8 +145,9 @@ def _mirror(repo: str) -> Path | None:
 
 
 def _git(git_dir: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, text=True,
-                          check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["git", "--git-dir", str(git_dir), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def _git_files(git_dir: Path, under: str, exts: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -191,13 +195,23 @@ def score(holes: list[Hole], language: str) -> dict[str, Any]:
                     bucket["n"] += 1
                     bucket[result] = bucket.get(result, 0) + 1
                 if name == "ours" and result != "exact" and len(failures) < 40:
-                    failures.append({"path": hole.path, "kind": hole.kind, "overrun": overrun_name,
-                                     "result": result, "kept": kept, "middle": len(hole.middle)})  # fmt: skip
+                    failures.append(
+                        {
+                            "path": hole.path,
+                            "kind": hole.kind,
+                            "overrun": overrun_name,
+                            "result": result,
+                            "kept": kept,
+                            "middle": len(hole.middle),
+                        }
+                    )
     shares = {
-        name: {key: {"exact": c["exact"] / c["n"], "premature": c["premature"] / c["n"], "n": c["n"]}
-               for key, c in by_key.items()}
+        name: {
+            key: {"exact": c["exact"] / c["n"], "premature": c["premature"] / c["n"], "n": c["n"]}
+            for key, c in by_key.items()
+        }
         for name, by_key in counts.items()
-    }  # fmt: skip
+    }
     return {"shares": shares, "failures": failures}
 
 
@@ -241,11 +255,18 @@ def timing(files: list[tuple[str, str]], language: str) -> dict[str, Any]:
         return 1000 * statistics.quantiles(samples, n=100)[percent - 1]
 
     return {
-        "file": path, "lines": text.count("\n") + 1, "holes": len(holes), "calls": len(calls),
-        "feed_p50_ms": ms(calls, 50), "feed_p95_ms": ms(calls, 95), "build_p50_ms": ms(build, 50),
-        "build_p95_ms": ms(build, 95), "middle_end_p95_ms": ms(whole, 95),
-        "feed_p95_cpu_ms": ms(calls_cpu, 95), "build_p95_cpu_ms": ms(build_cpu, 95),
-    }  # fmt: skip
+        "file": path,
+        "lines": text.count("\n") + 1,
+        "holes": len(holes),
+        "calls": len(calls),
+        "feed_p50_ms": ms(calls, 50),
+        "feed_p95_ms": ms(calls, 95),
+        "build_p50_ms": ms(build, 50),
+        "build_p95_ms": ms(build, 95),
+        "middle_end_p95_ms": ms(whole, 95),
+        "feed_p95_cpu_ms": ms(calls_cpu, 95),
+        "build_p95_cpu_ms": ms(build_cpu, 95),
+    }
 
 
 def run(
@@ -266,10 +287,19 @@ def run(
         holes = make_holes(files, source.language, seed=SEED, per_kind=PER_KIND)
         found = score(holes, source.language)
         blocks = sum(h.kind == "block" for h in holes)
-        repos.append({"repo": source.name, "version": version, "language": source.language,
-                      "files": len(files), "block_holes": blocks, "line_holes": len(holes) - blocks,
-                      "timing": timing(files, source.language), "seconds": time.perf_counter() - t0,
-                      **found})  # fmt: skip
+        repos.append(
+            {
+                "repo": source.name,
+                "version": version,
+                "language": source.language,
+                "files": len(files),
+                "block_holes": blocks,
+                "line_holes": len(holes) - blocks,
+                "timing": timing(files, source.language),
+                "seconds": time.perf_counter() - t0,
+                **found,
+            }
+        )
         ours = found["shares"]["ours"]["all"]
         log(f"  {version}: {len(holes)} holes, exact {ours['exact']:.4f}, premature {ours['premature']:.4f}")
         for kind in ("block", "line"):
@@ -317,18 +347,59 @@ def section(found: dict[str, Any]) -> Section:
         exact, kept_whole = [ours["exact"]], [1 - ours["premature"]]
         row = "middle_end"
         s.rows += [
-            Row(ITEM, TITLE, f"exact share, {language}", row, f"best baseline ({best})", exact,
-                [methods[best]["exact"]], "", shape),
-            Row(ITEM, TITLE, f"exact share, {language}", row, "the 0.98 target", exact, [0.98], "", shape,
-                (">=", 1.0)),
-            Row(ITEM, TITLE, f"share not premature, {language}", row, "premature <= 0.2%", kept_whole,
-                [0.998], "", shape, (">=", 1.0)),
-        ]  # fmt: skip
+            Row(
+                ITEM,
+                TITLE,
+                f"exact share, {language}",
+                row,
+                f"best baseline ({best})",
+                exact,
+                [methods[best]["exact"]],
+                "",
+                shape,
+            ),
+            Row(
+                ITEM,
+                TITLE,
+                f"exact share, {language}",
+                row,
+                "the 0.98 target",
+                exact,
+                [0.98],
+                "",
+                shape,
+                (">=", 1.0),
+            ),
+            Row(
+                ITEM,
+                TITLE,
+                f"share not premature, {language}",
+                row,
+                "premature <= 0.2%",
+                kept_whole,
+                [0.998],
+                "",
+                shape,
+                (">=", 1.0),
+            ),
+        ]
     if found["repos"]:
         worst = max((r["timing"] for r in found["repos"]), key=lambda t: t["feed_p95_ms"])
         where = f"{worst['file']} ({worst['lines']} lines), a call per newline"
-        s.rows.append(Row(ITEM, TITLE, "p95 of a feed call", "MiddleEnd.feed", "the 1 ms target",
-                          [worst["feed_p95_ms"]], [1.0], "ms", where, ("<=", 1.0)))  # fmt: skip
+        s.rows.append(
+            Row(
+                ITEM,
+                TITLE,
+                "p95 of a feed call",
+                "MiddleEnd.feed",
+                "the 1 ms target",
+                [worst["feed_p95_ms"]],
+                [1.0],
+                "ms",
+                where,
+                ("<=", 1.0),
+            )
+        )
     for repo in found["repos"]:
         shares, t = repo["shares"], repo["timing"]
         s.notes.append(
@@ -354,11 +425,23 @@ def _decode_rows(s: Section, decode: dict[str, Any]) -> None:
     """The decode time per completion with the end and without it: overrun tokens x measured ms/token."""
     ms = decode["ms_per_token"]
     for language, d in decode["languages"].items():
-        shape = (f"{language}: {d['pairs']} (hole, overrun) pairs, tokens of the copier's tokenizer x "
-                 f"{decode['ms']:.2f} ms/token measured on {decode['checkpoint']}")  # fmt: skip
-        s.rows.append(Row(ITEM, TITLE, f"decode ms per completion, {language}", "end='auto' (to the end)",
-                          "end='none' (middle + overrun)", [d["tokens_auto"] * m for m in ms],
-                          [d["tokens_none"] * m for m in ms], "ms", shape))  # fmt: skip
+        shape = (
+            f"{language}: {d['pairs']} (hole, overrun) pairs, tokens of the copier's tokenizer x "
+            f"{decode['ms']:.2f} ms/token measured on {decode['checkpoint']}"
+        )
+        s.rows.append(
+            Row(
+                ITEM,
+                TITLE,
+                f"decode ms per completion, {language}",
+                "end='auto' (to the end)",
+                "end='none' (middle + overrun)",
+                [d["tokens_auto"] * m for m in ms],
+                [d["tokens_none"] * m for m in ms],
+                "ms",
+                shape,
+            )
+        )
         s.notes.append(
             f"Decode time saved, {language}: {d['tokens_saved']:.1f} of {d['tokens_none']:.1f} tokens per "
             f"completion not decoded (the overrun is {d['overrun_tokens']:.1f}; the gate decodes the line "

@@ -1,6 +1,6 @@
 """What others end a middle with, ported to return how many characters of a middle they keep.
 
-- today's ends: this package before issue 31, the suffix-overlap trim (``langchain_starcoder.overlap``);
+- today's ends: this package before issue 31, the suffix-overlap trim (``langchain_starcoder.fim.overlap``);
   its stop tokens are FIM control tokens, which a middle of plain code never holds.
 - Tabby's indentation scope: ``limitScopeByIndentation`` of tabby-agent (TabbyML/tabby at
   0cf44f7f9140bfec24fd7e7618e16c4179734966,
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from langchain_starcoder.overlap import trim_suffix_overlap
+from langchain_starcoder.fim.overlap import trim_suffix_overlap
 
 _LINES = re.compile(r".*(?:$|\r?\n)")
 _BRACKETS = {"(": ")", "{": "}", "[": "]"}

@@ -80,8 +80,16 @@ def count_tokens(tokenizer: Any, holes: list[Hole]) -> list[dict[str, Any]]:
             if gate.ended:
                 decoded = i + 1
                 break
-        out.append({"kind": hole.kind, "overrun": name, "total": len(encoding.ids), "middle": len(middle.ids),
-                    "decoded": decoded, "ended": gate.ended is not None})  # fmt: skip
+        out.append(
+            {
+                "kind": hole.kind,
+                "overrun": name,
+                "total": len(encoding.ids),
+                "middle": len(middle.ids),
+                "decoded": decoded,
+                "ended": gate.ended is not None,
+            }
+        )
     return out
 
 
@@ -115,11 +123,17 @@ def summarize(pairs: list[dict[str, Any]], ms: float) -> dict[str, Any]:
     decoded = sum(p["decoded"] for p in pairs) / n
     overrun = sum(p["total"] - p["middle"] for p in pairs) / n
     return {
-        "pairs": n, "tokens_none": total, "tokens_auto": decoded, "tokens_saved": total - decoded,
-        "overrun_tokens": overrun, "ms_none": total * ms, "ms_auto": decoded * ms,
-        "ms_saved": (total - decoded) * ms, "share_saved": (total - decoded) / total,
+        "pairs": n,
+        "tokens_none": total,
+        "tokens_auto": decoded,
+        "tokens_saved": total - decoded,
+        "overrun_tokens": overrun,
+        "ms_none": total * ms,
+        "ms_auto": decoded * ms,
+        "ms_saved": (total - decoded) * ms,
+        "share_saved": (total - decoded) / total,
         "ended": sum(p["ended"] for p in pairs) / n,  # the gate ended it before the text ran out
-    }  # fmt: skip
+    }
 
 
 def measure(
@@ -139,6 +153,12 @@ def measure(
         languages[language] = summarize(count_tokens(tokenizer, sample), ms)
         s = languages[language]
         log(f"  {language}: {s['tokens_saved']:.1f} of {s['tokens_none']:.1f} tokens not decoded")
-    return {"checkpoint": what, "ms_per_token": samples, "ms": ms, "tokens": counts,
-            "timed_on": f"{first.path} ({first.kind} hole)", "per_kind": DECODE_HOLES,
-            "languages": languages}  # fmt: skip
+    return {
+        "checkpoint": what,
+        "ms_per_token": samples,
+        "ms": ms,
+        "tokens": counts,
+        "timed_on": f"{first.path} ({first.kind} hole)",
+        "per_kind": DECODE_HOLES,
+        "languages": languages,
+    }

@@ -29,13 +29,24 @@ from typing import Any
 #: Per language: function nodes, the nodes whose children are a block's statements, comment nodes.
 FUNCTIONS = {
     "python": {"function_definition"},
-    "javascript": {"function_declaration", "function_expression", "function", "arrow_function",
-                   "method_definition", "generator_function_declaration", "generator_function"},
+    "javascript": {
+        "function_declaration",
+        "function_expression",
+        "function",
+        "arrow_function",
+        "method_definition",
+        "generator_function_declaration",
+        "generator_function",
+    },
     "go": {"function_declaration", "method_declaration", "func_literal"},
     "rust": {"function_item", "closure_expression"},
-    "java": {"method_declaration", "constructor_declaration", "lambda_expression",
-             "compact_constructor_declaration"},
-}  # fmt: skip
+    "java": {
+        "method_declaration",
+        "constructor_declaration",
+        "lambda_expression",
+        "compact_constructor_declaration",
+    },
+}
 FUNCTIONS["typescript"] = FUNCTIONS["tsx"] = FUNCTIONS["javascript"]
 CONTAINERS = {
     "python": {"block"},
@@ -157,8 +168,9 @@ def holes_in_file(path: str, text: str, language: str, rng: random.Random) -> tu
         if not statements:
             continue
         last_row = statements[-1].end_point[0]
-        closes_on_last_line = language in BRACES and node.end_point[0] == last_row and node.type in (
-            "statement_block", "block")  # fmt: skip
+        closes_on_last_line = (
+            language in BRACES and node.end_point[0] == last_row and node.type in ("statement_block", "block")
+        )
         if node.type == "statement_list" and node.parent is not None and node.parent.type == "block":
             closes_on_last_line = node.parent.end_point[0] == last_row
         for statement in statements:

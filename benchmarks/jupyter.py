@@ -251,28 +251,61 @@ def _one_shape(ctx: Any, shape: Shape, section: Section) -> None:
     allowed = (1.1 * alone + 0.015) / alone  # 10% + 15 ms, as a ratio of the in-process median
     p50, p95 = percentile(latencies, 50) * 1000, percentile(latencies, 95) * 1000
     section.rows.append(
-        Row(ITEM, TITLE, "last keystroke to first ghost character", "JupyterLab (browser)",
-            "in-process first token", latencies, first, "s", described,
-            note=f"p50 {p50:.0f} ms, p95 {p95:.0f} ms")
-    )  # fmt: skip
+        Row(
+            ITEM,
+            TITLE,
+            "last keystroke to first ghost character",
+            "JupyterLab (browser)",
+            "in-process first token",
+            latencies,
+            first,
+            "s",
+            described,
+            note=f"p50 {p50:.0f} ms, p95 {p95:.0f} ms",
+        )
+    )
     section.rows.append(
-        Row(ITEM, TITLE, f"whole answer ({MAX_TOKENS} tokens max)", "server extension over HTTP",
-            "engine.infill in-process", samples["server"], samples["in-process"], "s", described,
-            ("<=", round(allowed, 3)))
-    )  # fmt: skip
+        Row(
+            ITEM,
+            TITLE,
+            f"whole answer ({MAX_TOKENS} tokens max)",
+            "server extension over HTTP",
+            "engine.infill in-process",
+            samples["server"],
+            samples["in-process"],
+            "s",
+            described,
+            ("<=", round(allowed, 3)),
+        )
+    )
     section.rows.append(
-        Row(ITEM, TITLE, "first keystroke in a cell, to its first answer line", "after the cell's warm-up",
-            "without a warm-up", warm_up["warm"], warm_up["cold"], "s", described,
-            note=f"notebook prompt {len(prompt.token_ids)} tokens, none cached before")
-    )  # fmt: skip
+        Row(
+            ITEM,
+            TITLE,
+            "first keystroke in a cell, to its first answer line",
+            "after the cell's warm-up",
+            "without a warm-up",
+            warm_up["warm"],
+            warm_up["cold"],
+            "s",
+            described,
+            note=f"notebook prompt {len(prompt.token_ids)} tokens, none cached before",
+        )
+    )
     section.data[described] = {
-        "latency_p50_s": percentile(latencies, 50), "latency_p95_s": percentile(latencies, 95),
-        "latencies_s": latencies, "misses": misses, "in_process_first_token_s": first,
+        "latency_p50_s": percentile(latencies, 50),
+        "latency_p95_s": percentile(latencies, 95),
+        "latencies_s": latencies,
+        "misses": misses,
+        "in_process_first_token_s": first,
         "prompt_tokens": len(prompt.token_ids),
-        "server_median_s": server, "in_process_median_s": alone,
-        "overhead_ms": (server - alone) * 1000, "overhead_goal_met": server <= 1.1 * alone + 0.015,
-        "first_keystroke_warm_s": warm_up["warm"], "first_keystroke_cold_s": warm_up["cold"],
-    }  # fmt: skip
+        "server_median_s": server,
+        "in_process_median_s": alone,
+        "overhead_ms": (server - alone) * 1000,
+        "overhead_goal_met": server <= 1.1 * alone + 0.015,
+        "first_keystroke_warm_s": warm_up["warm"],
+        "first_keystroke_cold_s": warm_up["cold"],
+    }
     section.notes.append(
         f"{described}: keystroke to first ghost character p50 {p50:.0f} ms, "
         f"p95 {p95:.0f} ms over {len(latencies)} pauses ({misses} without ghost text; the "

@@ -63,13 +63,32 @@ def bench_llama_cpp_managed(ctx: Context) -> Section:
     section.data.update(mlx=mlx, llama_cpp=llama, gguf_bytes=Path(gguf).stat().st_size)
     for metric, label in (("decode", "decode tokens/s"), ("prefill", "prefill tokens/s")):
         section.rows.append(
-            Row(15, "llama.cpp managed", label, "llama.cpp managed", "MLX in-process",
-                llama[metric], mlx[metric], "tok/s", shape.describe(), (">=", 20.0))
-        )  # fmt: skip
+            Row(
+                15,
+                "llama.cpp managed",
+                label,
+                "llama.cpp managed",
+                "MLX in-process",
+                llama[metric],
+                mlx[metric],
+                "tok/s",
+                shape.describe(),
+                (">=", 20.0),
+            )
+        )
     section.rows.append(
-        Row(15, "llama.cpp managed", "time to first token, cold", "llama.cpp managed", "MLX in-process",
-            llama["ttft"], mlx["ttft"], "s", shape.describe())
-    )  # fmt: skip
+        Row(
+            15,
+            "llama.cpp managed",
+            "time to first token, cold",
+            "llama.cpp managed",
+            "MLX in-process",
+            llama["ttft"],
+            mlx["ttft"],
+            "s",
+            shape.describe(),
+        )
+    )
     section.notes.append(
         f"{shape.describe()}, random weights, as one Q4_0 GGUF ({gguf.stat().st_size / 2**30:.2f} GiB: every "
         "2-D weight Q4_0, llama-quantize --pure) that both load: MLX keeps it quantized (group-32 affine), "

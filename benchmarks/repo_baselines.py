@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from langchain_starcoder.fim_request import ContextFile
+from langchain_starcoder.fim.request import ContextFile
+
 from langchain_starcoder.repo import FRAME_TOKENS
 
 from .repo_measure import Hole

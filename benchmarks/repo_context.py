@@ -78,11 +78,14 @@ def measure_repo(
     result = {k: statistics.fmean(v) for k, v in scores.items()}
     lookups.sort()
     result.update(
-        repo=name, files=len(index.files), holes=len(holes), build_s=build,
+        repo=name,
+        files=len(index.files),
+        holes=len(holes),
+        build_s=build,
         lookup_p50_ms=1000 * lookups[len(lookups) // 2],
         lookup_p95_ms=1000 * lookups[int(len(lookups) * 0.95)],
         stable_prefix=prefix_stability(index, holes, count_tokens),
-    )  # fmt: skip
+    )
     log(
         f"  {name}: "
         + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
@@ -115,8 +118,14 @@ def js_repo(workdir: Path, log: Callable[[str], None]) -> Path | None:
     if not lib.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         try:
-            out = subprocess.run(["npm", "pack", JS_PACKAGE, "--silent"], cwd=folder, capture_output=True,
-                                 text=True, timeout=120, check=True).stdout.split()  # fmt: skip
+            out = subprocess.run(
+                ["npm", "pack", JS_PACKAGE, "--silent"],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout.split()
             subprocess.run(["tar", "xzf", out[-1]], cwd=folder, check=True, timeout=60)
         except (OSError, subprocess.SubprocessError, IndexError) as e:
             log(f"  no JavaScript repository ({e}); its row is left out")
@@ -206,16 +215,49 @@ def section(found: dict[str, Any]) -> Section:
             ("<=", 1.0),
         )
     )
-    s.rows.append(Row(13, "Repository context", "index build", f"RepoIndex, {found['build_files']} files",
-                      "the 10 s target", [found["build_s"]], [10.0], "s", "transformers' first 1,000 files",
-                      ("<=", 1.0)))  # fmt: skip
+    s.rows.append(
+        Row(
+            13,
+            "Repository context",
+            "index build",
+            f"RepoIndex, {found['build_files']} files",
+            "the 10 s target",
+            [found["build_s"]],
+            [10.0],
+            "s",
+            "transformers' first 1,000 files",
+            ("<=", 1.0),
+        )
+    )
     for r in found.get("held_out", []):
-        s.rows.append(Row(13, "Repository context", "recall @1,024 tokens (held out)", "RepoIndex",
-                          "BM25 windows", [r["ours@1024"]], [r["bm25@1024"]], "", r["repo"]))  # fmt: skip
+        s.rows.append(
+            Row(
+                13,
+                "Repository context",
+                "recall @1,024 tokens (held out)",
+                "RepoIndex",
+                "BM25 windows",
+                [r["ours@1024"]],
+                [r["bm25@1024"]],
+                "",
+                r["repo"],
+            )
+        )
     if found["js"]:
         js = found["js"]
-        s.rows.append(Row(13, "Repository context", "recall @1,024 tokens (JavaScript)", "RepoIndex",
-                          "BM25 windows", [js["ours@1024"]], [js["bm25@1024"]], "", js["repo"]))  # fmt: skip
+        s.rows.append(
+            Row(
+                13,
+                "Repository context",
+                "recall @1,024 tokens (JavaScript)",
+                "RepoIndex",
+                "BM25 windows",
+                [js["ours@1024"]],
+                [js["bm25@1024"]],
+                "",
+                js["repo"],
+            )
+        )
     s.notes.append(f"Token counts: {found['tokenizer']}. Holes per repository: {HOLES} (seed {SEED}).")
     s.data = found
     return s

@@ -40,8 +40,10 @@ def main() -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         child = subprocess.Popen(
             [*argv, "--port", str(port), "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         try:
             print(json.dumps(_measure(child, port, args.count)))
         finally:

@@ -55,9 +55,16 @@ from typing import Any
 from .harness import REPO, Row, Section
 
 TRAIN_MODULES = (
-    "argparse", "textwrap", "json.decoder", "json.encoder", "pathlib", "typing", "dataclasses",
-    "inspect", "configparser",
-)  # fmt: skip
+    "argparse",
+    "textwrap",
+    "json.decoder",
+    "json.encoder",
+    "pathlib",
+    "typing",
+    "dataclasses",
+    "inspect",
+    "configparser",
+)
 OPEN_MODULES = ("difflib", "shlex", "calendar")
 TRAIN_SECONDS = 900
 #: (until this share of the training time, rows of n tokens, rows per step): short rows first, where
@@ -248,11 +255,13 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
             log(f"    step {steps} (rows of {length}): loss {statistics.mean(losses[-100:]):.3f}")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
     info = {
-        "steps": steps, "cpu_seconds": round(time.process_time() - started, 1),
+        "steps": steps,
+        "cpu_seconds": round(time.process_time() - started, 1),
         "corpus_tokens": sum(len(x) for _, x in examples),
-        "final_loss": round(statistics.mean(losses[-100:]), 4), "learning_rate": LEARNING_RATE,
+        "final_loss": round(statistics.mean(losses[-100:]), 4),
+        "learning_rate": LEARNING_RATE,
         "phases": PHASES,
-    }  # fmt: skip
+    }
     done.write_text(json.dumps(info))
     return folder, info
 
@@ -306,7 +315,8 @@ def copying(engine: Any, edits: list[tuple[str, str]], outputs: list[list[int]])
 
 def measure(workdir: Path, *, tiny: bool, reps: int, log: Any = print) -> dict[str, Any]:
     """Train (or reuse) the copier, then time plain, prompt lookup and the 8-bit draft model."""
-    from langchain_starcoder import StarCoderEngine, blas
+    from langchain_starcoder import StarCoderEngine
+    from langchain_starcoder import _blas as blas
     from langchain_starcoder.checkpoints import quantize_checkpoint
 
     folder, training = build_copier(workdir, 5 if tiny else TRAIN_SECONDS, log)
@@ -382,20 +392,80 @@ def section(results: dict[str, Any], shape: str) -> Section:
     s = Section("speculative", 17, TITLE)
     edits, open_ = results["sets"]["edits"], results["sets"]["open"]
     s.rows = [
-        Row(17, "prompt lookup on code edits", "decode tok/s", "prompt lookup (default)", "plain",
-            edits["rates"]["lookup"], edits["rates"]["plain"], "tok/s", shape, (">=", 2.0),
-            f"{results['edits']} edits from this repository's history"),
-        Row(17, "prompt lookup on open-ended prompts", "decode tok/s", "prompt lookup (default)", "plain",
-            open_["rates"]["lookup"], open_["rates"]["plain"], "tok/s", shape, (">=", 0.95)),
-        Row(17, "prompt lookup, always up to 10 drafted, on code edits", "decode tok/s", "prompt lookup (10)",
-            "plain", edits["rates"]["lookup10"], edits["rates"]["plain"], "tok/s", shape, None),
-        Row(17, "8-bit draft model on code edits", "decode tok/s", "draft model (default)", "plain",
-            edits["rates"]["draft"], edits["rates"]["plain"], "tok/s", shape, None),
-        Row(17, "8-bit draft model on open-ended prompts", "decode tok/s", "draft model (default)", "plain",
-            open_["rates"]["draft"], open_["rates"]["plain"], "tok/s", shape, None),
-        Row(17, "8-bit draft model, always 4 drafted, on code edits", "decode tok/s", "draft model (4)",
-            "plain", edits["rates"]["draft4"], edits["rates"]["plain"], "tok/s", shape, None),
-    ]  # fmt: skip
+        Row(
+            17,
+            "prompt lookup on code edits",
+            "decode tok/s",
+            "prompt lookup (default)",
+            "plain",
+            edits["rates"]["lookup"],
+            edits["rates"]["plain"],
+            "tok/s",
+            shape,
+            (">=", 2.0),
+            f"{results['edits']} edits from this repository's history",
+        ),
+        Row(
+            17,
+            "prompt lookup on open-ended prompts",
+            "decode tok/s",
+            "prompt lookup (default)",
+            "plain",
+            open_["rates"]["lookup"],
+            open_["rates"]["plain"],
+            "tok/s",
+            shape,
+            (">=", 0.95),
+        ),
+        Row(
+            17,
+            "prompt lookup, always up to 10 drafted, on code edits",
+            "decode tok/s",
+            "prompt lookup (10)",
+            "plain",
+            edits["rates"]["lookup10"],
+            edits["rates"]["plain"],
+            "tok/s",
+            shape,
+            None,
+        ),
+        Row(
+            17,
+            "8-bit draft model on code edits",
+            "decode tok/s",
+            "draft model (default)",
+            "plain",
+            edits["rates"]["draft"],
+            edits["rates"]["plain"],
+            "tok/s",
+            shape,
+            None,
+        ),
+        Row(
+            17,
+            "8-bit draft model on open-ended prompts",
+            "decode tok/s",
+            "draft model (default)",
+            "plain",
+            open_["rates"]["draft"],
+            open_["rates"]["plain"],
+            "tok/s",
+            shape,
+            None,
+        ),
+        Row(
+            17,
+            "8-bit draft model, always 4 drafted, on code edits",
+            "decode tok/s",
+            "draft model (4)",
+            "plain",
+            edits["rates"]["draft4"],
+            edits["rates"]["plain"],
+            "tok/s",
+            shape,
+            None,
+        ),
+    ]
     o, t = results["oracle"], results["training"]
     s.notes = [
         f"Identical token ids with and without speculation: edits {edits['identical']}, open-ended "

@@ -48,10 +48,17 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 INSTANCE = {
-    "name": "parse_config", "path": "src/config/parse.py", "line": 128, "score": 0.875, "public": True,
-    "kind": "function", "calls": ["read_text", "loads", "validate"], "doc": "Read and check the settings.",
-    "tests": 12, "owner": {"team": "platform", "since": 2021},
-}  # fmt: skip
+    "name": "parse_config",
+    "path": "src/config/parse.py",
+    "line": 128,
+    "score": 0.875,
+    "public": True,
+    "kind": "function",
+    "calls": ["read_text", "loads", "validate"],
+    "doc": "Read and check the settings.",
+    "tests": 12,
+    "owner": {"team": "platform", "since": 2021},
+}
 PROMPT = (
     "# One record per symbol, as JSON.\n"
     'def parse_config(path):\n    """Read and check the settings."""\n'
@@ -179,21 +186,54 @@ def bench_structured(ctx: Any) -> Section:
     decode_u, decode_s = samples["decode unconstrained"], samples["decode schema"]
     ttft_u, ttft_s = samples["ttft unconstrained"], samples["ttft schema"]
     section.rows += [
-        Row(ITEM, TITLE, "decode tokens/s", "10-field JSON schema", "unconstrained", decode_s, decode_u,
-            "tok/s", shape.describe(), (">=", 0.9)),
-        Row(ITEM, TITLE, "time to first token", "10-field JSON schema (compiled grammar cached)",
-            "unconstrained", ttft_s, ttft_u, "s", shape.describe(), ("<=", 1.2)),
-        Row(ITEM, TITLE, "time to first token", "a schema not seen before (compiled in the call)",
-            "unconstrained", [cold], ttft_u, "s", shape.describe()),
-    ]  # fmt: skip
+        Row(
+            ITEM,
+            TITLE,
+            "decode tokens/s",
+            "10-field JSON schema",
+            "unconstrained",
+            decode_s,
+            decode_u,
+            "tok/s",
+            shape.describe(),
+            (">=", 0.9),
+        ),
+        Row(
+            ITEM,
+            TITLE,
+            "time to first token",
+            "10-field JSON schema (compiled grammar cached)",
+            "unconstrained",
+            ttft_s,
+            ttft_u,
+            "s",
+            shape.describe(),
+            ("<=", 1.2),
+        ),
+        Row(
+            ITEM,
+            TITLE,
+            "time to first token",
+            "a schema not seen before (compiled in the call)",
+            "unconstrained",
+            [cold],
+            ttft_u,
+            "s",
+            shape.describe(),
+        ),
+    ]
     cost = mask_cost(engine)
     timed = kept["schema"][-len(decode_s) :]  # (the warm-up run left out)
     section.data.update(
-        mask=cost, tokenizer_seconds=tokenizer_seconds, cold_seconds=cold,
+        mask=cost,
+        tokenizer_seconds=tokenizer_seconds,
+        cold_seconds=cold,
         completion_tokens=[c.completion_tokens for c in timed],
         finish_reasons=[c.finish_reason for c in timed],
-        text=timed[-1].text, paired_decode=_paired(decode_s, decode_u), paired_ttft=_paired(ttft_s, ttft_u),
-    )  # fmt: skip
+        text=timed[-1].text,
+        paired_decode=_paired(decode_s, decode_u),
+        paired_ttft=_paired(ttft_s, ttft_u),
+    )
     section.notes += [
         f"{len(ids)}-token prompt, greedy, float32, prompt lookup off and the prompt cache cleared before "
         f"every call. Decode: {n} new tokens (the constrained output ran "

@@ -78,9 +78,15 @@ def prefills(
                 steady.append(new)
                 sizes.append(len(ids))
     q = statistics.quantiles(steady, n=20, method="inclusive")
-    return {"requests": len(steady), "prefilled_p50": statistics.median(steady), "prefilled_p95": q[18],
-            "prefilled_mean": statistics.fmean(steady), "warm_ups": len(warm), "warm_up_mean": 
-            statistics.fmean(warm) if warm else 0.0, "prompt_p50": statistics.median(sizes)}  # fmt: skip
+    return {
+        "requests": len(steady),
+        "prefilled_p50": statistics.median(steady),
+        "prefilled_p95": q[18],
+        "prefilled_mean": statistics.fmean(steady),
+        "warm_ups": len(warm),
+        "warm_up_mean": statistics.fmean(warm) if warm else 0.0,
+        "prompt_p50": statistics.median(sizes),
+    }
 
 
 def main() -> None:
@@ -92,13 +98,25 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
-    sessions = sessions_from_git(args.typing_repo, args.sessions, SEED, min_chars=80, ring=FULL.ring_chunks,
-                                 chunk_lines=FULL.chunk_lines)  # fmt: skip
+    sessions = sessions_from_git(
+        args.typing_repo,
+        args.sessions,
+        SEED,
+        min_chars=80,
+        ring=FULL.ring_chunks,
+        chunk_lines=FULL.chunk_lines,
+    )
     configs = [("today's server (PSM, no warm-up)", "psm", False, False)] + [
-        (f"ours, {mode.upper()}{'' if stable else ', window as sent'}{'' if warm else ', no warm-up'}", mode,
-         stable, warm)
-        for warm in (True, False) for mode in ("psm", "spm") for stable in (True, False)
-    ]  # fmt: skip
+        (
+            f"ours, {mode.upper()}{'' if stable else ', window as sent'}{'' if warm else ', no warm-up'}",
+            mode,
+            stable,
+            warm,
+        )
+        for warm in (True, False)
+        for mode in ("psm", "spm")
+        for stable in (True, False)
+    ]
     for name, mode, stable, warm_up in configs:
         print(json.dumps({"config": name, **prefills(tokenizer, sessions, FULL, mode, stable, warm_up)}))
 

@@ -78,8 +78,13 @@ LLAMA_SERVER = Config("llama-server, llama.vim's pattern", "llama-server", "llam
 
 def _ours(backend: str, mode: str, stable_prefix: bool = True) -> Config:
     name = f"ours, {'MLX' if backend == 'mlx' else backend}, {mode.upper()}"
-    return Config(name + ("" if stable_prefix else ", window as sent"), "ours", backend, mode,
-                  stable_prefix=stable_prefix)  # fmt: skip
+    return Config(
+        name + ("" if stable_prefix else ", window as sent"),
+        "ours",
+        backend,
+        mode,
+        stable_prefix=stable_prefix,
+    )
 
 
 CONFIGS = (
@@ -259,9 +264,14 @@ class Served:
     child process (the replay's client keeps this process to itself), or llama-server."""
 
     def __init__(
-        self, config: Config, folder: Path, gguf: Path | None, *, engine: Any = None,
+        self,
+        config: Config,
+        folder: Path,
+        gguf: Path | None,
+        *,
+        engine: Any = None,
         env: dict[str, str] | None = None,
-    ):  # fmt: skip
+    ):
         self.config = config
         self._stop: list[Any] = []
         if config.server == "llama-server":
@@ -273,15 +283,34 @@ class Served:
         from langchain_starcoder.testing.servers import free_port, wait_healthy
 
         port = free_port()
-        argv = [sys.executable, "-m", "langchain_starcoder", "serve", "--port", str(port),
-                "--no-prompt-cache", "--fim-mode", config.fim_mode, "--log-level", "warning"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "langchain_starcoder",
+            "serve",
+            "--port",
+            str(port),
+            "--no-prompt-cache",
+            "--fim-mode",
+            config.fim_mode,
+            "--log-level",
+            "warning",
+        ]
         argv += [] if config.supersede else ["--no-supersede"]
         argv += [] if config.stable_prefix else ["--no-stable-prefix"]
         if config.backend == "mlx":
             argv += ["--model", str(folder)]
         else:  # the same GGUF file llama-server serves
-            argv += ["--model", str(gguf), "--backend", "llama.cpp", "--llama-threads", "2",
-                     "--llama-slots", "1"]  # fmt: skip
+            argv += [
+                "--model",
+                str(gguf),
+                "--backend",
+                "llama.cpp",
+                "--llama-threads",
+                "2",
+                "--llama-slots",
+                "1",
+            ]
         env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1"}
         child = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
         self._stop.append(lambda: (child.terminate(), child.wait(60)))
@@ -297,8 +326,14 @@ class Served:
         from langchain_starcoder.testing.servers import ServerThread
 
         engine.clear_cache()  # each configuration starts cold
-        running = ServerThread(create_app(engine, supersede=config.supersede, fim_mode=config.fim_mode,
-                                            stable_prefix=config.stable_prefix))  # fmt: skip
+        running = ServerThread(
+            create_app(
+                engine,
+                supersede=config.supersede,
+                fim_mode=config.fim_mode,
+                stable_prefix=config.stable_prefix,
+            )
+        )
         self._stop.append(running.stop)
         return running.url
 
@@ -317,7 +352,7 @@ class Served:
 def llama_vim_server(gguf: Path, cache_reuse: int | None = 256) -> Any:
     """llama-server (not started) as llama.vim's README starts it (``--fim-qwen-*-default``: ``-ub 1024
     -b 1024 --cache-reuse 256``), one slot and two threads as the managed one here."""
-    from langchain_starcoder.gguf_testing import LlamaServer
+    from langchain_starcoder.testing.gguf import LlamaServer
 
     server = LlamaServer(gguf, alias="typing")
     args = server.args
@@ -335,7 +370,7 @@ def llama_vim_server(gguf: Path, cache_reuse: int | None = 256) -> Any:
 def bench_typing(ctx: Context) -> Section:
     """Row 22 (issue 33): every configuration replays the same sessions."""
     from langchain_starcoder import StarCoderEngine
-    from langchain_starcoder.blas import ENV_VAR as BLAS_ENV
+    from langchain_starcoder._blas import ENV_VAR as BLAS_ENV
 
     from .cases.blas import blas_available
 
@@ -345,8 +380,14 @@ def bench_typing(ctx: Context) -> Section:
     settings = QUICK if quick else FULL
     repo = ctx.typing_repo or toy_repository(ctx.checkpoints.workdir / "typing-toy-repo")
     count = 1 if quick else ctx.size(3, 2, 1)
-    sessions = sessions_from_git(repo, count, SEED, min_chars=0 if quick else 80, ring=settings.ring_chunks,
-                                 chunk_lines=settings.chunk_lines)  # fmt: skip
+    sessions = sessions_from_git(
+        repo,
+        count,
+        SEED,
+        min_chars=0 if quick else 80,
+        ring=settings.ring_chunks,
+        chunk_lines=settings.chunk_lines,
+    )
     folder = ctx.checkpoints.get(shape)
     configs = list(CONFIGS)
     if quick:  # today's and ours (the "window as sent" comparisons left out)
@@ -421,16 +462,20 @@ def summary(records: list[Record]) -> dict[str, Any]:
         "not_sent": sum(r.sent is None for r in steady),
         "with_ghost_text": len(ttft),
         "cancelled": sum(r.cancelled for r in steady),
-        "ttft_p50": _pct(ttft, 50), "ttft_p95": _pct(ttft, 95),
+        "ttft_p50": _pct(ttft, 50),
+        "ttft_p95": _pct(ttft, 95),
         # answered in full with whitespace alone: no ghost text to see, however fast
         "blank": sum(r.end is not None and not r.cancelled and r.first is None for r in steady),
-        "any_text_p50": _pct(ttft_any, 50), "any_text_p95": _pct(ttft_any, 95),
-        "end_p50": _pct(to_end, 50), "end_p95": _pct(to_end, 95),
-        "prefilled_p50": _pct(prefilled, 50), "prefilled_p95": _pct(prefilled, 95),
+        "any_text_p50": _pct(ttft_any, 50),
+        "any_text_p95": _pct(ttft_any, 95),
+        "end_p50": _pct(to_end, 50),
+        "end_p95": _pct(to_end, 95),
+        "prefilled_p50": _pct(prefilled, 50),
+        "prefilled_p95": _pct(prefilled, 95),
         "cached_p50": _pct(cached, 50),
         "first_ttft": [r.ttft for r in records if r.first_of_session],
         "warm_ups": sum(r.warm_up for r in records),
-    }  # fmt: skip
+    }
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -442,9 +487,13 @@ def _pct(values: list[float], q: int) -> float:
 
 
 def _report(
-    section: Section, results: dict[str, list[Record]], sessions: list[Session], settings: EditorSettings,
-    shape: str, repo: str,
-) -> None:  # fmt: skip
+    section: Section,
+    results: dict[str, list[Record]],
+    sessions: list[Session],
+    settings: EditorSettings,
+    shape: str,
+    repo: str,
+) -> None:
     figures = {name: summary(records) for name, records in results.items()}
     section.data.update(
         figures=figures,
@@ -464,15 +513,30 @@ def _report(
         for mode in ("PSM", "SPM"):
             ours = f"ours, {backend}, {mode}"
             row("p95 time to first ghost text, steady typing", ours, today, "ttft_p95", "s", ("<=", 0.2))
-            row("p95 time to first ghost text, steady typing", ours, LLAMA_SERVER.name, "ttft_p95", "s",
-                ("<=", 1.0))  # fmt: skip
+            row(
+                "p95 time to first ghost text, steady typing",
+                ours,
+                LLAMA_SERVER.name,
+                "ttft_p95",
+                "s",
+                ("<=", 1.0),
+            )
     for name, f in figures.items():
         if f["prefilled_p50"] == f["prefilled_p50"]:  # (NaN: no answer carried the count)
             section.rows.append(
-                Row(ITEM, TITLE, "median tokens prefilled per request, steady typing", name, "goal",
-                    [f["prefilled_p50"]], [32.0], "tokens", shape,
-                    ("<=", 1.0) if name.startswith("ours") else None)
-            )  # fmt: skip
+                Row(
+                    ITEM,
+                    TITLE,
+                    "median tokens prefilled per request, steady typing",
+                    name,
+                    "goal",
+                    [f["prefilled_p50"]],
+                    [32.0],
+                    "tokens",
+                    shape,
+                    ("<=", 1.0) if name.startswith("ours") else None,
+                )
+            )
     section.notes.append(
         f"{shape}, random weights. Sessions from {repo}: "
         + ", ".join(f"{s.name} ({len(s.typed)} characters)" for s in sessions)

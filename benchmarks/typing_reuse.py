@@ -46,9 +46,14 @@ def answers(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
             probs = reply.get("completion_probabilities") or [{}]
             first = probs[0]
             logprob = first.get("logprob", math.log(first["prob"]) if first.get("prob") else None)
-            out.append({"content": reply.get("content", ""), "logprob": logprob,
-                        "prefilled": (reply.get("timings") or {}).get("prompt_n"),
-                        "steady": not (body.get("warm_up") or body.get("first"))})  # fmt: skip
+            out.append(
+                {
+                    "content": reply.get("content", ""),
+                    "logprob": logprob,
+                    "prefilled": (reply.get("timings") or {}).get("prompt_n"),
+                    "steady": not (body.get("warm_up") or body.get("first")),
+                }
+            )
     return out
 
 
@@ -82,8 +87,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     args = parser.parse_args(argv)
     gguf = f32_gguf(Checkpoints(args.workdir, tiny=args.tiny).get(TYPING))
-    sessions = sessions_from_git(args.typing_repo, args.sessions, SEED, min_chars=0 if args.tiny else 80,
-                                 ring=FULL.ring_chunks, chunk_lines=FULL.chunk_lines)  # fmt: skip
+    sessions = sessions_from_git(
+        args.typing_repo,
+        args.sessions,
+        SEED,
+        min_chars=0 if args.tiny else 80,
+        ring=FULL.ring_chunks,
+        chunk_lines=FULL.chunk_lines,
+    )
     bodies = [body for i, s in enumerate(sessions) for body in requests_of(s, i, FULL, warm_up=True)]
     results = {}
     # "again": a second exact server, the control (a difference between the exact two is noise, not reuse)
@@ -96,8 +107,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             server.stop()
     figures = compare(results["exact"], results["reuse"])
     control = compare(results["exact"], results["again"])
-    figures |= {"control_same_answer": control["same_answer"],
-                "control_first_logprob_moved_max": control["first_logprob_moved_max"]}  # fmt: skip
+    figures |= {
+        "control_same_answer": control["same_answer"],
+        "control_first_logprob_moved_max": control["first_logprob_moved_max"],
+    }
     print(json.dumps(figures))
     return figures
 

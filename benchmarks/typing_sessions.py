@@ -76,9 +76,17 @@ def git_dir_of(path: Path) -> Path:
 
 
 def sessions_from_git(
-    repo: Path, count: int, seed: int, *, max_lines: int = 6, min_chars: int = 0, min_lines: int = 40,
-    ring: int = 2, chunk_lines: int = 16, commits: int = 400,
-) -> list[Session]:  # fmt: skip
+    repo: Path,
+    count: int,
+    seed: int,
+    *,
+    max_lines: int = 6,
+    min_chars: int = 0,
+    min_lines: int = 40,
+    ring: int = 2,
+    chunk_lines: int = 16,
+    commits: int = 400,
+) -> list[Session]:
     """``count`` sessions from ``repo``'s last ``commits`` commits that change Python files: in each, a
     block of 1 to ``max_lines`` added lines (not blank, not only comments) of a file of at least
     ``min_lines`` lines, typed in at least ``min_chars`` characters; ``ring`` chunks of ``chunk_lines``
@@ -129,9 +137,13 @@ def _session_of(
             first = rng.randrange(max(1, len(text) - chunk_lines))
             chunks.append((other, "".join(text[first : first + chunk_lines])))
         return Session(
-            name=f"{commit[:10]}:{path}:{start}", path=path, before="".join(lines[: start - 1]),
-            typed="".join(block), after="".join(lines[start - 1 + length :]), ring=tuple(chunks),
-        )  # fmt: skip
+            name=f"{commit[:10]}:{path}:{start}",
+            path=path,
+            before="".join(lines[: start - 1]),
+            typed="".join(block),
+            after="".join(lines[start - 1 + length :]),
+            ring=tuple(chunks),
+        )
     return None
 
 
@@ -215,10 +227,19 @@ def llama_vim_body(session: Session, typed: int, settings: EditorSettings, *, wa
 def ring_warm_up(session: Session, settings: EditorSettings) -> dict:
     """llama.vim's ring-buffer update (``s:ring_update``): its chunks alone, nothing to generate."""
     return {
-        "id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": ring_extra(session, settings),
-        "prompt": "", "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": True,
-        "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
-    }  # fmt: skip
+        "id_slot": 0,
+        "input_prefix": "",
+        "input_suffix": "",
+        "input_extra": ring_extra(session, settings),
+        "prompt": "",
+        "n_predict": 0,
+        "temperature": 0.0,
+        "samplers": [],
+        "stream": True,
+        "cache_prompt": True,
+        "t_max_prompt_ms": 1,
+        "t_max_predict_ms": 1,
+    }
 
 
 def ring_extra(session: Session, settings: EditorSettings) -> list[dict[str, Any]]:
@@ -233,8 +254,10 @@ def toy_repository(folder: Path) -> Path:
     if (folder / ".git").is_dir():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    base = "".join(f"def helper_{i}(items, limit={i}):\n    return [x for x in items if x < limit]\n\n"
-                   for i in range(24))  # fmt: skip
+    base = "".join(
+        f"def helper_{i}(items, limit={i}):\n    return [x for x in items if x < limit]\n\n"
+        for i in range(24)
+    )
     other = "".join(f"VALUE_{i} = {i} * 2\n" for i in range(40))
     env = ["-c", "user.name=bench", "-c", "user.email=bench@example.com", "-c", "commit.gpgsign=false"]
 

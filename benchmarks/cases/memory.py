@@ -52,9 +52,19 @@ def bench_memory(ctx: Context) -> Section:
     for label in ("4-bit, float16 scales", "8-bit, float16 scales", "4-bit, float32 scales (CPU)"):
         goal = ("<=", 0.30) if label == "4-bit, float16 scales" else None
         section.rows.append(
-            Row(6, "Weight memory", f"bytes, {weight_layers}-layer model", label, "float16",
-                [sizes[label]["full"] / 2**20], [f16 / 2**20], "MiB", shape.describe(), goal)
-        )  # fmt: skip
+            Row(
+                6,
+                "Weight memory",
+                f"bytes, {weight_layers}-layer model",
+                label,
+                "float16",
+                [sizes[label]["full"] / 2**20],
+                [f16 / 2**20],
+                "MiB",
+                shape.describe(),
+                goal,
+            )
+        )
 
     # KV cache: one cache per layer of the real 3b shape (cheap at any size), as the engine makes them.
     cfg = WIDE.config()
@@ -77,10 +87,18 @@ def bench_memory(ctx: Context) -> Section:
                 per_token[f"{bits}-bit"] = q.nbytes / positions * full_layers
     for bits in (8, 4):
         section.rows.append(
-            Row(6, "KV cache", "bytes per token, 30 layers", f"kv_bits={bits}",
-                "kv_bits=None (float32)", [per_token[f"{bits}-bit"] / 1024],
-                [per_token["None (float32)"] / 1024], "KiB", WIDE.describe().replace("2 layers", "30 layers"))
-        )  # fmt: skip
+            Row(
+                6,
+                "KV cache",
+                "bytes per token, 30 layers",
+                f"kv_bits={bits}",
+                "kv_bits=None (float32)",
+                [per_token[f"{bits}-bit"] / 1024],
+                [per_token["None (float32)"] / 1024],
+                "KiB",
+                WIDE.describe().replace("2 layers", "30 layers"),
+            )
+        )
     section.data.update(weights=sizes, kv_bytes_per_token_30_layers=per_token)
     mib = {k: v["full"] / 2**20 for k, v in sizes.items()}
     section.notes.append(
@@ -158,11 +176,20 @@ def bench_longctx(ctx: Context) -> Section:
     samples = interleave(variants, ctx.reps, ctx.warmup)
     for i, name in enumerate(designs):
         section.rows.append(
-            Row(7, "Long context", f"decode tokens/s at {far:,} vs {near:,}",
-                name.split(" (")[0] + f" @{far:,}", f"@{near:,}", samples[f"{name}@far"],
-                samples[f"{name}@near"], "tok/s", shape.describe(), (">=", 0.8) if i == 0 else None,
-                note=name)
-        )  # fmt: skip
+            Row(
+                7,
+                "Long context",
+                f"decode tokens/s at {far:,} vs {near:,}",
+                name.split(" (")[0] + f" @{far:,}",
+                f"@{near:,}",
+                samples[f"{name}@far"],
+                samples[f"{name}@near"],
+                "tok/s",
+                shape.describe(),
+                (">=", 0.8) if i == 0 else None,
+                note=name,
+            )
+        )
     kv_bytes = 2 * kv * head_dim * 4 * len(model.layers)
     section.notes += [
         f"Designs (rows in order): {'; '.join(designs)}. Window {window}, {n} decode steps from each "

@@ -101,9 +101,14 @@ def bench_baselines(ctx: Context) -> Section:
             out = ctx.checkpoints.workdir / "logits" / f"baseline-{name}.npy"
             out.parent.mkdir(parents=True, exist_ok=True)
             args = {
-                "checkpoint": str(path), "blas": "openblas", "prompt_tokens": prompt_tokens,
-                "decode_prompt_tokens": 16, "decode_tokens": n, "logits_tokens": 2, "logits_out": str(out),
-            }  # fmt: skip
+                "checkpoint": str(path),
+                "blas": "openblas",
+                "prompt_tokens": prompt_tokens,
+                "decode_prompt_tokens": 16,
+                "decode_tokens": n,
+                "logits_tokens": 2,
+                "logits_out": str(out),
+            }
             result = run_child("blas", args, env={"OPENBLAS_NUM_THREADS": str(threads)})
             decode.setdefault(name, []).append(result["decode_tps"])
             return result["prefill_tps"]
@@ -126,16 +131,31 @@ def bench_baselines(ctx: Context) -> Section:
             continue
         for metric, samples in (("float32 prefill tokens/s", prefill), ("float32 decode tokens/s", decode)):
             section.rows.append(
-                Row(8, "Against transformers", metric, label, labels["transformers"], samples[key],
-                    samples["transformers"], "tok/s", shape.describe())
-            )  # fmt: skip
+                Row(
+                    8,
+                    "Against transformers",
+                    metric,
+                    label,
+                    labels["transformers"],
+                    samples[key],
+                    samples["transformers"],
+                    "tok/s",
+                    shape.describe(),
+                )
+            )
 
     weight_bytes = param_bytes(engine.backend.model)
     bandwidth = read_bandwidth()
     roofline = bandwidth / weight_bytes
     fractions = {labels[k]: statistics.median(v) / roofline for k, v in decode.items()}
-    section.data.update(bandwidth_gbs=bandwidth / 1e9, weight_bytes=weight_bytes, roofline_tps=roofline,
-                        roofline_fraction=fractions, prefill=prefill, decode=decode)  # fmt: skip
+    section.data.update(
+        bandwidth_gbs=bandwidth / 1e9,
+        weight_bytes=weight_bytes,
+        roofline_tps=roofline,
+        roofline_fraction=fractions,
+        prefill=prefill,
+        decode=decode,
+    )
     section.notes += [
         f"Roofline: {weight_bytes / 2**30:.2f} GiB of float32 weights read per decoded token at a measured "
         f"{bandwidth / 1e9:.1f} GB/s read bandwidth = {roofline:.1f} tokens/s at most. Decode rate as a "
@@ -186,9 +206,18 @@ def bench_fullmodel(ctx: Context) -> Section:
         mx.clear_cache()
     for metric in ("decode", "prefill"):
         section.rows.append(
-            Row(9, "Default model, 4-bit", f"{metric} tokens/s", "30 layers", "1 layer",
-                rates["30 layers"][metric], rates["1 layer"][metric], "tok/s", shape.describe())
-        )  # fmt: skip
+            Row(
+                9,
+                "Default model, 4-bit",
+                f"{metric} tokens/s",
+                "30 layers",
+                "1 layer",
+                rates["30 layers"][metric],
+                rates["1 layer"][metric],
+                "tok/s",
+                shape.describe(),
+            )
+        )
     section.notes.append(
         f"{shape.describe()} and {one.describe()}, 4-bit group 64 laid out like mlx-community's "
         "(float16 scales, upcast to float32 by dtype='auto'), random weights; the 30-layer checkpoint is "

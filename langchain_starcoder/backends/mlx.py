@@ -22,9 +22,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt_cache
 
+from .._progress import advance_to, prefill_bar, prefill_steps
 from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
-from ..progress import advance_to, prefill_bar, prefill_steps
 from ..types import CachePartition, is_int
 from . import Generation
 from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, hash_weights_aside
@@ -338,9 +338,16 @@ class MLXBackend:
                 return gen.sink.token(token) or gen.cancelled.is_set()
 
             _, accepted, drafted = decode(
-                self.model, target, ids, max_tokens=gen.params.max_tokens, drafter=drafter,
-                k_max=k_max, costs=costs, emit=emit, grammar=gen.grammar,
-            )  # fmt: skip
+                self.model,
+                target,
+                ids,
+                max_tokens=gen.params.max_tokens,
+                drafter=drafter,
+                k_max=k_max,
+                costs=costs,
+                emit=emit,
+                grammar=gen.grammar,
+            )
             gen.sink.speculated(accepted, drafted)
             if kind == "draft":
                 drafter.settle()

@@ -32,19 +32,37 @@ from .folders import (
 )
 
 __all__ = [
-    "MARKER", "DestinationError", "check_destination", "check_in_place", "checkpoint_info", "folder_bytes",
-    "format_info", "human_bytes", "human_count", "quantize_checkpoint", "staged_folder", "write_in_place",
+    "MARKER",
+    "DestinationError",
+    "check_destination",
+    "check_in_place",
+    "checkpoint_info",
+    "folder_bytes",
+    "format_info",
+    "human_bytes",
+    "human_count",
+    "quantize_checkpoint",
+    "staged_folder",
+    "write_in_place",
     "written_by_us",
-]  # fmt: skip
+]
 
 # Files of a checkpoint besides its weights and config that a quantized copy needs (tokenizer,
 # generation settings, chat template).
 _EXTRA_FILE_PATTERNS = ("*.json", "*.txt", "*.jinja", "tokenizer.model")
 _NOT_COPIED = {"config.json", "model.safetensors.index.json", MARKER}
 _SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "U32": "uint32",
-    "I32": "int32", "U8": "uint8", "I8": "int8", "I64": "int64", "BOOL": "bool",
-}  # fmt: skip
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U8": "uint8",
+    "I8": "int8",
+    "I64": "int64",
+    "BOOL": "bool",
+}
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "I64": 8}
 
 
@@ -249,9 +267,16 @@ def _gguf_info(
     tokens = meta.get("tokenizer.ggml.tokens") or []
     name = os.fspath(model) if gguf_file is None else f"{os.fspath(model)}/{gguf_file}"
     info = _describe(
-        name, checkpoint.path, checkpoint.config, sum(math.prod(t.shape) for t in tensors), stored,
-        quantization, [checkpoint.path], set(tokens), bool(meta.get("tokenizer.chat_template")),
-    )  # fmt: skip
+        name,
+        checkpoint.path,
+        checkpoint.config,
+        sum(math.prod(t.shape) for t in tensors),
+        stored,
+        quantization,
+        [checkpoint.path],
+        set(tokens),
+        bool(meta.get("tokenizer.chat_template")),
+    )
     info["gguf_types"] = dict(Counter(t.type_name for t in tensors).most_common())
     return info
 

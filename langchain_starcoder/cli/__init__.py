@@ -28,8 +28,8 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from .._progress import show_progress
 from ..errors import StarCoderError
-from ..progress import show_progress
 from .bench import _run_bench, _split_bench
 from .model import git_root, split_marker
 from .options import API_KEY_ENV, DEFAULT_MODEL, FILL_MARKER, MODEL_ENV, PRESET_NAMES

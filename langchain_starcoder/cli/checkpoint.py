@@ -16,9 +16,14 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     from ..checkpoints import quantize_checkpoint
 
     quantize_checkpoint(
-        args.src, args.dst, bits=args.bits, group_size=args.group_size, revision=args.revision,
-        force=args.force, verify=not args.no_verify,
-    )  # fmt: skip
+        args.src,
+        args.dst,
+        bits=args.bits,
+        group_size=args.group_size,
+        revision=args.revision,
+        force=args.force,
+        verify=not args.no_verify,
+    )
     return 0
 
 
@@ -85,10 +90,15 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise InvalidParameterError(msg)
     with staged_folder(dst, args.force, command="build-test-model") as tmp:
         build_starcoder2(
-            tmp, preset=args.preset, num_layers=args.layers, sliding_window=args.sliding_window,
-            seed=args.seed, dtype=args.dtype, quantize=args.quantize,
+            tmp,
+            preset=args.preset,
+            num_layers=args.layers,
+            sliding_window=args.sliding_window,
+            seed=args.seed,
+            dtype=args.dtype,
+            quantize=args.quantize,
             chat_template=INSTRUCT_CHAT_TEMPLATE if args.instruct else None,
-        )  # fmt: skip
+        )
         written = folder_bytes(tmp)
     _err(f"Built a {args.preset} StarCoder2 checkpoint with random weights ({human_bytes(written)}):")
     print(dst)

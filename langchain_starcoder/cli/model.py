@@ -22,9 +22,11 @@ def _load_engine(args: argparse.Namespace) -> Any:
     if args.base_url is not None:
         return _connect(args, started)
     llama_cpp = {
-        "threads": args.llama_threads, "slots": args.llama_slots, "context": args.llama_context,
+        "threads": args.llama_threads,
+        "slots": args.llama_slots,
+        "context": args.llama_context,
         "inexact_past_window": args.inexact_past_window,
-    }  # fmt: skip
+    }
     if args.backend == "mlx" and any(v not in (None, False) for v in llama_cpp.values()):
         msg = (
             "--llama-threads, --llama-slots, --llama-context, --inexact-past-window need --backend llama.cpp"
@@ -33,11 +35,17 @@ def _load_engine(args: argparse.Namespace) -> Any:
     # mlx-lm prints "[INFO] Quantized model ..." when quantizing on load; stdout is only for the text.
     with contextlib.redirect_stdout(sys.stderr), _notes():
         engine = StarCoderEngine.load(
-            args.model, quantize=args.quantize, dtype=args.dtype, kv_bits=args.kv_bits,
-            revision=args.revision, gguf_file=args.gguf_file, sliding_window=args.sliding_window,
+            args.model,
+            quantize=args.quantize,
+            dtype=args.dtype,
+            kv_bits=args.kv_bits,
+            revision=args.revision,
+            gguf_file=args.gguf_file,
+            sliding_window=args.sliding_window,
             prompt_cache_dir=args.prompt_cache_dir,
-            backend=args.backend, llama_cpp=llama_cpp if args.backend == "llama.cpp" else None,
-        )  # fmt: skip
+            backend=args.backend,
+            llama_cpp=llama_cpp if args.backend == "llama.cpp" else None,
+        )
     on = " on llama.cpp" if args.backend == "llama.cpp" else ""
     _err(f"Loaded {args.model}{on} in {time.perf_counter() - started:.1f} s.")
     return engine
@@ -48,18 +56,25 @@ def _connect(args: argparse.Namespace, started: float) -> Any:
     from ..engine import StarCoderEngine
 
     local = {
-        "--backend": args.backend != "mlx", "--quantize": args.quantize, "--kv-bits": args.kv_bits,
-        "--dtype": args.dtype != "auto", "--gguf-file": args.gguf_file, "--revision": args.revision,
+        "--backend": args.backend != "mlx",
+        "--quantize": args.quantize,
+        "--kv-bits": args.kv_bits,
+        "--dtype": args.dtype != "auto",
+        "--gguf-file": args.gguf_file,
+        "--revision": args.revision,
         "--prompt-cache-dir": args.prompt_cache_dir,
-    }  # fmt: skip
+    }
     given = [flag for flag, value in local.items() if value]
     if given:
         msg = f"{', '.join(given)} apply to a model loaded here, not to --base-url (the server loads it)."
         raise CommandError(msg)
     engine = StarCoderEngine.connect(
-        args.base_url, model=args.model, tokenizer=args.tokenizer, api_key=args.remote_api_key,
+        args.base_url,
+        model=args.model,
+        tokenizer=args.tokenizer,
+        api_key=args.remote_api_key,
         inexact_past_window=args.inexact_past_window,
-    )  # fmt: skip
+    )
     _err(f"Connected to {args.base_url} ({args.model}) in {time.perf_counter() - started:.1f} s.")
     return engine
 
@@ -97,7 +112,7 @@ def split_marker(text: str, marker: str = FILL_MARKER, source: str = "the file")
 
 
 def _cmd_infill(args: argparse.Namespace) -> int:
-    from ..fim_request import ContextFile
+    from ..fim.request import ContextFile
 
     if args.file is not None and (args.prefix is not None or args.suffix is not None):
         msg = "give either --file (with a marker) or --prefix/--suffix, not both."
@@ -127,9 +142,17 @@ def _cmd_infill(args: argparse.Namespace) -> int:
     repo = _repo_index(root) if root is not None else None
     engine = _load_engine(args)
     chunks = engine.stream_infill(
-        prefix, suffix, context_files=context, repo_name=args.repo_name, file_path=file_path,
-        mode=args.mode, end=args.end, max_prompt_tokens=args.max_prompt_tokens, repo=repo, **settings,
-    )  # fmt: skip
+        prefix,
+        suffix,
+        context_files=context,
+        repo_name=args.repo_name,
+        file_path=file_path,
+        mode=args.mode,
+        end=args.end,
+        max_prompt_tokens=args.max_prompt_tokens,
+        repo=repo,
+        **settings,
+    )
     with _notes():
         middle = _stream(engine, chunks, echo=not args.write)
     if args.write:

@@ -55,61 +55,74 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command(
-        "generate", _cmd_generate, "complete a prompt, streaming the text",
+        "generate",
+        _cmd_generate,
+        "complete a prompt, streaming the text",
         "Complete a prompt, streaming the text to stdout; speeds go to stderr.",
-    )  # fmt: skip
+    )
     _prompt_args(p)
     _model_args(p)
     _generation_args(p, max_tokens=256)
 
     p = command(
-        "infill", _cmd_infill, "fill in the middle of a file",
+        "infill",
+        _cmd_infill,
+        "fill in the middle of a file",
         f"Fill the hole marked {FILL_MARKER} in a file (or between --prefix and --suffix). Prints "
         "the middle only, or with --write fills the file in place, keeping F.bak.",
-    )  # fmt: skip
+    )
     _infill_args(p)
     _model_args(p)
     _generation_args(p, max_tokens=128)
 
     p = command(
-        "quantize", _cmd_quantize, "write an MLX-quantized checkpoint",
+        "quantize",
+        _cmd_quantize,
+        "write an MLX-quantized checkpoint",
         "Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.",
-    )  # fmt: skip
+    )
     _quantize_args(p)
 
     p = command(
-        "convert", _cmd_convert,
+        "convert",
+        _cmd_convert,
         "GGUF file -> MLX checkpoint folder, or checkpoint -> GGUF file (DST ending in .gguf)",
         "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
         "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load; Q4_0, Q4_1 "
         "and Q8_0 tensors stay quantized. Or, with DST ending in .gguf, write a checkpoint folder or "
         "hub id (full precision or MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor "
         "at a time (--outtype).",
-    )  # fmt: skip
+    )
     _convert_args(p)
 
     p = command(
-        "build-test-model", _cmd_build, "build a checkpoint with random weights, offline",
+        "build-test-model",
+        _cmd_build,
+        "build a checkpoint with random weights, offline",
         "Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
-    )  # fmt: skip
+    )
     _build_args(p)
 
     p = command(
-        "info", _cmd_info, "describe a checkpoint",
+        "info",
+        _cmd_info,
+        "describe a checkpoint",
         "Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
         "(a folder, hub id or .gguf file; the weights are not loaded).",
-    )  # fmt: skip
+    )
     _model_option(p, gguf=True)
     _gguf_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command(
-        "serve", _cmd_serve, "serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
+        "serve",
+        _cmd_serve,
+        "serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
         "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
         "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
         "/v1/models, /tokenize and /detokenize. Each --api-key is a tenant whose documents and prompt "
         "cache are its own; without a key the server has one tenant, shared by every client.",
-    )  # fmt: skip
+    )
     _model_args(p)
     _serve_args(p)
     _speculation_args(p)
@@ -182,19 +195,22 @@ def _infill_args(p: argparse.ArgumentParser) -> None:
         "--file-path", help="the hole's path in the repository (default: --file, when there is context)"
     )
     _repo_option(
-        p, "pick context from this repository's code (docs/repository-context.md); default: the git "
+        p,
+        "pick context from this repository's code (docs/repository-context.md); default: the git "
         "root of --file (the nearest folder above it holding .git); without one, and with --prefix, "
         "no repository context. --context files win over it",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--no-repo", action="store_true", help="no repository context, even inside a git repository"
     )
     p.add_argument("--mode", choices=("psm", "spm"), default="psm")
     p.add_argument(
-        "--end", choices=("auto", "line", "block", "none"), default="auto",
+        "--end",
+        choices=("auto", "line", "block", "none"),
+        default="auto",
         help="where decoding stops: auto (default: where the code says the hole is filled), the cursor's "
         "line, its block, or none (the model's end, --stop or --max-tokens only)",
-    )  # fmt: skip
+    )
     p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
     p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
 
@@ -217,15 +233,36 @@ def _repo_option(p: argparse.ArgumentParser, text: str) -> None:
 
 #: serve's bounds: flag, type, default, metavar, help (each a number above 0).
 _SERVE_BOUNDS: tuple[tuple[str, type[int] | type[float], float | None, str, str], ...] = (
-    ("--max-body-mb", float, 4.0, "MB", "refuse (413) a request body over MB MiB before reading it whole "
-     "(default 4)"),
-    ("--max-connections", int, None, "N", "open connections at most; when full, the one waiting longest for "
-     "its request is closed (default 512, or half the open-file limit if lower)"),
-    ("--request-timeout", float, 20.0, "S", "close a connection whose request (headers and body) has not "
-     "come in S seconds (default 20)"),
-    ("--keep-alive-timeout", float, 5.0, "S", "close an idle keep-alive connection after S seconds "
-     "(default 5)"),
-)  # fmt: skip
+    (
+        "--max-body-mb",
+        float,
+        4.0,
+        "MB",
+        "refuse (413) a request body over MB MiB before reading it whole (default 4)",
+    ),
+    (
+        "--max-connections",
+        int,
+        None,
+        "N",
+        "open connections at most; when full, the one waiting longest for "
+        "its request is closed (default 512, or half the open-file limit if lower)",
+    ),
+    (
+        "--request-timeout",
+        float,
+        20.0,
+        "S",
+        "close a connection whose request (headers and body) has not come in S seconds (default 20)",
+    ),
+    (
+        "--keep-alive-timeout",
+        float,
+        5.0,
+        "S",
+        "close an idle keep-alive connection after S seconds (default 5)",
+    ),
+)
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -234,16 +271,20 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--port", type=int, default=8080, help="default 8080")
     p.add_argument(
-        "--api-key", action="append", metavar="KEY",
+        "--api-key",
+        action="append",
+        metavar="KEY",
         help="require 'Authorization: Bearer KEY'; repeat it for several keys. Each key is a tenant: its "
         "documents (supersession, stable prefix, context order) and prompt cache (and the cached-token "
         f"counts) are its own (default: ${API_KEY_ENV}, else no key: ONE tenant, so every client shares "
         "them and can see another's effects on them; docs/security.md)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--api-key-file", type=Path, metavar="PATH",
+        "--api-key-file",
+        type=Path,
+        metavar="PATH",
         help="read keys from PATH, one per line (blank lines and # comments skipped), each a tenant",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--parse-special-tokens",
         action="store_true",
@@ -256,28 +297,36 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="keep no prompt caches on disk (default: keep them, see --prompt-cache-dir)",
     )
     _repo_option(
-        p, "add this repository's context to /infill and /v1/completions (with suffix) requests that "
+        p,
+        "add this repository's context to /infill and /v1/completions (with suffix) requests that "
         "send file_path (relative to DIR), after the client's input_extra (default: none)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--no-supersede", action="store_true",
+        "--no-supersede",
+        action="store_true",
         help="let a client's older /infill (or /v1/completions with suffix) request for a document run on "
         "when it sends a newer one (default: the older is cancelled; docs/server.md, 'While you type')",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--no-stable-prefix", action="store_true",
+        "--no-stable-prefix",
+        action="store_true",
         help="send /infill's input_prefix window as it is (default: when the window slid down the file, put "
         "back the lines it dropped, so the prompt cache serves the prefix; docs/server.md, 'While you type')",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--fim-mode", choices=("psm", "spm"), default="psm",
+        "--fim-mode",
+        choices=("psm", "spm"),
+        default="psm",
         help="the FIM layout of /infill and /v1/completions with suffix (default psm; spm puts the suffix "
         "first, so a keystroke at the hole prefills only the prefix's end)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--batch-window-ms", type=float, default=0, metavar="MS",
+        "--batch-window-ms",
+        type=float,
+        default=0,
+        metavar="MS",
         help="batch non-streamed requests with the same settings that arrive within MS of each other "
         "(default 0: off, each request reuses the prompt cache)",
-    )  # fmt: skip
+    )
     for flag, kind, default, metavar, text in _SERVE_BOUNDS:
         p.add_argument(flag, type=_serve_positive(kind), default=default, metavar=metavar, help=text)

@@ -60,16 +60,27 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
 
     # /health says 503 until the model is ready.
     app = create_app(
-        load, api_key=args.api_keys, parse_special_tokens=args.parse_special_tokens,
-        model_name=args.model_name, batch_window_ms=args.batch_window_ms,
-        max_body_bytes=int(args.max_body_mb * 2**20), repo=repo,
-        prompt_lookup_num_tokens=args.prompt_lookup, supersede=not args.no_supersede, fim_mode=args.fim_mode,
+        load,
+        api_key=args.api_keys,
+        parse_special_tokens=args.parse_special_tokens,
+        model_name=args.model_name,
+        batch_window_ms=args.batch_window_ms,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        repo=repo,
+        prompt_lookup_num_tokens=args.prompt_lookup,
+        supersede=not args.no_supersede,
+        fim_mode=args.fim_mode,
         stable_prefix=not args.no_stable_prefix,
-    )  # fmt: skip
+    )
     config = BoundedConfig(
-        app, host=args.host, port=args.port, log_level=args.log_level, max_connections=args.max_connections,
-        request_timeout=args.request_timeout, keep_alive_timeout=args.keep_alive_timeout,
-    )  # fmt: skip
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        max_connections=args.max_connections,
+        request_timeout=args.request_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+    )
     server = uvicorn.Server(config)
     port = listening[0].getsockname()[1]
     _err(f"Serving {args.model} on http://{args.host}:{port} (/v1/completions, /infill, /health).")

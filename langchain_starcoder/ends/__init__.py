@@ -12,6 +12,12 @@ from .rules import MODES, MiddleEnd, middle_end
 from .stream import MiddleGate
 
 __all__ = [
-    "MODES", "SYNTAXES", "MiddleEnd", "MiddleGate", "Syntax",
-    "guess_language", "language_of_path", "middle_end",
-]  # fmt: skip
+    "MODES",
+    "SYNTAXES",
+    "MiddleEnd",
+    "MiddleGate",
+    "Syntax",
+    "guess_language",
+    "language_of_path",
+    "middle_end",
+]

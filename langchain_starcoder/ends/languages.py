@@ -45,16 +45,26 @@ class Syntax:
 
 
 PYTHON = Syntax(
-    "python", indent_blocks=True, line_comments=("#",), block_comment=None,
-    triple_quotes=('"""', "'''"), continue_words=_PY_CONTINUE,
-)  # fmt: skip
+    "python",
+    indent_blocks=True,
+    line_comments=("#",),
+    block_comment=None,
+    triple_quotes=('"""', "'''"),
+    continue_words=_PY_CONTINUE,
+)
 JAVASCRIPT = Syntax("javascript", backtick="template", regex_literals=True)
 TYPESCRIPT = Syntax("typescript", backtick="template", regex_literals=True)
 GO = Syntax("go", backtick="raw", continue_words=("else",))
 RUST = Syntax(
-    "rust", nested_comments=True, quotes='"', multiline_quotes=True, char_or_lifetime=True,
-    raw_strings="rust", needs_semicolon=True, continue_words=("else",),
-)  # fmt: skip
+    "rust",
+    nested_comments=True,
+    quotes='"',
+    multiline_quotes=True,
+    char_or_lifetime=True,
+    raw_strings="rust",
+    needs_semicolon=True,
+    continue_words=("else",),
+)
 JAVA = Syntax("java", triple_quotes=('"""',), needs_semicolon=True)
 C = Syntax("c", needs_semicolon=True, preprocessor=True)
 CPP = Syntax("cpp", raw_strings="cpp", needs_semicolon=True, preprocessor=True)
@@ -67,29 +77,76 @@ SCALA = Syntax("scala", nested_comments=True, triple_quotes=('"""',), char_or_li
 PHP = Syntax("php", line_comments=("//", "#"), multiline_quotes=True, needs_semicolon=True)
 RUBY = Syntax(
     "ruby", line_comments=("#",), block_comment=None, multiline_quotes=True, continue_words=_RUBY_CONTINUE
-)  # fmt: skip
+)
 LUA = Syntax(
-    "lua", line_comments=("--",), block_comment=("--[[", "]]"), raw_strings="lua",
+    "lua",
+    line_comments=("--",),
+    block_comment=("--[[", "]]"),
+    raw_strings="lua",
     continue_words=_LUA_CONTINUE,
-)  # fmt: skip
+)
 BASH = Syntax(
     "bash", line_comments=("#",), block_comment=None, multiline_quotes=True, continue_words=_SH_CONTINUE
-)  # fmt: skip
+)
 
-SYNTAXES = {s.name: s for s in (PYTHON, JAVASCRIPT, TYPESCRIPT, GO, RUST, JAVA, C, CPP, CSHARP, KOTLIN, SWIFT,
-                                SCALA, PHP, RUBY, LUA, BASH)}  # fmt: skip
+SYNTAXES = {
+    s.name: s
+    for s in (
+        PYTHON,
+        JAVASCRIPT,
+        TYPESCRIPT,
+        GO,
+        RUST,
+        JAVA,
+        C,
+        CPP,
+        CSHARP,
+        KOTLIN,
+        SWIFT,
+        SCALA,
+        PHP,
+        RUBY,
+        LUA,
+        BASH,
+    )
+}
 SYNTAXES["tsx"] = TYPESCRIPT
 
 #: File endings -> language names (``repo.symbols.LANGUAGES``'s, which this layer cannot import; a
 #: notebook's cells are read as Python).
 EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".ipynb": "python", ".js": "javascript", ".mjs": "javascript",
-    ".cjs": "javascript", ".jsx": "javascript", ".ts": "typescript", ".mts": "typescript",
-    ".cts": "typescript", ".tsx": "tsx",
-    ".go": "go", ".rs": "rust", ".java": "java", ".kt": "kotlin", ".kts": "kotlin", ".c": "c", ".h": "c",
-    ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".cs": "csharp", ".rb": "ruby",
-    ".php": "php", ".swift": "swift", ".scala": "scala", ".lua": "lua", ".sh": "bash", ".bash": "bash",
-}  # fmt: skip
+    ".py": "python",
+    ".pyi": "python",
+    ".ipynb": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".kt": "kotlin",
+    ".kts": "kotlin",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hpp": "cpp",
+    ".hh": "cpp",
+    ".cs": "csharp",
+    ".rb": "ruby",
+    ".php": "php",
+    ".swift": "swift",
+    ".scala": "scala",
+    ".lua": "lua",
+    ".sh": "bash",
+    ".bash": "bash",
+}
 
 # Each language's telltale lines; the guess is the language with the most matches in a sample. A line's
 # leading blanks are ``[^\S\n]*``: ``\s*`` would run on over the blank lines after each line start and

@@ -32,9 +32,20 @@ class LineFacts:
     """
 
     __slots__ = (
-        "after_word", "first", "head", "indent", "indenting", "last", "nonspace", "read", "same",
-        "space_head", "start", "target", "word_end",
-    )  # fmt: skip
+        "after_word",
+        "first",
+        "head",
+        "indent",
+        "indenting",
+        "last",
+        "nonspace",
+        "read",
+        "same",
+        "space_head",
+        "start",
+        "target",
+        "word_end",
+    )
 
     def __init__(self, start: int, target: str | None):
         self.start = start

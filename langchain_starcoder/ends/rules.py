@@ -11,10 +11,12 @@ import copy
 import re
 
 from ..errors import InvalidParameterError
-from ..fim_request import END_MODES as MODES
 from .languages import Syntax, syntax_for
 from .line import LineFacts, width
 from .scan import CODE, STRING, State, scanner_for
+
+# How a FIM middle may end (FIMRequest.end): by the code's own shape, at a line, at a block, or not at all.
+MODES = ("auto", "line", "block", "none")
 
 # How the middle is being read: the cursor's line (a hole inside a line), a statement that goes on past
 # it, the lines of a block, the cursor's line whatever it holds (mode="line"), a string or comment.
@@ -49,10 +51,28 @@ class MiddleEnd:
     """
 
     __slots__ = (
-        "_block_indent", "_comment_markers", "_cursor_indent", "_end", "_first_kind", "_inside_closer",
-        "_kept", "_kind", "_last", "_line", "_line_prefix", "_line_state", "_pos", "_pos_eol", "_prev_tail",
-        "_scanner", "_st", "_suffix_line", "_suffix_rest", "mode", "syntax",
-    )  # fmt: skip
+        "_block_indent",
+        "_comment_markers",
+        "_cursor_indent",
+        "_end",
+        "_first_kind",
+        "_inside_closer",
+        "_kept",
+        "_kind",
+        "_last",
+        "_line",
+        "_line_prefix",
+        "_line_state",
+        "_pos",
+        "_pos_eol",
+        "_prev_tail",
+        "_scanner",
+        "_st",
+        "_suffix_line",
+        "_suffix_rest",
+        "mode",
+        "syntax",
+    )
 
     def __init__(
         self,

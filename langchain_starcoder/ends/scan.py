@@ -17,9 +17,23 @@ _SPACE = " \t\r\n\f\v"
 #: After these, a ``/`` starts a regular expression literal rather than a division (JavaScript).
 _REGEX_AFTER_CHAR = frozenset("(,=:[!&|?{};+-*%<>~^")
 _REGEX_AFTER_WORD = frozenset(
-    {"return", "typeof", "case", "do", "else", "in", "of", "new", "delete", "void", "throw", "yield", "await",
-     "instanceof"}
-)  # fmt: skip
+    {
+        "return",
+        "typeof",
+        "case",
+        "do",
+        "else",
+        "in",
+        "of",
+        "new",
+        "delete",
+        "void",
+        "throw",
+        "yield",
+        "await",
+        "instanceof",
+    }
+)
 #: What decides where a regular expression literal's body goes (a ``/`` closes it outside a class ``[...]``).
 _LITERAL_STOPS = re.compile(r"[/\[\]\\\n]")
 _FLAGS = re.compile(r"[A-Za-z]*")

@@ -28,9 +28,22 @@ class MiddleGate:
     """
 
     __slots__ = (
-        "_base", "_end", "_last_char", "_line", "_line_eol", "_min_indent", "_out", "_out_at", "_safe",
-        "_shown", "_size", "_tail", "_window", "cut", "ended",
-    )  # fmt: skip
+        "_base",
+        "_end",
+        "_last_char",
+        "_line",
+        "_line_eol",
+        "_min_indent",
+        "_out",
+        "_out_at",
+        "_safe",
+        "_shown",
+        "_size",
+        "_tail",
+        "_window",
+        "cut",
+        "ended",
+    )
 
     def __init__(self, end: MiddleEnd | None, min_indent: int = 0):
         self._end = None if end is None or end.mode == "none" else end  # "none" never ends nor holds

@@ -12,9 +12,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .._tokens import codec_for
 from ..backends import Backend
 from ..errors import InvalidParameterError
-from ..tokens import codec_for
 from ..types import MAX_DRAFT_TOKENS, is_int
 
 
@@ -36,9 +36,12 @@ def open_checkpoint(
     name, path = str(model), resolve_model_path(model, revision)
     config = read_config(path)
     return (
-        name, path, config, lambda: load_tokenizer(path, config),
+        name,
+        path,
+        config,
+        lambda: load_tokenizer(path, config),
         lambda: load_model(path, config=config, **settings),
-    )  # fmt: skip
+    )
 
 
 #: From this many parameters MLX on a CPU is slow enough to say so at load. Its CPU build computes on one
@@ -98,8 +101,8 @@ def warn_if_slow_on_cpu(name: str, config: dict[str, Any]) -> None:
 
 def _reference_blas_float32(config: dict[str, Any]) -> bool:
     """Whether MLX's float32 matmuls of this unquantized float32 checkpoint run on the Linux CPU build's
-    reference BLAS (an optimized one is opt-in: langchain_starcoder.blas)."""
-    from ..blas import active_blas
+    reference BLAS (an optimized one is opt-in: langchain_starcoder._blas)."""
+    from .._blas import active_blas
 
     float32 = config.get("torch_dtype", "float32") == "float32" and "quantization" not in config
     return sys.platform == "linux" and float32 and active_blas() is None
@@ -164,18 +167,31 @@ def connect_backend(
         tokenizer_ = load_tokenizer(path, config)
     args = model_args(config)
     backend = RemoteBackend(
-        base_url, model=model, api_key=api_key, timeout=timeout, deadline=deadline,
-        max_retries=max_retries, max_concurrency=max_concurrency, vocab_size=args.vocab_size,
-        context_length=args.max_position_embeddings, token_bytes=_token_bytes(tokenizer_),
-        sliding_window=getattr(args, "sliding_window", None), inexact_past_window=inexact_past_window,
-    )  # fmt: skip
+        base_url,
+        model=model,
+        api_key=api_key,
+        timeout=timeout,
+        deadline=deadline,
+        max_retries=max_retries,
+        max_concurrency=max_concurrency,
+        vocab_size=args.vocab_size,
+        context_length=args.max_position_embeddings,
+        token_bytes=_token_bytes(tokenizer_),
+        sliding_window=getattr(args, "sliding_window", None),
+        inexact_past_window=inexact_past_window,
+    )
     return backend, tokenizer_
 
 
 def llama_cpp_backend(
-    model: str | os.PathLike[str], backend: str, *, revision: str | None, gguf_file: str | None,
-    options: Any, mlx_only: dict[str, Any],
-) -> tuple[Backend, Any]:  # fmt: skip
+    model: str | os.PathLike[str],
+    backend: str,
+    *,
+    revision: str | None,
+    gguf_file: str | None,
+    options: Any,
+    mlx_only: dict[str, Any],
+) -> tuple[Backend, Any]:
     """The managed llama.cpp backend (a llama-server child) of a checkpoint folder, hub id or GGUF
     file, and its tokenizer; a folder is converted to GGUF once and kept in the cache."""
     from ..backends.managed_llama import LlamaCppOptions, LlamaServerProcess, ManagedLlamaBackend
@@ -220,17 +236,30 @@ def llama_cpp_backend(
     slots = options.slots or _slots(args, context)
     alias = Path(os.fspath(model)).name or "model"
     server = LlamaServerProcess(
-        binary, gguf, alias=alias, threads=threads, slots=slots, context=context,
-        server_args=options.server_args, startup_timeout=options.startup_timeout,
-    )  # fmt: skip
+        binary,
+        gguf,
+        alias=alias,
+        threads=threads,
+        slots=slots,
+        context=context,
+        server_args=options.server_args,
+        startup_timeout=options.startup_timeout,
+    )
     source = gguf if folder is None else folder
     tokenizers: list[Any] = []
 
     def connect(url: str, api_key: str) -> Any:
         remote, tokenizer = connect_backend(
-            url, model=alias, tokenizer=source, api_key=api_key, timeout=600.0, deadline=None,
-            max_retries=0, max_concurrency=max(16, slots), inexact_past_window=options.inexact_past_window,
-        )  # fmt: skip
+            url,
+            model=alias,
+            tokenizer=source,
+            api_key=api_key,
+            timeout=600.0,
+            deadline=None,
+            max_retries=0,
+            max_concurrency=max(16, slots),
+            inexact_past_window=options.inexact_past_window,
+        )
         tokenizers.append(tokenizer)
         return remote
 
@@ -369,11 +398,19 @@ def mlx_backend(
         sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
         check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
     backend = MLXBackend(
-        loader, name=name, path=path, kv_bits=kv_bits, max_prompt_caches=max_prompt_caches,
-        max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
-        prompt_cache_dir=cache_dir, max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
-        prompt_cache_key=front_key, draft=draft, num_draft_tokens=num_draft_tokens,
-    )  # fmt: skip
+        loader,
+        name=name,
+        path=path,
+        kv_bits=kv_bits,
+        max_prompt_caches=max_prompt_caches,
+        max_prompt_cache_bytes=max_prompt_cache_bytes,
+        prefill_step_size=prefill_step_size,
+        prompt_cache_dir=cache_dir,
+        max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
+        prompt_cache_key=front_key,
+        draft=draft,
+        num_draft_tokens=num_draft_tokens,
+    )
     return backend, tokenizer
 
 

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import fim
+from .._tokens import Codec, codec_for
 from ..errors import ContextLengthError, InvalidParameterError
-from ..fim_request import FIM_KEYS, ContextFile, FIMRequest
+from ..fim import build as fim
+from ..fim.request import FIM_KEYS, ContextFile, FIMRequest
 from ..repo.rank import GAP_MARKER
-from ..tokens import Codec, codec_for
 from .jobs import check_room
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import fim
+from .._tokens import codec_for, encode_segments, parsing_encoder
 from ..backends import Backend
-from ..fim_request import FIMRequest
-from ..streaming import AsyncChunkStream
-from ..tokens import codec_for, encode_segments, parsing_encoder
+from ..decoding.sink import AsyncChunkStream
+from ..fim import build as fim
+from ..fim.request import FIMRequest
 from ..types import Completion, CompletionChunk, GenerationParams, check_text, join_chunks
 from . import fim_prompts, jobs
 from .building import connect_backend, llama_cpp_backend, mlx_backend
@@ -175,23 +175,36 @@ class StarCoderEngine:
         """
         if backend != "mlx" or llama_cpp is not None:
             mlx_only = {
-                "quantize": quantize, "kv_bits": kv_bits, "sliding_window": sliding_window,
-                "prefill_step_size": prefill_step_size, "dtype": None if dtype == "auto" else dtype,
-                "prompt_cache_dir": prompt_cache_dir, "draft_model": draft_model,
+                "quantize": quantize,
+                "kv_bits": kv_bits,
+                "sliding_window": sliding_window,
+                "prefill_step_size": prefill_step_size,
+                "dtype": None if dtype == "auto" else dtype,
+                "prompt_cache_dir": prompt_cache_dir,
+                "draft_model": draft_model,
                 "num_draft_tokens": num_draft_tokens,
-            }  # fmt: skip
+            }
             managed, tokenizer = llama_cpp_backend(
                 model, backend, revision=revision, gguf_file=gguf_file, options=llama_cpp, mlx_only=mlx_only
             )
             return cls(managed, tokenizer, name=str(model))
         backend_, tokenizer = mlx_backend(
-            model, quantize=quantize, group_size=group_size, dtype=dtype, kv_bits=kv_bits,
-            revision=revision, max_prompt_caches=max_prompt_caches,
-            max_prompt_cache_bytes=max_prompt_cache_bytes, prefill_step_size=prefill_step_size,
-            gguf_file=gguf_file, sliding_window=sliding_window, prompt_cache_dir=prompt_cache_dir,
-            max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes, draft_model=draft_model,
+            model,
+            quantize=quantize,
+            group_size=group_size,
+            dtype=dtype,
+            kv_bits=kv_bits,
+            revision=revision,
+            max_prompt_caches=max_prompt_caches,
+            max_prompt_cache_bytes=max_prompt_cache_bytes,
+            prefill_step_size=prefill_step_size,
+            gguf_file=gguf_file,
+            sliding_window=sliding_window,
+            prompt_cache_dir=prompt_cache_dir,
+            max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
+            draft_model=draft_model,
             num_draft_tokens=num_draft_tokens,
-        )  # fmt: skip
+        )
         return cls(backend_, tokenizer)
 
     @classmethod
@@ -238,10 +251,16 @@ class StarCoderEngine:
         checkpoint is refused here.
         """
         backend, tokenizer_ = connect_backend(
-            base_url, model=model, tokenizer=tokenizer, api_key=api_key, timeout=timeout,
-            deadline=deadline, max_retries=max_retries, max_concurrency=max_concurrency,
+            base_url,
+            model=model,
+            tokenizer=tokenizer,
+            api_key=api_key,
+            timeout=timeout,
+            deadline=deadline,
+            max_retries=max_retries,
+            max_concurrency=max_concurrency,
             inexact_past_window=inexact_past_window,
-        )  # fmt: skip
+        )
         return cls(backend, tokenizer_, name=model)
 
     def close(self) -> None:
@@ -294,7 +313,7 @@ class StarCoderEngine:
 
     def encode_segments(self, segments: Iterable[tuple[str, bool]], *, check_size: bool = True) -> list[int]:
         """Ids of a prompt in pieces ``(text, is_data)``: control-token strings count only in
-        pieces that are not data (see :func:`langchain_starcoder.tokens.encode_segments`).
+        pieces that are not data (see :func:`langchain_starcoder._tokens.encode_segments`).
         Raises ContextLengthError, before tokenizing, for text too long for the context window
         (``check_size=False`` to count the tokens of any text)."""
         segments = list(segments)
@@ -316,7 +335,7 @@ class StarCoderEngine:
     def check_prompt_size(self, chars: int, max_tokens: int = 0) -> None:
         """Raise ContextLengthError if a text prompt of ``chars`` characters cannot fit in the
         context window with ``max_tokens`` to generate, without tokenizing it: a token stands for
-        at most so many characters (:func:`langchain_starcoder.tokens.max_text_chars`)."""
+        at most so many characters (:func:`langchain_starcoder._tokens.max_text_chars`)."""
         jobs.check_prompt_size(self.tokenizer, self.context_window, chars, max_tokens)
 
     # --- generation ------------------------------------------------------------------------------
@@ -392,12 +411,12 @@ class StarCoderEngine:
     def infill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
         """Generate the code between ``prefix`` and ``suffix``; ``text`` is the middle only.
 
-        Takes a :class:`~langchain_starcoder.fim_request.FIMRequest`, or its fields as arguments
+        Takes a :class:`~langchain_starcoder.fim.request.FIMRequest`, or its fields as arguments
         (``prefix``, ``suffix``, ``context_files``, ``repo_name``, ``file_path``, ``mode``,
         ``max_prompt_tokens``, ``trim_suffix_overlap``, ``end``, ``min_indent``, ``notebook``), the
         settings of :meth:`generate`, and ``repo``: a :class:`~langchain_starcoder.RepoIndex` that picks
         context files for ``file_path`` within the budget the hole leaves (given files win). The prompt
-        is built by :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; StarCoder2's repository
+        is built by :func:`langchain_starcoder.fim_fim_prompt` (PSM or SPM; StarCoder2's repository
         layout with context files, a repo name or a file path) within ``max_prompt_tokens`` (default:
         the context window minus ``max_tokens``). Generation stops at ``<|endoftext|>``, ``<file_sep>``,
         ``<repo_name>`` and the ``<fim_*>`` tokens, at any ``stop`` string, and with ``end="auto"``

@@ -15,14 +15,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from .._tokens import max_text_chars
 from ..backends import Backend, Generation
 from ..backends.grammar import Grammar, GrammarCompiler, with_json_whitespace
+from ..decoding.sink import ChunkSink, ChunkStream, Emit
 from ..ends import MiddleEnd, MiddleGate
 from ..errors import ContextLengthError, InvalidParameterError
-from ..fim import FIMPrompt
-from ..fim_request import FIMRequest
-from ..streaming import ChunkSink, ChunkStream, Emit
-from ..tokens import max_text_chars
+from ..fim.build import FIMPrompt
+from ..fim.request import FIMRequest
 from ..types import Completion, CompletionChunk, GenerationParams, is_int, join_chunks
 
 Prompt = str | Sequence[int] | FIMRequest

@@ -27,24 +27,35 @@ LAYOUTS = {
         {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"},
         "model.layers",
         {
-            "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj",
-            "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj",
+            "ffn_up": "mlp.c_fc",
+            "ffn_down": "mlp.c_proj",
+            "attn_norm": "input_layernorm",
+            "ffn_norm": "post_attention_layernorm",
         },
     ),
     "starcoder": _Layout(
         "gpt_bigcode",
         {
-            "token_embd": "transformer.wte", "position_embd": "transformer.wpe",
-            "output_norm": "transformer.ln_f", "output": "lm_head",
+            "token_embd": "transformer.wte",
+            "position_embd": "transformer.wpe",
+            "output_norm": "transformer.ln_f",
+            "output": "lm_head",
         },
         "transformer.h",
         {
-            "attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
-            "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj",
+            "attn_norm": "ln_1",
+            "attn_qkv": "attn.c_attn",
+            "attn_output": "attn.c_proj",
+            "ffn_norm": "ln_2",
+            "ffn_up": "mlp.c_fc",
+            "ffn_down": "mlp.c_proj",
         },
     ),
-}  # fmt: skip
+}
 _NAME = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)")
 
 

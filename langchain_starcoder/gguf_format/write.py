@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._progress import progress_bar
 from ..errors import CheckpointError, InvalidParameterError, StarCoderError
-from ..progress import progress_bar
 
 #: ``--outtype`` -> the ggml type of 2-D weights (1-D norms and biases stay F32, as llama.cpp keeps them).
 OUTTYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0"}
@@ -296,9 +296,14 @@ def _reader(file: Path, info: dict[str, Any], name: str) -> Callable[[], np.ndar
 
 
 def _dequantizer(
-    file: Path, info: dict[str, Any], scales: _Stored, biases: _Stored, bits: int, group_size: int,
+    file: Path,
+    info: dict[str, Any],
+    scales: _Stored,
+    biases: _Stored,
+    bits: int,
+    group_size: int,
     into: type[np.floating],
-) -> Callable[[], np.ndarray]:  # fmt: skip
+) -> Callable[[], np.ndarray]:
     """MLX's affine quantization undone: each group's ``scale * q + bias``, q unpacked low bits first,
     some rows at a time into the output (the whole tensor's temporaries would be 4 copies of it)."""
 
@@ -332,9 +337,14 @@ def _encoded(gguf: Any, tensor: _Tensor, value: np.ndarray, encode: Encoder | No
 
 
 def _add_metadata(
-    writer: Any, gguf: Any, checkpoint: Path, config: dict[str, Any], ftype: str,
-    rope_freq_base: bool, sliding_window: int | Literal["config"] | None,
-) -> None:  # fmt: skip
+    writer: Any,
+    gguf: Any,
+    checkpoint: Path,
+    config: dict[str, Any],
+    ftype: str,
+    rope_freq_base: bool,
+    sliding_window: int | Literal["config"] | None,
+) -> None:
     """The model's keys and its tokenizer, under the names llama.cpp's converter writes."""
     writer.add_name(checkpoint.name)
     if config["model_type"] == "gpt_bigcode":  # convert_hf_to_gguf's StarCoderModel: 4 x n_embd, one KV head

@@ -19,8 +19,8 @@ from .protocol import CompletionAsk, RequestError
 
 if TYPE_CHECKING:
     from ..engine import StarCoderEngine
-    from ..fim import FIMPrompt
-    from ..fim_request import FIMRequest
+    from ..fim.build import FIMPrompt
+    from ..fim.request import FIMRequest
     from ..repo import RepoIndex
 
 #: A running request: how to cancel it, and whether it is a warm-up.
@@ -95,7 +95,7 @@ class Completer:
 
     def model(self) -> str:
         """The configured model, else ``$LANGCHAIN_STARCODER_MODEL``, else the package's default."""
-        from ..registry import DEFAULT_MODEL
+        from .._registry import DEFAULT_MODEL
         from ..testing import MODEL_ENV
 
         return self.settings.model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
@@ -139,7 +139,7 @@ class Completer:
         """The request as the engine takes it: the live notebook's cells around the hole's cell, and, with
         ``repo_context``, the server root's repository context for the document's path. Blocking (the
         first repository scan reads the root's files): call it in a thread."""
-        from ..fim_request import FIMRequest
+        from ..fim.request import FIMRequest
         from ..notebook import NotebookContext
 
         notebook = None

@@ -99,10 +99,12 @@ class CompleteHandler(APIHandler):
                     outcome = "warm_up" if ask.warm_up else chunk.finish_reason
                     cached = chunk.cached_tokens
                     done = {
-                        "finish_reason": outcome, "middle_end": chunk.middle_end,
+                        "finish_reason": outcome,
+                        "middle_end": chunk.middle_end,
                         "completion_tokens": 0 if ask.warm_up else chunk.completion_tokens,
-                        "prompt_tokens": chunk.prompt_tokens, "cached_tokens": cached,
-                    }  # fmt: skip
+                        "prompt_tokens": chunk.prompt_tokens,
+                        "cached_tokens": cached,
+                    }
                     self.finish(line(done=True, text="".join(texts), **done), set_content_type=NDJSON)
         except asyncio.CancelledError:  # our own cancel (a task cancelled from outside is the server's)
             outcome = self._why_cancelled or "cancelled"
@@ -123,8 +125,12 @@ class CompleteHandler(APIHandler):
                 await stream.aclose()  # type: ignore[attr-defined]  # stops the engine's generation
             self.log.debug(
                 "langchain-starcoder: request %r for %r ended (%s) after %d tokens (%s prompt tokens cached)",
-                ask.request_id, ask.path, outcome, tokens, cached,
-            )  # fmt: skip
+                ask.request_id,
+                ask.path,
+                outcome,
+                tokens,
+                cached,
+            )
 
     async def _send(self, data: bytes) -> None:
         if not self._headers_written:

@@ -168,7 +168,7 @@ def configure(
     default) with ``load`` settings (``backend="llama.cpp"``, ``base_url=...``) for completions of at
     most ``max_tokens`` tokens and ``seconds`` of generation each."""
     global _active
-    from ..registry import get_engine
+    from .._registry import get_engine
     from ..testing import model_or_offline
 
     shell = shell or _shell()

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: Tokens at most when a request does not say (ghost text is a line or a short block).
-DEFAULT_MAX_TOKENS = 64
+from ..types import GHOST_TEXT_MAX_TOKENS
+
 #: What the server's configuration chooses (:class:`~.config.StarCoderJupyter`), never a request.
 SERVER_SETTINGS = ("model", "backend", "base_url")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -64,7 +64,7 @@ def parse_ask(body: Any) -> CompletionAsk:
         raise RequestError("notebook must be the notebook's nbformat-4 JSON (an object), or null for a file.")
     if notebook is not None and not _is_int(cell):
         raise RequestError("cell must be the index of the hole's cell in notebook.cells (an integer).")
-    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    max_tokens = body.get("max_tokens", GHOST_TEXT_MAX_TOKENS)
     if not _is_int(max_tokens) or max_tokens < 1:
         raise RequestError(f"max_tokens must be a positive integer, not {max_tokens!r}.")
     temperature = body.get("temperature", 0.0)

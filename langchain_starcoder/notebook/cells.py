@@ -48,7 +48,7 @@ class NotebookContext:
     """The cells around the one that holds the hole, for notebook-aware fill-in-the-middle.
 
     Pass it as ``notebook=`` to ``engine.infill`` (and its stream, async and batch forms),
-    :class:`~langchain_starcoder.fim_request.FIMRequest`, ``engine.fim_prompt`` and the wrappers' ``infill``,
+    :class:`~langchain_starcoder.fim.request.FIMRequest`, ``engine.fim_prompt`` and the wrappers' ``infill``,
     with the hole cell's live text (before and after the cursor) as prefix and suffix.
 
     Instantiate:

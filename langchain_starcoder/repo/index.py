@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import InvalidParameterError
-from ..fim_request import ContextFile
+from ..fim.request import ContextFile
 from .chunks import FileEntry, TokenCounts, Unit
 from .files import FileTree, read_beneath, relative_path
 from .lexical import Window, WordIndex
@@ -206,10 +206,12 @@ class RepoIndex:
             first, second, windowed = select(stable, near, windows, self._entries, limits, counts)
             parts = [
                 (part[path], path)
-                for part, paths in ((first, order_files(first, set(), related, hole_path)),
-                                    (second, order_files(second, windowed, related, hole_path)))
+                for part, paths in (
+                    (first, order_files(first, set(), related, hole_path)),
+                    (second, order_files(second, windowed, related, hole_path)),
+                )
                 for path in paths
-            ]  # fmt: skip
+            ]
             if one_per_file:  # a file's lines of both parts (never the same line) where it comes last
                 last = {path: k for k, (_, path) in enumerate(parts)}
                 parts = [({**first.get(path, {}), **second.get(path, {})}, path) for path in last]

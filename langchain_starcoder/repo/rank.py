@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..fim_request import ContextFile
+from ..fim.request import ContextFile
 from .chunks import FileEntry, TokenCounts, Unit
 from .lexical import Window, window_unit
 from .symbols import WORD, head_lines, name_parts, tail_lines

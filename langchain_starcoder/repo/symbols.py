@@ -14,27 +14,85 @@ from typing import Any
 
 #: File endings -> tree-sitter-language-pack names.
 LANGUAGES = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
-    ".jsx": "javascript", ".ts": "typescript", ".mts": "typescript", ".cts": "typescript", ".tsx": "tsx",
-    ".go": "go", ".rs": "rust", ".java": "java", ".kt": "kotlin", ".c": "c", ".h": "c", ".cc": "cpp",
-    ".cpp": "cpp", ".hpp": "cpp", ".cs": "csharp", ".rb": "ruby", ".php": "php", ".swift": "swift",
-    ".scala": "scala", ".lua": "lua", ".sh": "bash",
-}  # fmt: skip
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".kt": "kotlin",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".hpp": "cpp",
+    ".cs": "csharp",
+    ".rb": "ruby",
+    ".php": "php",
+    ".swift": "swift",
+    ".scala": "scala",
+    ".lua": "lua",
+    ".sh": "bash",
+}
 
 #: Definition nodes that name themselves with a ``name`` field, across grammars.
 _NAMED = (
-    "function_definition", "function_declaration", "generator_function_declaration", "method_definition",
-    "method_declaration", "class_definition", "class_declaration", "abstract_class_declaration",
-    "interface_declaration", "type_alias_declaration", "enum_declaration", "struct_item", "enum_item",
-    "trait_item", "function_item", "mod_item", "const_item", "static_item", "type_item", "type_spec",
-    "constructor_declaration", "struct_specifier", "class_specifier", "method", "class", "module",
-    "object_declaration", "protocol_declaration", "record_declaration",
-)  # fmt: skip
+    "function_definition",
+    "function_declaration",
+    "generator_function_declaration",
+    "method_definition",
+    "method_declaration",
+    "class_definition",
+    "class_declaration",
+    "abstract_class_declaration",
+    "interface_declaration",
+    "type_alias_declaration",
+    "enum_declaration",
+    "struct_item",
+    "enum_item",
+    "trait_item",
+    "function_item",
+    "mod_item",
+    "const_item",
+    "static_item",
+    "type_item",
+    "type_spec",
+    "constructor_declaration",
+    "struct_specifier",
+    "class_specifier",
+    "method",
+    "class",
+    "module",
+    "object_declaration",
+    "protocol_declaration",
+    "record_declaration",
+)
 _CLASSES = frozenset(
-    {"class_definition", "class_declaration", "abstract_class_declaration", "interface_declaration",
-     "struct_item", "enum_item", "trait_item", "class_specifier", "struct_specifier", "class",
-     "enum_declaration", "object_declaration", "protocol_declaration", "record_declaration", "type_spec"}
-)  # fmt: skip
+    {
+        "class_definition",
+        "class_declaration",
+        "abstract_class_declaration",
+        "interface_declaration",
+        "struct_item",
+        "enum_item",
+        "trait_item",
+        "class_specifier",
+        "struct_specifier",
+        "class",
+        "enum_declaration",
+        "object_declaration",
+        "protocol_declaration",
+        "record_declaration",
+        "type_spec",
+    }
+)
 #: Module-level (and class-level, for fields) assignments, per grammar where the shape differs.
 _ASSIGNMENTS = (
     # Python grammars with and without the expression_statement wrapper.
@@ -193,7 +251,7 @@ def _kind(node_type: str) -> str:
         "const_item",
         "static_item",
     ):
-        return "assignment"  # fmt: skip
+        return "assignment"
     return "function"
 
 

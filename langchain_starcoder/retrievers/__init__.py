@@ -20,7 +20,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, model_validator
 
 from ..errors import InvalidParameterError
-from ..fim_request import ContextFile
+from ..fim.request import ContextFile
 from ..repo import GAP_MARKER, RepoIndex
 from ..repo.chunks import split_lines
 from ..repo.files import relative_path

@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from ..engine import StarCoderEngine
 from ..errors import InvalidParameterError
-from ..fim_request import FIM_MODES
+from ..fim.request import FIM_MODES
 from ..types import GenerationParams, is_int
 from . import llama_api, openai_api
 from .limits import DEFAULT_MAX_BODY_BYTES
@@ -88,10 +88,18 @@ def create_app(
         msg = f"api_key must be a string or a list of strings (tenants' keys), not {type(api_key).__name__}."
         raise InvalidParameterError(msg)
     server = ServerState(
-        engine, keys, parse_special_tokens, model_name, batch_window_ms, max_body_bytes, repo=repo,
-        prompt_lookup=prompt_lookup_num_tokens, supersede=supersede, fim_mode=fim_mode,
+        engine,
+        keys,
+        parse_special_tokens,
+        model_name,
+        batch_window_ms,
+        max_body_bytes,
+        repo=repo,
+        prompt_lookup=prompt_lookup_num_tokens,
+        supersede=supersede,
+        fim_mode=fim_mode,
         stable_prefix=stable_prefix,
-    )  # fmt: skip
+    )
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
         Route("/v1/models", server.route(openai_api.models), methods=["GET"]),

@@ -133,9 +133,10 @@ class BoundedH11Protocol(H11Protocol):
     def _close_longest_waiting(self) -> bool:
         """Close the connection that has waited longest for request headers; False if none waits."""
         waiting = [
-            c for c in self.connections
+            c
+            for c in self.connections
             if c is not self and isinstance(c, BoundedH11Protocol) and c.waiting_since is not None
-        ]  # fmt: skip
+        ]
         if not waiting:
             return False
         oldest = min(waiting, key=lambda c: c.waiting_since or 0.0)

@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..engine import StarCoderEngine
-from ..fim import FIMPrompt
-from ..fim_request import FIMRequest
-from ..types import Completion, CompletionChunk, is_int, join_chunks
+from ..fim.build import FIMPrompt
+from ..fim.request import FIMRequest
+from ..types import DEFAULT_MAX_TOKENS, Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
 from .limits import MAX_RESPONSE_FIELDS, check_count, check_ids_fit, check_text_fits
 from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
@@ -23,9 +23,6 @@ from .streams import join, sse, time_limited, unless_gone
 from .structured import llama_constraint
 from .supersede import Document, document_of, supersedable
 from .tenants import salted
-
-#: Tokens at most for ``/infill`` and ``/completion`` without ``n_predict`` (or with -1, "until done").
-DEFAULT_N_PREDICT = 256
 
 
 async def health(server: ServerState, request: Request) -> Response:
@@ -74,7 +71,7 @@ async def completion(server: ServerState, request: Request) -> Response:
         raise bad_request("/completion does not support n_probs.", "n_probs")
     prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
     n_predict = field(body, "n_predict", int, -1)
-    settings = llama_settings(body, DEFAULT_N_PREDICT if n_predict < 0 else n_predict, server.prompt_lookup)
+    settings = llama_settings(body, DEFAULT_MAX_TOKENS if n_predict < 0 else n_predict, server.prompt_lookup)
     settings = salted(settings | llama_constraint(body), server.partition(request, body))
     with_tokens = field(body, "return_tokens", bool, False)
     if not field(body, "stream", bool, False):
@@ -140,7 +137,7 @@ async def infill(server: ServerState, request: Request) -> Response:
     fim_request = infill_request(body)
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
-    max_tokens = 1 if warm_up else (DEFAULT_N_PREDICT if n_predict < 0 else n_predict)
+    max_tokens = 1 if warm_up else (DEFAULT_MAX_TOKENS if n_predict < 0 else n_predict)
     salt = server.partition(request, body)  # the tenant's (and cache_salt's) own cache and documents
     settings = salted(llama_settings(body, max_tokens, server.prompt_lookup) | llama_constraint(body), salt)
     limit_ms = field(body, "t_max_predict_ms", (int, float), 0)

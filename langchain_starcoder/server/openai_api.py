@@ -14,12 +14,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .._chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
+from .._tools import constrained
 from ..backends.remote.backend import OUR_SERVER
-from ..chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from ..engine import StarCoderEngine
-from ..fim import FIMPrompt, fim_stop_token_ids
-from ..fim_request import FIMRequest
-from ..tools import constrained
+from ..fim.build import FIMPrompt, fim_stop_token_ids
+from ..fim.request import FIMRequest
 from ..types import Completion, CompletionChunk, is_int, join_chunks
 from .errors import bad_request
 from .limits import MAX_MESSAGES, MAX_PROMPTS, check_count, check_ids_fit, check_text_fits
@@ -86,8 +86,14 @@ async def completions(server: ServerState, request: Request) -> Response:
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
-        return {"id": cid, "object": "text_completion", "created": created, "model": server.name,
-                "choices": choices, **more}  # fmt: skip
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": server.name,
+            "choices": choices,
+            **more,
+        }
 
     def choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
         text = "" if warm_up or finish == CANCELLED else text  # a cancelled answer's text is stale
@@ -199,8 +205,14 @@ async def chat(server: ServerState, request: Request) -> Response:
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def chunk(kind: str, choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
-        return {"id": cid, "object": kind, "created": created, "model": server.name,
-                "choices": choices, **more}  # fmt: skip
+        return {
+            "id": cid,
+            "object": kind,
+            "created": created,
+            "model": server.name,
+            "choices": choices,
+            **more,
+        }
 
     if not field(body, "stream", bool, False):
         done = await unless_gone(request, server.generate(engine, ids, settings))

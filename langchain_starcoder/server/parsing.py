@@ -8,7 +8,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..engine import StarCoderEngine
-from ..fim_request import ContextFile, FIMRequest
+from ..fim.request import ContextFile, FIMRequest
 from ..types import is_int
 from .errors import bad_request
 from .limits import MAX_CONTEXT_FILES, check_count, check_stops, check_text_fits, read_limited
@@ -163,7 +163,10 @@ def infill_request(body: dict[str, Any]) -> FIMRequest:
     repo_name = body.get("repo_name")
     file_path = body.get("file_path")
     return FIMRequest(
-        prefix, suffix, context_files=tuple(files),
+        prefix,
+        suffix,
+        context_files=tuple(files),
         repo_name=None if repo_name is None else text(repo_name, "repo_name"),
-        file_path=None if file_path is None else text(file_path, "file_path"), **end_fields(body),
-    )  # fmt: skip
+        file_path=None if file_path is None else text(file_path, "file_path"),
+        **end_fields(body),
+    )

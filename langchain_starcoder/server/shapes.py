@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..fim_request import ContextFile
+from ..fim.request import ContextFile
 from ..types import Completion, usage
 
 #: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ..fim_request import ContextFile
+from ..fim.request import ContextFile
 from .supersede import Document
 
 #: Documents whose order is remembered (least recently used go first).

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
-from ..fim import FIMPrompt
-from ..fim_request import ContextFile, FIMRequest
+from ..fim.build import FIMPrompt
+from ..fim.request import ContextFile, FIMRequest
 from .supersede import Document
 
 #: Documents whose prefix is remembered (the least recently used is forgotten first).

@@ -16,10 +16,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._tokens import max_text_chars
 from ..engine import StarCoderEngine
-from ..fim import FIMPrompt
-from ..fim_request import FIMRequest
-from ..tokens import max_text_chars
+from ..fim.build import FIMPrompt
+from ..fim.request import FIMRequest
 from ..types import Completion, is_int
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response

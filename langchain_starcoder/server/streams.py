@@ -46,10 +46,15 @@ async def time_limited(
             newline = newline or "\n" in chunk.text
             if newline and (now - first) * 1000 >= limit_ms:
                 yield CompletionChunk(
-                    "", [], finish_reason=TIME_LIMIT, prompt_tokens=prompt_tokens, cached_tokens=None,
-                    completion_tokens=generated, prompt_seconds=first - started,
+                    "",
+                    [],
+                    finish_reason=TIME_LIMIT,
+                    prompt_tokens=prompt_tokens,
+                    cached_tokens=None,
+                    completion_tokens=generated,
+                    prompt_seconds=first - started,
                     generation_seconds=now - first,
-                )  # fmt: skip
+                )
                 return
     finally:
         await stream.aclose()  # type: ignore[attr-defined]  # a cut (or dropped) answer stops generating

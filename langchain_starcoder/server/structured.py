@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..tools import COMPACT, InvalidToolCall, ToolCall, ToolPlan, call_text, plan_of, result_text
+from .._tools import COMPACT, InvalidToolCall, ToolCall, ToolPlan, call_text, plan_of, result_text
 from ..types import Completion, CompletionChunk
 from .errors import bad_request
 from .limits import check_count

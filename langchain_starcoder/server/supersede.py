@@ -134,10 +134,15 @@ async def _until_superseded(
         if claim.superseded.is_set():
             now = time.perf_counter()
             yield CompletionChunk(
-                "", [], finish_reason=CANCELLED, prompt_tokens=prompt_tokens, cached_tokens=None,
-                completion_tokens=generated, prompt_seconds=None if first is None else first - started,
+                "",
+                [],
+                finish_reason=CANCELLED,
+                prompt_tokens=prompt_tokens,
+                cached_tokens=None,
+                completion_tokens=generated,
+                prompt_seconds=None if first is None else first - started,
                 generation_seconds=0.0 if first is None else now - first,
-            )  # fmt: skip
+            )
     finally:
         documents.release(claim)
         await stream.aclose()  # type: ignore[attr-defined]

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from .._registry import DEFAULT_MODEL
 from ..errors import ModelNotFoundError
 from ..loading import QUANTIZE_BITS, check_choice, resolve_model_path
-from ..registry import DEFAULT_MODEL
 from .tokenizer import SPECIAL_TOKENS, STARCODER_SPECIAL_TOKENS, write_tokenizer
 from .weights import (
     Draw,
@@ -36,10 +36,20 @@ from .weights import (
 )
 
 __all__ = [
-    "GPT_BIGCODE_PRESETS", "INSTRUCT_CHAT_TEMPLATE", "MODEL_ENV", "PRESETS", "SPECIAL_TOKENS",
-    "STARCHAT_CHAT_TEMPLATE", "STARCHAT_TOKENS", "STARCODER_SPECIAL_TOKENS", "ResourceError",
-    "build_gpt_bigcode", "build_starcoder2", "copy_checkpoint", "model_or_offline",
-]  # fmt: skip
+    "GPT_BIGCODE_PRESETS",
+    "INSTRUCT_CHAT_TEMPLATE",
+    "MODEL_ENV",
+    "PRESETS",
+    "SPECIAL_TOKENS",
+    "STARCHAT_CHAT_TEMPLATE",
+    "STARCHAT_TOKENS",
+    "STARCODER_SPECIAL_TOKENS",
+    "ResourceError",
+    "build_gpt_bigcode",
+    "build_starcoder2",
+    "copy_checkpoint",
+    "model_or_offline",
+]
 
 #: Where the command line and the notebooks (through model_or_offline) read the model from.
 MODEL_ENV = "LANGCHAIN_STARCODER_MODEL"
@@ -62,22 +72,64 @@ _COMMON = {
 
 #: Shapes of the real checkpoints (their Hugging Face configs), and "tiny" for tests.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=256, vocab_size=1024, rope_theta=10000.0, sliding_window=512,
-                 max_position_embeddings=2048, tie_word_embeddings=False),
-    "small": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=1024, vocab_size=1024, rope_theta=10000.0, sliding_window=512,
-                  max_position_embeddings=2048, tie_word_embeddings=False),
-    "3b": dict(hidden_size=3072, num_hidden_layers=30, num_attention_heads=24, num_key_value_heads=2,
-               intermediate_size=12288, vocab_size=49152, rope_theta=999999.4420358813,
-               sliding_window=4096, max_position_embeddings=16384),
-    "7b": dict(hidden_size=4608, num_hidden_layers=32, num_attention_heads=36, num_key_value_heads=4,
-               intermediate_size=18432, vocab_size=49152, rope_theta=1000000.0,
-               sliding_window=4096, max_position_embeddings=16384),
-    "15b": dict(hidden_size=6144, num_hidden_layers=40, num_attention_heads=48, num_key_value_heads=4,
-                intermediate_size=24576, vocab_size=49152, rope_theta=100000.0,
-                sliding_window=4096, max_position_embeddings=16384),
-}  # fmt: skip
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=1024,
+        rope_theta=10000.0,
+        sliding_window=512,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    ),
+    "small": dict(
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=1024,
+        vocab_size=1024,
+        rope_theta=10000.0,
+        sliding_window=512,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    ),
+    "3b": dict(
+        hidden_size=3072,
+        num_hidden_layers=30,
+        num_attention_heads=24,
+        num_key_value_heads=2,
+        intermediate_size=12288,
+        vocab_size=49152,
+        rope_theta=999999.4420358813,
+        sliding_window=4096,
+        max_position_embeddings=16384,
+    ),
+    "7b": dict(
+        hidden_size=4608,
+        num_hidden_layers=32,
+        num_attention_heads=36,
+        num_key_value_heads=4,
+        intermediate_size=18432,
+        vocab_size=49152,
+        rope_theta=1000000.0,
+        sliding_window=4096,
+        max_position_embeddings=16384,
+    ),
+    "15b": dict(
+        hidden_size=6144,
+        num_hidden_layers=40,
+        num_attention_heads=48,
+        num_key_value_heads=4,
+        intermediate_size=24576,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        sliding_window=4096,
+        max_position_embeddings=16384,
+    ),
+}
 
 _DTYPES = ("float32", "float16", "bfloat16")
 
@@ -146,11 +198,16 @@ def build_starcoder2(
         config["torch_dtype"] = "float16"
     stored = f"{quantize}-bit" if quantize else dtype
     _write_checkpoint(
-        Path(path), config, partial(_starcoder2_weights, config), seed=seed, dtype=dtype,
-        quantization=quantization, max_shard_bytes=max_shard_bytes,
+        Path(path),
+        config,
+        partial(_starcoder2_weights, config),
+        seed=seed,
+        dtype=dtype,
+        quantization=quantization,
+        max_shard_bytes=max_shard_bytes,
         tokenizer=partial(write_tokenizer, vocab_size=config["vocab_size"], chat_template=chat_template),
         what=f"a {preset} StarCoder2 checkpoint ({config['num_hidden_layers']} layers, {stored})",
-    )  # fmt: skip
+    )
     return Path(path)
 
 
@@ -162,10 +219,13 @@ def _starcoder2_weights(config: dict[str, Any], draw: Draw) -> Iterator[dict[str
     yield {"model.embed_tokens.weight": draw.embedding(config["vocab_size"], hidden, len(SPECIAL_TOKENS))}
     for i in range(config["num_hidden_layers"]):
         linears = (
-            ("self_attn.q_proj", hidden, hidden), ("self_attn.k_proj", kv, hidden),
-            ("self_attn.v_proj", kv, hidden), ("self_attn.o_proj", hidden, hidden),
-            ("mlp.c_fc", inter, hidden), ("mlp.c_proj", hidden, inter),
-        )  # fmt: skip
+            ("self_attn.q_proj", hidden, hidden),
+            ("self_attn.k_proj", kv, hidden),
+            ("self_attn.v_proj", kv, hidden),
+            ("self_attn.o_proj", hidden, hidden),
+            ("mlp.c_fc", inter, hidden),
+            ("mlp.c_proj", hidden, inter),
+        )
         yield dense_and_norms(
             f"model.layers.{i}.", linears, ("input_layernorm", "post_attention_layernorm"), draw
         )
@@ -250,26 +310,47 @@ def build_gpt_bigcode(
     check_choice("preset", preset, tuple(GPT_BIGCODE_PRESETS))
     check_choice("dtype", dtype, _DTYPES)
     config: dict[str, Any] = {
-        "model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"],
+        "model_type": "gpt_bigcode",
+        "architectures": ["GPTBigCodeForCausalLM"],
         **GPT_BIGCODE_PRESETS[preset],
-        "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "multi_query": multi_query,
-        "scale_attn_weights": True, "attention_softmax_in_fp32": True,
+        "activation_function": "gelu_pytorch_tanh",
+        "layer_norm_epsilon": 1e-5,
+        "multi_query": multi_query,
+        "scale_attn_weights": True,
+        "attention_softmax_in_fp32": True,
         "scale_attention_softmax_in_fp32": True,
-        "tie_word_embeddings": tie_word_embeddings, "bos_token_id": 0, "eos_token_id": 0,
-        "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "initializer_range": 0.02,
-        "use_cache": True, "torch_dtype": dtype,
-    }  # fmt: skip
+        "tie_word_embeddings": tie_word_embeddings,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "attn_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "resid_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": dtype,
+    }
     if n_positions is not None:
         config["n_positions"] = n_positions
     starchat = chat_template == STARCHAT_CHAT_TEMPLATE
     specials = STARCODER_SPECIAL_TOKENS + (STARCHAT_TOKENS if starchat else ())
     eos = "<|end|>" if starchat else "<|endoftext|>"
     _write_checkpoint(
-        Path(path), config, partial(_gpt_bigcode_weights, config), seed=seed, dtype=dtype, quantization=None,
-        max_shard_bytes=None, what=f"a {preset} StarCoder checkpoint",
-        tokenizer=partial(write_tokenizer, vocab_size=config["vocab_size"], chat_template=chat_template,
-                          special_tokens=specials, eos_token=eos),
-    )  # fmt: skip
+        Path(path),
+        config,
+        partial(_gpt_bigcode_weights, config),
+        seed=seed,
+        dtype=dtype,
+        quantization=None,
+        max_shard_bytes=None,
+        what=f"a {preset} StarCoder checkpoint",
+        tokenizer=partial(
+            write_tokenizer,
+            vocab_size=config["vocab_size"],
+            chat_template=chat_template,
+            special_tokens=specials,
+            eos_token=eos,
+        ),
+    )
     return Path(path)
 
 
@@ -284,9 +365,11 @@ def _gpt_bigcode_weights(config: dict[str, Any], draw: Draw) -> Iterator[dict[st
     }
     for i in range(config["n_layer"]):
         linears = (
-            ("attn.c_attn", hidden + 2 * kv, hidden), ("attn.c_proj", hidden, hidden),
-            ("mlp.c_fc", inner, hidden), ("mlp.c_proj", hidden, inner),
-        )  # fmt: skip
+            ("attn.c_attn", hidden + 2 * kv, hidden),
+            ("attn.c_proj", hidden, hidden),
+            ("mlp.c_fc", inner, hidden),
+            ("mlp.c_proj", hidden, inner),
+        )
         yield dense_and_norms(f"transformer.h.{i}.", linears, ("ln_1", "ln_2"), draw)
     last = dense_and_norms("transformer.", (), ("ln_f",), draw, hidden)
     if not config["tie_word_embeddings"]:

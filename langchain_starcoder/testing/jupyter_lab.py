@@ -75,14 +75,22 @@ class JupyterLab:
             **self.env,
         }
         command = [
-            sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
-            "--ServerApp.log_level=DEBUG", "--allow-root",  # CI containers run as root
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+            "--ServerApp.log_level=DEBUG",
+            "--allow-root",  # CI containers run as root
             # Nothing from the network: no news feed, update check or extension listing.
-            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             "--LabApp.extension_manager=readonly",
-        ]  # fmt: skip
+        ]
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True

@@ -11,33 +11,128 @@ from typing import Any
 
 #: StarCoder2's special tokens, in the order (and so with the ids) of the real tokenizer.
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<repo_name>",
-    "<file_sep>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
-    "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<jupyter_script>", "<empty_output>",
-    "<code_to_intermediate>", "<intermediate_to_code>", "<pr>", "<pr_status>", "<pr_is_merged>",
-    "<pr_base>", "<pr_file>", "<pr_base_code>", "<pr_diff>", "<pr_diff_hunk>", "<pr_comment>",
-    "<pr_event_id>", "<pr_review>", "<pr_review_state>", "<pr_review_comment>",
-    "<pr_in_reply_to_review_id>", "<pr_in_reply_to_comment_id>", "<pr_diff_hunk_comment_line>",
-    "<NAME>", "<EMAIL>", "<KEY>", "<PASSWORD>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "<fim_prefix>",
+    "<fim_middle>",
+    "<fim_suffix>",
+    "<fim_pad>",
+    "<repo_name>",
+    "<file_sep>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<jupyter_script>",
+    "<empty_output>",
+    "<code_to_intermediate>",
+    "<intermediate_to_code>",
+    "<pr>",
+    "<pr_status>",
+    "<pr_is_merged>",
+    "<pr_base>",
+    "<pr_file>",
+    "<pr_base_code>",
+    "<pr_diff>",
+    "<pr_diff_hunk>",
+    "<pr_comment>",
+    "<pr_event_id>",
+    "<pr_review>",
+    "<pr_review_state>",
+    "<pr_review_comment>",
+    "<pr_in_reply_to_review_id>",
+    "<pr_in_reply_to_comment_id>",
+    "<pr_diff_hunk_comment_line>",
+    "<NAME>",
+    "<EMAIL>",
+    "<KEY>",
+    "<PASSWORD>",
+)
 
 #: StarCoder's special tokens in the order of bigcode/starcoder's tokenizer (ids 0 to 18), as we know
 #: it from its published special_tokens_map (not re-read here: the hub is out of reach).
 STARCODER_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<filename>",
-    "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
-    "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<empty_output>", "<commit_before>",
-    "<commit_msg>", "<commit_after>", "<reponame>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "<fim_prefix>",
+    "<fim_middle>",
+    "<fim_suffix>",
+    "<fim_pad>",
+    "<filename>",
+    "<gh_stars>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<empty_output>",
+    "<commit_before>",
+    "<commit_msg>",
+    "<commit_after>",
+    "<reponame>",
+)
 
 _WORDS = [
-    "self", "value", "index", "count", "total", "result", "items", "data", "config", "model", "token",
-    "prompt", "cache", "engine", "request", "response", "stream", "chunk", "buffer", "parser", "reader",
-    "writer", "file", "path", "name", "user", "client", "server", "query", "table", "row", "column", "key",
-    "node", "tree", "graph", "list", "dict", "string", "number", "error", "message", "window", "layer",
-    "weight", "matrix", "vector", "batch", "queue", "thread", "lock", "event", "state", "handler",
-    "callback", "future",
-]  # fmt: skip
+    "self",
+    "value",
+    "index",
+    "count",
+    "total",
+    "result",
+    "items",
+    "data",
+    "config",
+    "model",
+    "token",
+    "prompt",
+    "cache",
+    "engine",
+    "request",
+    "response",
+    "stream",
+    "chunk",
+    "buffer",
+    "parser",
+    "reader",
+    "writer",
+    "file",
+    "path",
+    "name",
+    "user",
+    "client",
+    "server",
+    "query",
+    "table",
+    "row",
+    "column",
+    "key",
+    "node",
+    "tree",
+    "graph",
+    "list",
+    "dict",
+    "string",
+    "number",
+    "error",
+    "message",
+    "window",
+    "layer",
+    "weight",
+    "matrix",
+    "vector",
+    "batch",
+    "queue",
+    "thread",
+    "lock",
+    "event",
+    "state",
+    "handler",
+    "callback",
+    "future",
+]
 _TEMPLATES = (
     'def {a}_{b}({c}, {d}=None):\n    """Return the {b} of {c}."""\n    if {d} is None:\n'
     "        {d} = {n}\n    return [{c}.{a} for {c} in {d}]\n\n",
@@ -59,10 +154,16 @@ def _corpus(seed: int = 1234, documents: int = 3000) -> list[str]:
         a, b, c, d = (rng.choice(_WORDS) for _ in range(4))
         out.append(
             rng.choice(_TEMPLATES).format(
-                a=a, b=b, c=c, d=d, A=a.title(), B=b.title(), n=rng.randint(0, 999),
+                a=a,
+                b=b,
+                c=c,
+                d=d,
+                A=a.title(),
+                B=b.title(),
+                n=rng.randint(0, 999),
                 m=rng.randint(0, 99),
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -105,11 +206,15 @@ def write_tokenizer(
 
     added = {
         str(i): {
-            "content": tok, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True,
+            "content": tok,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
         }
         for i, tok in enumerate(special_tokens)
-    }  # fmt: skip
+    }
     tokenizer_config: dict[str, Any] = {
         "tokenizer_class": "GPT2Tokenizer",
         "add_prefix_space": False,

@@ -93,15 +93,34 @@ class VLLMServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log or Path(model).with_name(f"{Path(model).name}-vllm.log")
         self.args = [
-            str(vllm_python(venv)), "-c", _SUPERVISOR, "--model", str(model),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--max-model-len", str(max_model_len), "--enable-prefix-caching",
-            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log",
-        ]  # fmt: skip
-        self.env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-                    "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-                    # one core kept from its compute threads: its front answers while it generates
-                    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}  # fmt: skip
+            str(vllm_python(venv)),
+            "-c",
+            _SUPERVISOR,
+            "--model",
+            str(model),
+            "--served-model-name",
+            name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(max_model_len),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--disable-uvicorn-access-log",
+        ]
+        self.env = {
+            **os.environ,
+            "VLLM_TARGET_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            # one core kept from its compute threads: its front answers while it generates
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
+        }
         self.proc: subprocess.Popen | None = None
         self.ready_seconds: float | None = None
         atexit.register(self.stop)

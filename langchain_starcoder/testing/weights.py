@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .._progress import progress_bar
 from ..errors import StarCoderError
-from ..progress import progress_bar
 
 #: The groups of a checkpoint's weights, in file order, drawn by ``draw`` (one dict per layer or so).
 Groups = Callable[["Draw"], Iterator[dict[str, np.ndarray]]]

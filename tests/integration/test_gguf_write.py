@@ -17,8 +17,8 @@ from test_remote import GREEDY, PROMPTS
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError
 from langchain_starcoder.gguf_format import convert_to_gguf, read_header, write_gguf
-from langchain_starcoder.gguf_testing import LlamaServer
 from langchain_starcoder.testing import PRESETS, build_gpt_bigcode, build_starcoder2
+from langchain_starcoder.testing.gguf import LlamaServer
 
 IDS = [5, 17, 300, 42, 99, 7, 512, 3, 64, 250, 11, 800]
 

@@ -16,7 +16,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from langchain_starcoder import ContextFile, StarCoderEngine, StarCoderLLM, build_fim_prompt
-from langchain_starcoder.chat import chat_prompt_ids
+from langchain_starcoder._chat import chat_prompt_ids
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, SPECIAL_TOKENS
 

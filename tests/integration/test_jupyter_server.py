@@ -177,17 +177,24 @@ def test_the_streamed_middle_equals_engine_infill_with_the_notebook_context(
     repo = {"repo": RepoIndex(root), "file_path": NOTEBOOK} if repo_context else {}
     expected = tiny_engine.infill(prefix, suffix, notebook=ctx, max_tokens=N, temperature=0, **repo)
     body = {
-        "prefix": prefix, "suffix": suffix, "path": NOTEBOOK, "notebook": nb, "cell": cell,
-        "max_tokens": N, "repo_context": repo_context, "request_id": f"nb-{repo_context}",
-    }  # fmt: skip
+        "prefix": prefix,
+        "suffix": suffix,
+        "path": NOTEBOOK,
+        "notebook": nb,
+        "cell": cell,
+        "max_tokens": N,
+        "repo_context": repo_context,
+        "request_id": f"nb-{repo_context}",
+    }
     lines = answer_lines(ask(lab, body))
     *texts, done = lines
     assert texts and all(set(line) == {"text"} for line in texts)  # streamed, line by line
     assert "".join(line["text"] for line in texts) == done["text"] == expected.text
     assert done["done"] is True and done["finish_reason"] == expected.finish_reason
     assert (done["prompt_tokens"], done["completion_tokens"]) == (
-        expected.prompt_tokens, expected.completion_tokens,
-    )  # fmt: skip
+        expected.prompt_tokens,
+        expected.completion_tokens,
+    )
     if repo_context:  # the imported module came as context: the prompt is not the notebook's alone
         alone = tiny_engine.fim_prompt(FIMRequest(prefix, suffix, notebook=ctx), N)
         assert done["prompt_tokens"] > len(alone.token_ids)
@@ -454,9 +461,13 @@ def long_body(project, long_hole, request_id: str, path: str = NOTEBOOK) -> dict
     _, notebook, cell = project
     prefix, _ = long_hole
     return {
-        "prefix": prefix, "path": path, "notebook": live(notebook, cell, prefix), "cell": cell,
-        "max_tokens": LONG_TOKENS, "request_id": request_id,
-    }  # fmt: skip
+        "prefix": prefix,
+        "path": path,
+        "notebook": live(notebook, cell, prefix),
+        "cell": cell,
+        "max_tokens": LONG_TOKENS,
+        "request_id": request_id,
+    }
 
 
 def test_a_client_that_disconnects_stops_its_generation(lab, project, long_hole, tiny_engine):
@@ -600,12 +611,17 @@ def jupyter_in_this_process(root: Path, *argv: str) -> Iterator[tuple[str, dict[
         app = ServerInThisProcess()
         app.initialize(
             argv=[
-                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={port}",
+                f"--IdentityProvider.token={token}",
                 f"--ServerApp.root_dir={root}",
-                "--allow-root", "--no-browser",
-                "--ServerApp.jpserver_extensions", "langchain_starcoder.jupyter=True", *argv,
+                "--allow-root",
+                "--no-browser",
+                "--ServerApp.jpserver_extensions",
+                "langchain_starcoder.jupyter=True",
+                *argv,
             ]
-        )  # fmt: skip
+        )
         apps.append(app)
         app.io_loop.add_callback(started.set)
         app.start()

@@ -30,6 +30,7 @@ import httpx
 import pytest
 from children import start_interruptible
 from conftest import clean_copy
+from langchain_starcoder.fim.request import FIMRequest
 from test_remote import (  # noqa: F401  (the parity tests, run here over the managed engine)
     FIM_REQUESTS,
     GREEDY,
@@ -46,7 +47,6 @@ from test_remote import (  # noqa: F401  (the parity tests, run here over the ma
 from langchain_starcoder import StarCoderEngine, StarCoderLLM, cli
 from langchain_starcoder.backends.managed_llama import LlamaServerError
 from langchain_starcoder.errors import EngineClosedError, InvalidParameterError, StarCoderError
-from langchain_starcoder.fim_request import FIMRequest
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.testing import build_starcoder2
 from langchain_starcoder.testing.servers import free_port, wait_healthy
@@ -416,8 +416,18 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 def test_cli_generate_and_infill_on_llama_cpp(
     capsys: pytest.CaptureFixture[str], full_path: Path, local: StarCoderEngine, cache: Path
 ) -> None:
-    code, out, err = _cli(capsys, "generate", "--model", full_path, "--backend", "llama.cpp",
-                          "--prompt", PROMPTS[0], "--max-tokens", 16)  # fmt: skip
+    code, out, err = _cli(
+        capsys,
+        "generate",
+        "--model",
+        full_path,
+        "--backend",
+        "llama.cpp",
+        "--prompt",
+        PROMPTS[0],
+        "--max-tokens",
+        16,
+    )
     assert code == 0 and out == local.generate(PROMPTS[0], max_tokens=16).text
     assert "on llama.cpp" in err and re.search(SPEEDS, err)
     request = FIM_REQUESTS["psm"]
@@ -436,8 +446,16 @@ def test_cli_base_url_generate_and_serve_in_front(
     --base-url`` puts our server (FIM layouts, /infill) in front of it."""
     remote.generate("x", max_tokens=1)  # starts the child again if a fault test left it stopped
     server = remote.backend.server
-    target = ["--base-url", server.url, "--model", server.alias, "--tokenizer", full_path,
-              "--remote-api-key", server.api_key]  # fmt: skip
+    target = [
+        "--base-url",
+        server.url,
+        "--model",
+        server.alias,
+        "--tokenizer",
+        full_path,
+        "--remote-api-key",
+        server.api_key,
+    ]
     code, out, err = _cli(capsys, "generate", *target, "--prompt", PROMPTS[1], "--max-tokens", 16)
     assert code == 0 and out == local.generate(PROMPTS[1], max_tokens=16).text
     assert f"Connected to {server.url}" in err and re.search(SPEEDS, err)
@@ -447,16 +465,20 @@ def test_cli_base_url_generate_and_serve_in_front(
     port = free_port()
     front = subprocess.Popen(
         [sys.executable, "-m", "langchain_starcoder", "serve", *map(str, target), "--port", str(port)],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(front, url)
         request = FIM_REQUESTS["repo"]
         body = {
-            "input_prefix": request.prefix, "input_suffix": request.suffix, "n_predict": 16,
+            "input_prefix": request.prefix,
+            "input_suffix": request.suffix,
+            "n_predict": 16,
             "input_extra": [{"filename": f.path, "text": f.text} for f in request.context_files],
-        }  # fmt: skip
+        }
         got = httpx.post(f"{url}/infill", json=body, timeout=60).json()["content"]
         files = list(request.context_files)
         assert (

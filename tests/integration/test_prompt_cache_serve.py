@@ -19,9 +19,18 @@ PREFIX, SUFFIX = "from pkg.handlers import handler_3\n\n\ndef main():\n    ", "\
 def serve(model: Path, repo: Path, cache_home: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [
-        sys.executable, "-m", "langchain_starcoder", "serve", "--model", str(model), "--port", str(port),
-        "--repo", str(repo), *flags,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "langchain_starcoder",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--repo",
+        str(repo),
+        *flags,
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(cache_home)}
     env.pop("LANGCHAIN_STARCODER_PROMPT_CACHE_DIR", None)  # conftest's: the default under XDG_CACHE_HOME here
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)

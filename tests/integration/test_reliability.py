@@ -511,11 +511,23 @@ def test_ctrl_c_during_a_long_prefill_exits_promptly(tmp_path: Path) -> None:
     assert steps >= 8  # many steps: stopping after one or two is far from the end
     (tmp_path / "prompt.txt").write_text(prompt)
     child = start_interruptible(
-        [sys.executable, "-c", CLI_REPORTING_PREFILL_STEPS, "generate", "--model", str(path),
-         "--file", str(tmp_path / "prompt.txt"), "--max-tokens", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            CLI_REPORTING_PREFILL_STEPS,
+            "generate",
+            "--model",
+            str(path),
+            "--file",
+            str(tmp_path / "prompt.txt"),
+            "--max-tokens",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     # Interrupted once the second step has begun: during the first, MLX compiles its CPU kernels with
     # system(), which ignores SIGINT while the compiler runs (a Ctrl-C then is lost).
     seen, begun = [], 0

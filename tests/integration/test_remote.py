@@ -24,12 +24,12 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
 from langchain_starcoder.errors import GrammarError
-from langchain_starcoder.fim_request import ContextFile, FIMRequest
-from langchain_starcoder.gguf_testing import LlamaServer, free_port, write_gguf
+from langchain_starcoder.testing.gguf import LlamaServer, free_port, write_gguf
 from langchain_starcoder.testing.vllm_server import VLLMServer
 
 GREEDY = {"max_tokens": 32, "temperature": 0.0}
@@ -278,11 +278,13 @@ FIM_REQUESTS = {
     "psm": FIMRequest("def total_count(items):\n    ", "\n    return total\n"),
     "spm": FIMRequest("def total_count(items):\n    ", "\n    return total\n", mode="spm"),
     "repo": FIMRequest(
-        "from engine import Cache\n\ndef cache_", "\n    return cache\n",
+        "from engine import Cache\n\ndef cache_",
+        "\n    return cache\n",
         context_files=[ContextFile("engine.py", CACHE_PY)],
-        repo_name="acme/tools", file_path="main.py",
+        repo_name="acme/tools",
+        file_path="main.py",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("layout", sorted(FIM_REQUESTS))
@@ -430,9 +432,12 @@ def test_every_seed_of_ours_is_taken(served: Served, seed: int) -> None:
 def test_cached_tokens_reported(served: Served) -> None:
     # Long enough (about 600 tokens) for vLLM's 128-token cache blocks.
     request = FIMRequest(
-        "from engine import Cache\n\ndef cache_", "\n    return cache\n",
-        context_files=[ContextFile("engine.py", CACHE_PY * 12)], repo_name="acme/tools", file_path="main.py",
-    )  # fmt: skip
+        "from engine import Cache\n\ndef cache_",
+        "\n    return cache\n",
+        context_files=[ContextFile("engine.py", CACHE_PY * 12)],
+        repo_name="acme/tools",
+        file_path="main.py",
+    )
     first = served.remote.infill(request, **GREEDY)
     again = served.remote.infill(request, **GREEDY)
     assert again.text == first.text and again.prompt_tokens > 300
@@ -773,8 +778,11 @@ class Stub:
                         {"tokens": [second], "content": "ж", "tokens_predicted": 3, "stop": False},
                         {"tokens": [], "content": "", "tokens_predicted": 3, "stop": True},
                     ]
-                    self._send(200, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
-                               "text/event-stream")  # fmt: skip
+                    self._send(
+                        200,
+                        b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
+                        "text/event-stream",
+                    )
                 elif (
                     stub.mode == "fffd"
                 ):  # as llama.cpp when the model writes a stray byte: held, then U+FFFD
@@ -788,14 +796,20 @@ class Stub:
                         },
                         {"tokens": [], "content": "", "tokens_predicted": 3, "stop": True},
                     ]
-                    self._send(200, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
-                               "text/event-stream")  # fmt: skip
+                    self._send(
+                        200,
+                        b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
+                        "text/event-stream",
+                    )
                 else:  # three tokens ("a", "b", "c" in the tiny vocabulary), then the end
                     ids = [stub.ids[c] for c in "abc"]
                     events = [{"tokens": [i], "stop": False, "timings": {"cache_n": 3}} for i in ids]
                     events.append({"tokens": [], "stop": True})
-                    self._send(200, b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
-                               "text/event-stream")  # fmt: skip
+                    self._send(
+                        200,
+                        b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events),
+                        "text/event-stream",
+                    )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

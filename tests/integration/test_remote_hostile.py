@@ -39,8 +39,11 @@ class HostileStub:
     bodies of ``/v1/models`` and ``/props``; ``stream(body, write)`` writes a completion's body."""
 
     def __init__(self, stream: Callable[[dict[str, Any], Write], None], vllm: bool = False) -> None:
-        card: dict[str, Any] = {"id": "tiny", "max_model_len": CONTEXT} if vllm else {
-            "id": "tiny", "meta": {"n_vocab": VOCAB, "n_ctx_train": CONTEXT}}  # fmt: skip
+        card: dict[str, Any] = (
+            {"id": "tiny", "max_model_len": CONTEXT}
+            if vllm
+            else {"id": "tiny", "meta": {"n_vocab": VOCAB, "n_ctx_train": CONTEXT}}
+        )
         self.models: Any = {"data": [card]}
         self.props: Any = {"default_generation_settings": {"n_ctx": CONTEXT}}
         self.stream = stream
@@ -127,14 +130,19 @@ def vllm_events(
 ) -> Callable[[dict[str, Any], Write], None]:
     def stream(body: dict[str, Any], write: Write) -> None:
         head = {"id": "cmpl-1", "object": "text_completion", "model": "tiny"}
-        chunks = [{**head, "choices": [{"index": 0, "text": c, "token_ids": [ids[c]], "finish_reason": None}]}
-                  for c in "abc"]  # fmt: skip
+        chunks = [
+            {**head, "choices": [{"index": 0, "text": c, "token_ids": [ids[c]], "finish_reason": None}]}
+            for c in "abc"
+        ]
         chunks[0]["choices"][0]["prompt_token_ids"] = body["prompt"]
         if token is not None:
             chunks[1]["choices"][0]["token_ids"] = [token]
         chunks[-1]["choices"][0]["finish_reason"] = "length"
-        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 3,
-                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        usage = {
+            "prompt_tokens": len(body["prompt"]),
+            "completion_tokens": 3,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         write(sse(*chunks, {**head, "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
 
     return stream
@@ -207,9 +215,18 @@ def test_impossible_generated_counts_are_refused(
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n_ctx", 0), ("n_ctx", -100), ("n_ctx", True), ("n_ctx", 2048.0), ("n_vocab", "1024"),
-     ("n_vocab", 0), ("n_ctx_train", -1), ("max_model_len", 0), ("max_model_len", True)],
-)  # fmt: skip
+    [
+        ("n_ctx", 0),
+        ("n_ctx", -100),
+        ("n_ctx", True),
+        ("n_ctx", 2048.0),
+        ("n_vocab", "1024"),
+        ("n_vocab", 0),
+        ("n_ctx_train", -1),
+        ("max_model_len", 0),
+        ("max_model_len", True),
+    ],
+)
 def test_impossible_sizes_are_refused_at_connect(
     tiny_path: Path, ids: dict[str, int], field: str, value: Any
 ) -> None:
@@ -252,10 +269,13 @@ def llama_stub(tiny_path: Path, ids: dict[str, int]) -> Iterator[tuple[HostileSt
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     value=st.one_of(
-        st.integers(min_value=-(2**80), max_value=2**80), st.booleans(), st.none(),
-        st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=3),
+        st.integers(min_value=-(2**80), max_value=2**80),
+        st.booleans(),
+        st.none(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=3),
     )
-)  # fmt: skip
+)
 def test_any_streamed_id_is_in_the_vocabulary_or_refused(
     llama_stub: tuple[HostileStub, StarCoderEngine], ids: dict[str, int], value: Any
 ) -> None:
@@ -432,7 +452,7 @@ def test_wrapper_timeout_error_names_its_field(tiny_path: Path, ids: dict[str, i
 
 
 def test_unreachable_error_names_max_retries(tiny_path: Path) -> None:
-    from langchain_starcoder.gguf_testing import free_port
+    from langchain_starcoder.testing.gguf import free_port
 
     nothing = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(
@@ -485,12 +505,28 @@ def test_cli_stats_say_the_prompt_rate_is_unknown() -> None:
     from langchain_starcoder.cli import _stats
     from langchain_starcoder.types import CompletionChunk
 
-    unknown = CompletionChunk("", [], finish_reason="length", prompt_tokens=4, cached_tokens=0,
-                              completion_tokens=3, prompt_seconds=None, generation_seconds=0.5)  # fmt: skip
+    unknown = CompletionChunk(
+        "",
+        [],
+        finish_reason="length",
+        prompt_tokens=4,
+        cached_tokens=0,
+        completion_tokens=3,
+        prompt_seconds=None,
+        generation_seconds=0.5,
+    )
     line = _stats(unknown)
     assert "prompt: 4 tokens, speed unknown" in line and "generation: 3 tokens, 6.0 tokens/s" in line
-    known = CompletionChunk("", [], finish_reason="length", prompt_tokens=4, cached_tokens=0,
-                            completion_tokens=3, prompt_seconds=0.5, generation_seconds=0.5)  # fmt: skip
+    known = CompletionChunk(
+        "",
+        [],
+        finish_reason="length",
+        prompt_tokens=4,
+        cached_tokens=0,
+        completion_tokens=3,
+        prompt_seconds=0.5,
+        generation_seconds=0.5,
+    )
     assert "prompt: 4 tokens, 8.0 tokens/s" in _stats(known)
 
 
@@ -498,8 +534,16 @@ def test_infill_timings_say_unknown_as_null() -> None:
     from langchain_starcoder.server.shapes import final_answer
     from langchain_starcoder.types import Completion
 
-    completion = Completion("x", [1], "length", prompt_tokens=4, cached_tokens=1, completion_tokens=1,
-                            prompt_seconds=None, generation_seconds=0.5)  # fmt: skip
+    completion = Completion(
+        "x",
+        [1],
+        "length",
+        prompt_tokens=4,
+        cached_tokens=1,
+        completion_tokens=1,
+        prompt_seconds=None,
+        generation_seconds=0.5,
+    )
     timings = final_answer("tiny", completion, "x", False, 1)["timings"]
     assert timings["prompt_ms"] is None and timings["prompt_per_second"] is None
     assert timings["prompt_per_token_ms"] is None and timings["predicted_per_second"] == 2.0

@@ -21,8 +21,8 @@ from langchain_starcoder.backends import Generation
 from langchain_starcoder.backends.remote.llama_cpp import LlamaCpp
 from langchain_starcoder.backends.remote.shared_cache import SharedCache
 from langchain_starcoder.backends.remote.vllm import VLLM
-from langchain_starcoder.gguf_testing import LlamaServer, write_gguf
 from langchain_starcoder.server import create_app
+from langchain_starcoder.testing.gguf import LlamaServer, write_gguf
 from langchain_starcoder.testing.servers import ServerThread
 from langchain_starcoder.testing.vllm_server import VLLMServer
 from langchain_starcoder.types import GenerationParams

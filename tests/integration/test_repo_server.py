@@ -90,8 +90,14 @@ def test_infill_adds_repository_context_after_input_extra(
     given = [ContextFile(e["filename"], e["text"]) for e in EXTRA]
     expected = expected_ids(tiny_engine, repo, given, "pkg/app.py")
     fed = backend_spy(tiny_engine).prompts
-    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": EXTRA, "n_predict": N,
-            "temperature": 0.0, "file_path": "pkg/app.py"}  # fmt: skip
+    body = {
+        "input_prefix": PREFIX,
+        "input_suffix": SUFFIX,
+        "input_extra": EXTRA,
+        "n_predict": N,
+        "temperature": 0.0,
+        "file_path": "pkg/app.py",
+    }
     got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
     assert fed == [expected]
     assert got["input_extra_used"] == ["whole"] and got["truncated"] is False
@@ -113,8 +119,14 @@ def test_infill_does_not_repeat_an_input_extra_chunk_as_repository_context(
     assert "pkg/geometry.py" in [f.path for f in alone], "precondition: the index picks geometry.py"
     extra = [{"filename": "pkg/geometry.py", "text": GEOMETRY}]  # the client sends that file itself
     fed = backend_spy(tiny_engine).prompts
-    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra, "n_predict": N,
-            "temperature": 0.0, "file_path": "pkg/app.py"}  # fmt: skip
+    body = {
+        "input_prefix": PREFIX,
+        "input_suffix": SUFFIX,
+        "input_extra": extra,
+        "n_predict": N,
+        "temperature": 0.0,
+        "file_path": "pkg/app.py",
+    }
     assert httpx.post(f"{server}/infill", json=body, timeout=60).status_code == 200
     (prompt,) = fed
     geometry = data(tiny_engine, "pkg/geometry.py\n")
@@ -200,15 +212,30 @@ def test_hostile_repository_text_stays_data_through_the_server(
 
 def test_the_serve_command_takes_repo(tiny_path: Path, tiny_engine: StarCoderEngine, repo: Path) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "langchain_starcoder", "serve", "--model", str(tiny_path),
-            "--port", str(port), "--repo", str(repo)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "langchain_starcoder",
+        "serve",
+        "--model",
+        str(tiny_path),
+        "--port",
+        str(port),
+        "--repo",
+        str(repo),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(proc, url)
-        body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": N, "temperature": 0.0,
-                "file_path": "pkg/app.py"}  # fmt: skip
+        body = {
+            "input_prefix": PREFIX,
+            "input_suffix": SUFFIX,
+            "n_predict": N,
+            "temperature": 0.0,
+            "file_path": "pkg/app.py",
+        }
         got = httpx.post(f"{url}/infill", json=body, timeout=60).json()
     finally:
         proc.terminate()

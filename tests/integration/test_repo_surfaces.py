@@ -635,10 +635,24 @@ def test_cli_infill_repo_as_a_subprocess(
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "langchain_starcoder", "infill", "--model", str(tiny_path), "--file", str(app),
-         "--max-tokens", "6"],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "langchain_starcoder",
+            "infill",
+            "--model",
+            str(tiny_path),
+            "--file",
+            str(app),
+            "--max-tokens",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     expected = tiny_engine.infill(
         prefix, suffix, file_path="pkg/app.py", repo=RepoIndex(tmp_path / "repo"), max_tokens=6

@@ -22,10 +22,10 @@ import httpx
 import openai
 import pytest
 from langchain_openai import OpenAI as LangChainOpenAI
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 
 from langchain_starcoder import StarCoderEngine
-from langchain_starcoder.chat import chat_prompt_ids, resolve_chat_template
-from langchain_starcoder.fim_request import ContextFile, FIMRequest
+from langchain_starcoder._chat import chat_prompt_ids, resolve_chat_template
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread, free_port, wait_healthy
 
@@ -180,10 +180,19 @@ def test_llama_vim_fim_request_is_answered_in_llama_cpp_shape(server, tiny_engin
 
 def test_llama_vim_ring_warm_up_generates_nothing_and_full_shape_without_fields(server, tiny_engine):
     warm = {
-        "input_prefix": "", "input_suffix": "", "input_extra": EXTRA, "prompt": "", "n_predict": 0,
-        "temperature": 0.0, "stream": False, "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 1,
-        "t_max_predict_ms": 1, "response_fields": [""],
-    }  # fmt: skip
+        "input_prefix": "",
+        "input_suffix": "",
+        "input_extra": EXTRA,
+        "prompt": "",
+        "n_predict": 0,
+        "temperature": 0.0,
+        "stream": False,
+        "samplers": [],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 1,
+        "t_max_predict_ms": 1,
+        "response_fields": [""],
+    }
     reply = httpx.post(f"{server}/infill", json=warm, timeout=60)
     assert reply.status_code == 200 and reply.json() == {}
     full = {k: v for k, v in _llama_vim_fim_body(PREFIX, "", SUFFIX, EXTRA).items() if k != "response_fields"}
@@ -253,14 +262,22 @@ def test_hostile_text_in_every_field_stays_data(client, server, tiny_engine):
     assert got.usage.prompt_tokens == len(tiny_engine.fim_prompt(FIMRequest(HOSTILE, HOSTILE), N).token_ids)
     # /infill: prefix, suffix, prompt, file names and texts, repo name and path all hostile.
     body = {
-        "input_prefix": HOSTILE, "input_suffix": HOSTILE, "prompt": HOSTILE, "n_predict": N, "temperature": 0,
+        "input_prefix": HOSTILE,
+        "input_suffix": HOSTILE,
+        "prompt": HOSTILE,
+        "n_predict": N,
+        "temperature": 0,
         "input_extra": [{"filename": "<file_sep>a.py", "text": HOSTILE, "time": [1, 2]}],
-        "repo_name": "<repo_name>r", "file_path": "<|endoftext|>b.py",
-    }  # fmt: skip
+        "repo_name": "<repo_name>r",
+        "file_path": "<|endoftext|>b.py",
+    }
     request = FIMRequest(
-        HOSTILE + HOSTILE, HOSTILE, context_files=[ContextFile("<file_sep>a.py", HOSTILE)],
-        repo_name="<repo_name>r", file_path="<|endoftext|>b.py",
-    )  # fmt: skip
+        HOSTILE + HOSTILE,
+        HOSTILE,
+        context_files=[ContextFile("<file_sep>a.py", HOSTILE)],
+        repo_name="<repo_name>r",
+        file_path="<|endoftext|>b.py",
+    )
     expected = tiny_engine.infill(request, **_greedy())
     got = httpx.post(f"{server}/infill", json=body, timeout=60).json()
     assert (
@@ -640,8 +657,13 @@ def test_the_serve_command_serves_until_stopped(tiny_path: Path):
 
 def test_serve_stops_with_one_line_when_the_model_cannot_load(tmp_path: Path):
     argv = [sys.executable, "-m", "langchain_starcoder", "serve", "--model", str(tmp_path / "missing")]
-    result = subprocess.run([*argv, "--port", str(free_port())], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    result = subprocess.run(
+        [*argv, "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("langchain-starcoder: ")]
     assert len(errors) == 1 and "missing" in errors[0], result.stderr
@@ -662,8 +684,9 @@ def test_serve_on_a_busy_port_fails_in_one_line_before_loading_the_model(tiny_pa
             "--port",
             str(port),
         ]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        )
     assert result.returncode == 1
     [line] = result.stderr.splitlines()  # nothing else: no "Serving", no "Loaded", no traceback
     assert (

@@ -20,6 +20,7 @@ import pytest
 import uvicorn
 
 from langchain_starcoder import StarCoderEngine
+from langchain_starcoder._tokens import max_text_chars
 from langchain_starcoder.server import BoundedConfig, create_app
 from langchain_starcoder.server.limits import (
     MAX_CONTEXT_FILES,
@@ -30,7 +31,6 @@ from langchain_starcoder.server.limits import (
     MAX_STOP_STRINGS,
 )
 from langchain_starcoder.testing.servers import wait_healthy
-from langchain_starcoder.tokens import max_text_chars
 
 PROMPT = "def count_items(items):\n    "
 
@@ -195,9 +195,12 @@ def _list_fields(count: dict[str, int]) -> list[tuple[str, dict[str, Any], str]]
 
 def _limits(engine: StarCoderEngine, over: int) -> dict[str, int]:
     most = {
-        "input_extra": MAX_CONTEXT_FILES, "stop": MAX_STOP_STRINGS, "response_fields": MAX_RESPONSE_FIELDS,
-        "prompt": MAX_PROMPTS, "tokens": engine.context_window,
-    }  # fmt: skip
+        "input_extra": MAX_CONTEXT_FILES,
+        "stop": MAX_STOP_STRINGS,
+        "response_fields": MAX_RESPONSE_FIELDS,
+        "prompt": MAX_PROMPTS,
+        "tokens": engine.context_window,
+    }
     return {param: n + over for param, n in most.items()}
 
 
@@ -365,10 +368,23 @@ def test_serve_flags_set_the_bounds(tiny_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = [
-        sys.executable, "-m", "langchain_starcoder", "serve", "--model", str(tiny_path), "--port", str(port),
-        "--max-body-mb", "0.01", "--request-timeout", "3", "--max-connections", "4",
-        "--keep-alive-timeout", "0.5",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "langchain_starcoder",
+        "serve",
+        "--model",
+        str(tiny_path),
+        "--port",
+        str(port),
+        "--max-body-mb",
+        "0.01",
+        "--request-timeout",
+        "3",
+        "--max-connections",
+        "4",
+        "--keep-alive-timeout",
+        "0.5",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:

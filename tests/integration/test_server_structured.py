@@ -22,7 +22,8 @@ from adversarial_grammars import ref_chain, rule_chain
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from langchain_starcoder import StarCoderEngine, registry
+from langchain_starcoder import StarCoderEngine
+from langchain_starcoder import _registry as registry
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread, free_port, wait_healthy
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 from sequences import shared_prefix
 
-from langchain_starcoder import fim
-from langchain_starcoder.fim_request import ContextFile, FIMRequest
+from langchain_starcoder.fim import build as fim
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread
 
@@ -36,10 +36,18 @@ def served(request, tiny_engine) -> Iterator[tuple[str, str]]:
 
 def _infill(url: str, input_prefix: str, cursor: str, slot: int, **more: Any) -> dict[str, Any]:
     body = {
-        "id_slot": slot, "input_prefix": input_prefix, "prompt": cursor, "input_suffix": SUFFIX,
-        "input_extra": EXTRA, "n_predict": N, "temperature": 0.0, "samplers": ["top_k", "top_p", "infill"],
-        "stream": False, "cache_prompt": True, **more,
-    }  # fmt: skip
+        "id_slot": slot,
+        "input_prefix": input_prefix,
+        "prompt": cursor,
+        "input_suffix": SUFFIX,
+        "input_extra": EXTRA,
+        "n_predict": N,
+        "temperature": 0.0,
+        "samplers": ["top_k", "top_p", "infill"],
+        "stream": False,
+        "cache_prompt": True,
+        **more,
+    }
     reply = httpx.post(f"{url}/infill", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     return reply.json()
@@ -61,8 +69,9 @@ def test_a_window_slid_by_a_line_starts_where_the_last_prompt_did_and_is_served_
     longer = lines(10, 18) + "total = 1\n"
     prompt = _prompt(tiny_engine, longer, mode)
     assert got["tokens_evaluated"] == len(prompt) and not got["truncated"]
-    alone = tiny_engine.generate(FIMRequest(longer, SUFFIX, context_files=FILES, mode=mode), max_tokens=N,
-                                 temperature=0.0)  # fmt: skip
+    alone = tiny_engine.generate(
+        FIMRequest(longer, SUFFIX, context_files=FILES, mode=mode), max_tokens=N, temperature=0.0
+    )
     assert got["content"] == alone.text
     common = shared_prefix(_prompt(tiny_engine, lines(10, 18) + "total = ", mode), prompt)
     assert got["tokens_cached"] >= common - 1
@@ -174,8 +183,9 @@ def test_a_short_prefix_for_the_same_file_gets_none_of_another_users_text(tiny_e
 
     def infill(prefix: str, key: str) -> dict[str, Any]:
         body = {"input_prefix": prefix, "input_suffix": SUFFIX, "file_path": "app.py", "n_predict": N}
-        reply = httpx.post(f"{running.url}/infill", json=body, headers={"Authorization": f"Bearer {key}"},
-                           timeout=120)  # fmt: skip
+        reply = httpx.post(
+            f"{running.url}/infill", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120
+        )
         assert reply.status_code == 200, reply.text
         return reply.json()
 

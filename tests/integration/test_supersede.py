@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 
-from langchain_starcoder import fim
-from langchain_starcoder.fim_request import ContextFile, FIMRequest
+from langchain_starcoder.fim import build as fim
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread
 
@@ -85,10 +85,21 @@ class Held:
 def _infill_body(prefix: str, **more: Any) -> dict[str, Any]:
     """llama.vim's /infill fields (its FIM request), greedy."""
     return {
-        "id_slot": 0, "input_prefix": prefix, "input_suffix": SUFFIX, "input_extra": EXTRA, "prompt": "",
-        "n_predict": N, "top_k": 40, "top_p": 0.99, "samplers": ["top_k", "top_p", "infill"],
-        "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 3000, **more,
-    }  # fmt: skip
+        "id_slot": 0,
+        "input_prefix": prefix,
+        "input_suffix": SUFFIX,
+        "input_extra": EXTRA,
+        "prompt": "",
+        "n_predict": N,
+        "top_k": 40,
+        "top_p": 0.99,
+        "samplers": ["top_k", "top_p", "infill"],
+        "stream": False,
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 3000,
+        **more,
+    }
 
 
 def _post(url: str, body: dict[str, Any]) -> httpx.Response:
@@ -142,8 +153,14 @@ def test_a_newer_completion_with_a_suffix_cancels_the_older_stream(server, tiny_
     event says cancelled, the newer's text equals a lone request's."""
     expected = _alone(tiny_engine, PREFIX + "return", files=(), file_path="src/add.py")
     held = Held(tiny_engine, monkeypatch)
-    old_body = {"prompt": PREFIX, "suffix": SUFFIX, "file_path": "src/add.py", "max_tokens": LONG,
-                "temperature": 0, "stream": True}  # fmt: skip
+    old_body = {
+        "prompt": PREFIX,
+        "suffix": SUFFIX,
+        "file_path": "src/add.py",
+        "max_tokens": LONG,
+        "temperature": 0,
+        "stream": True,
+    }
     new_body = {**old_body, "prompt": PREFIX + "return", "max_tokens": N, "stream": False}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         older = pool.submit(_stream_events, f"{server}/v1/completions", old_body)
@@ -273,8 +290,10 @@ def test_a_warm_up_prefills_the_next_requests_prefix_and_answers_no_text(tiny_en
         cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert got["usage"]["prompt_tokens"] - cached <= 3  # the typed end of the prefix, not the suffix
         assert cached >= prompt_tokens - 2
-        assert got["choices"][0]["text"] == _alone(tiny_engine, PREFIX + "return", files=(), mode="spm",
-                                                  file_path="src/add.py").text  # fmt: skip
+        assert (
+            got["choices"][0]["text"]
+            == _alone(tiny_engine, PREFIX + "return", files=(), mode="spm", file_path="src/add.py").text
+        )
         # /infill's warm-up (llama.vim's ring update) answers nothing either, and warms the same way.
         warm = _post(
             f"{running.url}/infill", _infill_body(PREFIX + "x = ", n_predict=0, response_fields=[""])

@@ -31,10 +31,18 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]:
     out = tmp_path_factory.mktemp("bench")
     code = main(
         [
-            "--preset", "tiny", "--no-openblas", "--quiet", "--warmup", "0",
-            "--workdir", str(out / "work"), "--out", str(out / "results"),
+            "--preset",
+            "tiny",
+            "--no-openblas",
+            "--quiet",
+            "--warmup",
+            "0",
+            "--workdir",
+            str(out / "work"),
+            "--out",
+            str(out / "results"),
         ]
-    )  # fmt: skip
+    )
     return (
         code,
         json.loads((out / "results/results.json").read_text()),
@@ -57,8 +65,16 @@ def test_rows_hold_positive_medians_and_ratios(tiny_run: tuple[int, dict, str]) 
     rows = [row for s in data["sections"] for row in s["rows"]]
     # Every default benchmark but the OpenBLAS one (left out here) produced comparisons.
     assert {s["key"] for s in data["sections"] if s["rows"]} == {
-        "overhead", "dtype", "cache", "batch", "memory", "longctx", "gguf", "server", "speculative",
-    }  # fmt: skip
+        "overhead",
+        "dtype",
+        "cache",
+        "batch",
+        "memory",
+        "longctx",
+        "gguf",
+        "server",
+        "speculative",
+    }
     for row in rows:
         for key in ("a_median", "b_median", "ratio"):
             assert isinstance(row[key], float) and math.isfinite(row[key]) and row[key] > 0, (
@@ -102,8 +118,22 @@ def test_a_tiny_run_shows_the_goals_without_judging_them(tiny_run: tuple[int, di
 
 
 def test_only_and_unknown_names(tmp_path: Path, tiny_path: Path) -> None:
-    assert main(["--preset", "tiny", "--only", "memory", "--quiet", "--workdir", str(tmp_path / "w"),
-                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--only",
+                "memory",
+                "--quiet",
+                "--workdir",
+                str(tmp_path / "w"),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "results.json").read_text())
     assert [s["key"] for s in data["sections"]] == ["memory"]
     with pytest.raises(SystemExit):
@@ -134,8 +164,22 @@ def _section(row: Row) -> Section:
 
 
 def test_baselines_against_transformers_on_tiny(tmp_path: Path) -> None:
-    code = main(["--preset", "tiny", "--only", "baselines", "--no-openblas", "--quiet", "--warmup", "0",
-                 "--workdir", str(tmp_path / "w"), "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "--preset",
+            "tiny",
+            "--only",
+            "baselines",
+            "--no-openblas",
+            "--quiet",
+            "--warmup",
+            "0",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
     assert [r["metric"] for r in section["rows"]] == ["float32 prefill tokens/s", "float32 decode tokens/s"]
@@ -189,8 +233,22 @@ def test_write_results_publishes_a_finished_real_run(tmp_path: Path, monkeypatch
 
 def test_fullmodel_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
     assert "fullmodel" in OPTIONAL
-    assert main(["--preset", "tiny", "--only", "fullmodel", "--quiet", "--workdir", str(tmp_path / "w"),
-                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--only",
+                "fullmodel",
+                "--quiet",
+                "--workdir",
+                str(tmp_path / "w"),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
     assert [r["metric"] for r in section["rows"]] == ["decode tokens/s", "prefill tokens/s"]
     assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
@@ -201,8 +259,24 @@ def test_fullmodel_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) ->
 def test_llama_cpp_managed_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
     """Managed llama.cpp against MLX in-process on one Q4_0 file (benchmarks/llama_cpp_managed.py)."""
     assert "llamacpp" in OPTIONAL
-    assert main(["--preset", "tiny", "--only", "llamacpp", "--quiet", "--workdir", str(tmp_path / "w"),
-                 "--out", str(tmp_path), "--reps", "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--only",
+                "llamacpp",
+                "--quiet",
+                "--workdir",
+                str(tmp_path / "w"),
+                "--out",
+                str(tmp_path),
+                "--reps",
+                "1",
+            ]
+        )
+        == 0
+    )
     (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
     metrics = [r["metric"] for r in section["rows"]]
     assert metrics == ["decode tokens/s", "prefill tokens/s", "time to first token, cold"]
@@ -213,8 +287,26 @@ def test_llama_cpp_managed_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: 
 def test_structured_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
     """A 10-field JSON schema against unconstrained decoding, side by side (benchmarks/structured.py)."""
     assert "structured" in OPTIONAL
-    assert main(["--preset", "tiny", "--only", "structured", "--quiet", "--workdir", str(tmp_path / "w"),
-                 "--out", str(tmp_path), "--reps", "1", "--warmup", "0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--only",
+                "structured",
+                "--quiet",
+                "--workdir",
+                str(tmp_path / "w"),
+                "--out",
+                str(tmp_path),
+                "--reps",
+                "1",
+                "--warmup",
+                "0",
+            ]
+        )
+        == 0
+    )
     (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
     rows = [(r["metric"], r["b"], r["goal"]) for r in section["rows"]]
     assert rows == [

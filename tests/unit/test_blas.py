@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from langchain_starcoder import blas
+from langchain_starcoder import _blas as blas
 
 REPO = Path(__file__).resolve().parents[2]
 NEEDS_WHEEL = pytest.mark.skipif(
@@ -74,16 +74,16 @@ def _child(code: str, **env: str) -> str:
 
 _STANDALONE = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("langchain_starcoder.blas", sys.argv[0] if False else {path!r})
+spec = importlib.util.spec_from_file_location("langchain_starcoder._blas", sys.argv[0] if False else {path!r})
 blas = importlib.util.module_from_spec(spec)
-sys.modules["langchain_starcoder.blas"] = blas
+sys.modules["langchain_starcoder._blas"] = blas
 spec.loader.exec_module(blas)
 """
 
 
 @NEEDS_WHEEL
 def test_env_var_loads_openblas_into_the_global_scope_before_mlx() -> None:
-    code = _STANDALONE.format(path=str(REPO / "langchain_starcoder" / "blas.py")) + (
+    code = _STANDALONE.format(path=str(REPO / "langchain_starcoder" / "_blas.py")) + (
         "import ctypes, json\n"
         "ok = blas.configure_from_env()\n"
         "import mlx.core as mx\n"
@@ -107,9 +107,14 @@ def test_logits_match_the_reference_blas(tiny_path: Path, tmp_path: Path) -> Non
     logits = {}
     for variant in ("reference", "openblas"):
         args = {
-            "checkpoint": str(tiny_path), "blas": variant, "prompt_tokens": 48, "decode_prompt_tokens": 8,
-            "decode_tokens": 4, "logits_tokens": 32, "logits_out": str(tmp_path / f"{variant}.npy"),
-        }  # fmt: skip
+            "checkpoint": str(tiny_path),
+            "blas": variant,
+            "prompt_tokens": 48,
+            "decode_prompt_tokens": 8,
+            "decode_tokens": 4,
+            "logits_tokens": 32,
+            "logits_out": str(tmp_path / f"{variant}.npy"),
+        }
         result = run_child("blas", args)
         assert result["prefill_tps"] > 0 and result["decode_tps"] > 0
         assert (result["blas"] is None) == (variant == "reference")

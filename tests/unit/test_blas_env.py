@@ -12,7 +12,7 @@ import pytest
 SCRIPT = """
 import json
 import langchain_starcoder
-from langchain_starcoder import blas
+from langchain_starcoder import _blas as blas
 print(json.dumps(blas.active_blas()))
 """
 

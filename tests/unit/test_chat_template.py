@@ -14,7 +14,7 @@ import pytest
 from langchain_core.messages import ChatMessage, HumanMessage
 
 from langchain_starcoder import ChatStarCoder, StarCoderEngine
-from langchain_starcoder.chat import chat_prompt_ids
+from langchain_starcoder._chat import chat_prompt_ids
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE
 

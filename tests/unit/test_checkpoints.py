@@ -255,9 +255,16 @@ def test_the_staging_folder_of_a_killed_run_is_removed_by_the_next(capsys, tmp_p
     assert f"Removed {staged}, left by an earlier run that did not finish." in err
     assert hidden_entries(tmp_path) == []
     assert sorted(p.name for p in dst.iterdir()) == sorted(
-        ["config.json", "generation_config.json", MARKER, "model.safetensors", "special_tokens_map.json",
-         "tokenizer.json", "tokenizer_config.json"]
-    )  # fmt: skip
+        [
+            "config.json",
+            "generation_config.json",
+            MARKER,
+            "model.safetensors",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    )
 
 
 def test_a_build_in_progress_and_folders_not_ours_are_left_alone(capsys, tmp_path):
@@ -310,16 +317,31 @@ def test_info_counts_parameters_and_reads_the_config(capsys, tiny_path, tiny_eng
 
 
 def test_info_reads_a_gguf_file_as_it_reads_a_folder(capsys, tiny_path, tmp_path):
-    from langchain_starcoder.gguf_testing import write_gguf
+    from langchain_starcoder.testing.gguf import write_gguf
 
     folder = json.loads(run(capsys, "info", "--model", tiny_path, "--json")[1])
     file = write_gguf(tiny_path, tmp_path / "tiny-q8.gguf", ftype="Q8_0", sliding_window=512)
     code, out, err = run(capsys, "info", "--model", file, "--json")
     assert code == 0, err
     info = json.loads(out)
-    same = ("architecture", "layers", "hidden_size", "attention_heads", "kv_heads", "head_dim",
-            "intermediate_size", "vocab_size", "tied_embeddings", "parameters", "context_window",
-            "sliding_window", "rope_theta", "fim", "repo_level_fim", "chat_template")  # fmt: skip
+    same = (
+        "architecture",
+        "layers",
+        "hidden_size",
+        "attention_heads",
+        "kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "tied_embeddings",
+        "parameters",
+        "context_window",
+        "sliding_window",
+        "rope_theta",
+        "fim",
+        "repo_level_fim",
+        "chat_template",
+    )
     assert {k: info[k] for k in same} == {k: folder[k] for k in same}
     assert info["path"] == str(file) and info["weight_files"] == 1
     assert info["weight_bytes"] == file.stat().st_size

@@ -77,9 +77,17 @@ def test_generate_honours_stop_with_escapes(capsys, tiny_path, tiny_engine):
     full = "".join(chunks)
     assert full.index(stop) == len("".join(chunks[:k]))
     code, out, err = run(
-        capsys, "generate", "--model", tiny_path, "--prompt", prompt, "--max-tokens", 40,
-        "--stop", stop.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t"),
-    )  # fmt: skip
+        capsys,
+        "generate",
+        "--model",
+        tiny_path,
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        40,
+        "--stop",
+        stop.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t"),
+    )
     assert code == 0
     assert out == full[: full.index(stop)]
     assert stats(err)["finish"] == "stop"
@@ -101,9 +109,21 @@ def test_generate_sampling_options_reach_the_engine(capsys, tiny_path, tiny_engi
     expected = tiny_engine.generate(PROMPT, **settings).text
     assert expected != tiny_engine.generate(PROMPT, max_tokens=16).text  # sampling changes the text
     code, out, _ = run(
-        capsys, "generate", "--model", tiny_path, "--prompt", PROMPT, "--max-tokens", 16,
-        "--temperature", 1.5, "--top-k", 50, "--seed", 7,
-    )  # fmt: skip
+        capsys,
+        "generate",
+        "--model",
+        tiny_path,
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        16,
+        "--temperature",
+        1.5,
+        "--top-k",
+        50,
+        "--seed",
+        7,
+    )
     assert (code, out) == (0, expected)
 
 
@@ -189,15 +209,29 @@ def test_infill_prints_only_the_middle(capsys, tiny_path, tiny_engine, project):
 def test_infill_with_repository_context(capsys, tiny_path, tiny_engine, project):
     prefix, suffix = SOURCE.split("<FILL>")
     expected = tiny_engine.infill(
-        prefix, suffix, context_files=[ContextFile("helpers.py", HELPER)],
-        repo_name="me/geometry", file_path="geometry.py", max_tokens=10,
-    )  # fmt: skip
+        prefix,
+        suffix,
+        context_files=[ContextFile("helpers.py", HELPER)],
+        repo_name="me/geometry",
+        file_path="geometry.py",
+        max_tokens=10,
+    )
     plain = tiny_engine.infill(prefix, suffix, max_tokens=10)
     assert expected.prompt_tokens > plain.prompt_tokens
     code, out, err = run(
-        capsys, "infill", "--model", tiny_path, "--file", "geometry.py", "--context", "helpers.py",
-        "--repo-name", "me/geometry", "--max-tokens", 10,
-    )  # fmt: skip
+        capsys,
+        "infill",
+        "--model",
+        tiny_path,
+        "--file",
+        "geometry.py",
+        "--context",
+        "helpers.py",
+        "--repo-name",
+        "me/geometry",
+        "--max-tokens",
+        10,
+    )
     assert code == 0
     assert out == expected.text
     assert stats(err)["prompt"] == expected.prompt_tokens
@@ -206,9 +240,17 @@ def test_infill_with_repository_context(capsys, tiny_path, tiny_engine, project)
 def test_infill_prefix_and_suffix_options(capsys, tiny_path, tiny_engine):
     expected = tiny_engine.infill("def f(x):\n    return ", "\n\nprint(f(1))\n", max_tokens=8)
     code, out, _ = run(
-        capsys, "infill", "--model", tiny_path, "--prefix", r"def f(x):\n    return ",
-        "--suffix", r"\n\nprint(f(1))\n", "--max-tokens", 8,
-    )  # fmt: skip
+        capsys,
+        "infill",
+        "--model",
+        tiny_path,
+        "--prefix",
+        r"def f(x):\n    return ",
+        "--suffix",
+        r"\n\nprint(f(1))\n",
+        "--max-tokens",
+        8,
+    )
     assert (code, out) == (0, expected.text)
 
 
@@ -221,9 +263,19 @@ def test_infill_end_option(capsys, tiny_path, tiny_engine):
     assert ended.middle_end == "syntax" and len(ended.text) < len(free.text)
     for option, want in (("auto", ended.text), ("none", free.text)):
         code, out, _ = run(
-            capsys, "infill", "--model", tiny_path, "--prefix", prefix.replace("\n", r"\n"),
-            "--suffix", suffix.replace("\n", r"\n"), "--max-tokens", 64, "--end", option,
-        )  # fmt: skip
+            capsys,
+            "infill",
+            "--model",
+            tiny_path,
+            "--prefix",
+            prefix.replace("\n", r"\n"),
+            "--suffix",
+            suffix.replace("\n", r"\n"),
+            "--max-tokens",
+            64,
+            "--end",
+            option,
+        )
         assert (code, out) == (0, want)
 
 
@@ -381,8 +433,16 @@ def test_the_speed_line_of_a_cache_hit_says_what_was_prefilled(capsys, tiny_path
     a rate of those few tokens ("778 tokens, 777 cached, 1.2 tokens/s")."""
     from langchain_starcoder.types import CompletionChunk
 
-    hit = CompletionChunk("", [], finish_reason="stop", prompt_tokens=778, cached_tokens=777,
-                          completion_tokens=4, prompt_seconds=0.8, generation_seconds=0.5)  # fmt: skip
+    hit = CompletionChunk(
+        "",
+        [],
+        finish_reason="stop",
+        prompt_tokens=778,
+        cached_tokens=777,
+        completion_tokens=4,
+        prompt_seconds=0.8,
+        generation_seconds=0.5,
+    )
     assert "prompt: 778 tokens, 777 cached; prefill 1 token in 0.80 s | generation" in cli._stats(hit)
     argv = ["generate", "--model", tiny_path, "--prompt-cache-dir", tmp_path, "--max-tokens", 3]
     assert run(capsys, *argv, "--prompt", LONG)[0] == 0
@@ -406,8 +466,12 @@ def test_bench_without_torch_skips_the_speculative_section_with_a_note(tmp_path)
     argv = ["bench", "--preset", "tiny", "--only", "speculative", "--workdir", tmp_path / "w"]
     result = subprocess.run(
         [sys.executable, "-m", "langchain_starcoder", *map(str, argv), "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": path}, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     (row,) = [line for line in result.stdout.splitlines() if "Speculative decoding" in line]
@@ -459,8 +523,12 @@ def program(*argv: str, cwd: Path | None = None, **env: str) -> subprocess.Compl
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
     return subprocess.run(
         [sys.executable, "-m", "langchain_starcoder", *map(str, argv)],
-        capture_output=True, text=True, cwd=cwd, env=environment, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=300,
+    )
 
 
 def test_generate_quantizing_on_load_keeps_stdout_for_the_text(capsys, tiny_path):
@@ -487,9 +555,13 @@ def test_python_m_generate_stdout_is_just_the_text(tiny_path, tiny_engine):
 def generate_on(stdout: int | None, stderr: int | None, tiny_path: Path) -> subprocess.Popen[str]:
     argv = ["generate", "--model", tiny_path, "--prompt", "def f(x):", "--max-tokens", 8]
     return subprocess.Popen(
-        [sys.executable, "-m", "langchain_starcoder", *map(str, argv)], stdout=stdout, stderr=stderr,
-        stdin=subprocess.DEVNULL, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        [sys.executable, "-m", "langchain_starcoder", *map(str, argv)],
+        stdout=stdout,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def read_terminal(fd: int) -> str:

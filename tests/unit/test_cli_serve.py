@@ -44,9 +44,19 @@ def test_keys_from_the_flag_repeated_and_from_a_file_each_a_tenant(capsys, seen,
     keys = tmp_path / "keys"
     keys.write_text("# the team's keys\n\ncarol-key\n  dave-key  \n#erin-key\nalice-key\n")
     code, _, err = run(
-        capsys, "serve", "--model", tiny_path, "--port", 0, "--api-key", "alice-key", "--api-key", "bob-key",
-        "--api-key-file", keys,
-    )  # fmt: skip
+        capsys,
+        "serve",
+        "--model",
+        tiny_path,
+        "--port",
+        0,
+        "--api-key",
+        "alice-key",
+        "--api-key",
+        "bob-key",
+        "--api-key-file",
+        keys,
+    )
     assert code != 0 and "interrupted" in err
     assert seen["api_key"] == ["alice-key", "bob-key", "carol-key", "dave-key"]
     assert not any(key in err for key in ("alice-key", "bob-key", "carol-key", "dave-key"))

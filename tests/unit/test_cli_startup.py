@@ -98,7 +98,8 @@ def test_package_imports_lazily_and_keeps_its_names():
 
 def test_constants_repeated_to_start_fast_match_their_sources():
     import langchain_starcoder
-    from langchain_starcoder import registry, testing
+    from langchain_starcoder import _registry as registry
+    from langchain_starcoder import testing
 
     assert cli.DEFAULT_MODEL == registry.DEFAULT_MODEL
     assert set(cli.PRESET_NAMES) == set(testing.PRESETS)
@@ -111,8 +112,11 @@ def test_ctrl_c_during_start_up_is_one_line(tiny_path):
     argv = ["-X", "importtime", "-m", "langchain_starcoder", "generate", "--model", str(tiny_path)]
     proc = start_interruptible(
         [sys.executable, *argv, "--prompt", PROMPT, "--max-tokens", "500"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     seen: list[str] = []
     for line in proc.stderr:  # -X importtime reports each module as it finishes
         seen.append(line)

@@ -23,7 +23,7 @@ from langchain_starcoder.backends import grammar as grammar_module
 from langchain_starcoder.backends.grammar import MAX_CACHED_GRAMMARS, GrammarCompiler
 from langchain_starcoder.backends.masking import DraftGuide
 from langchain_starcoder.checkpoints import quantize_checkpoint
-from langchain_starcoder.streaming import ChunkSink
+from langchain_starcoder.decoding.sink import ChunkSink
 from langchain_starcoder.types import GenerationParams
 
 # llguidance's JSON options inside a schema: no whitespace between tokens (a random-weight model

@@ -128,13 +128,24 @@ def test_baselines_end_as_their_sources_do() -> None:
 
 def test_the_section_reports_per_language_against_the_goals() -> None:
     def repo(name: str, language: str, exact: float) -> dict:
-        shares = {m: {"all": {"exact": exact if m == "ours" else 0.5, "premature": 0.0, "n": 100},
-                      "block": {"exact": exact, "premature": 0.0, "n": 50},
-                      "line": {"exact": exact, "premature": 0.0, "n": 50}}
-                  for m in ("ours", "today", "tabby", "continue")}  # fmt: skip
+        shares = {
+            m: {
+                "all": {"exact": exact if m == "ours" else 0.5, "premature": 0.0, "n": 100},
+                "block": {"exact": exact, "premature": 0.0, "n": 50},
+                "line": {"exact": exact, "premature": 0.0, "n": 50},
+            }
+            for m in ("ours", "today", "tabby", "continue")
+        }
         timing = {"feed_p50_ms": 0.01, "feed_p95_ms": 0.03, "build_p95_ms": 5.0, "file": "x", "lines": 2000}
-        return {"repo": name, "version": name, "language": language, "block_holes": 50, "line_holes": 50,
-                "shares": shares, "timing": timing}  # fmt: skip
+        return {
+            "repo": name,
+            "version": name,
+            "language": language,
+            "block_holes": 50,
+            "line_holes": 50,
+            "shares": shares,
+            "timing": timing,
+        }
 
     repos = [repo("a", "python", 1.0), repo("b", "python", 0.96), repo("c", "typescript", 0.99)]
     skipped = [{"repo": "d", "why": "not here"}]

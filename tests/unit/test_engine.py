@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from langchain_starcoder import ContextLengthError, InvalidParameterError, StarCoderEngine
+from langchain_starcoder.decoding.sink import TextStream
 from langchain_starcoder.engine import GenerationParams
-from langchain_starcoder.streaming import TextStream
 from langchain_starcoder.testing import build_starcoder2
 
 PROMPTS = [

@@ -62,8 +62,11 @@ def test_quickstart_runs_on_llama_cpp_with_one_flag(tiny_path: Path, tmp_path: P
     args = ["--model", str(tiny_path), "--max-tokens", "6", "--backend", "llama.cpp"]
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "quickstart.py"), *args],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("def fibonacci(n):\n    ")
     assert re.search(r"\[(stop|length): \d+ tokens\]\n$", result.stdout)
@@ -76,8 +79,11 @@ def test_quickstart_falls_back_offline_to_a_built_checkpoint(tmp_home):
     env.update(HOME=str(tmp_home), HF_HUB_OFFLINE="1")  # the hub cache is under the new HOME too
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "quickstart.py"), "--max-tokens", "6"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     offline = tmp_home / ".cache" / "langchain-starcoder" / "offline-tiny"
     assert f"Using an offline checkpoint with random weights at {offline}" in result.stdout
@@ -198,8 +204,11 @@ def test_every_example_falls_back_offline_the_same_way(script: str, offline_home
     env.update(HOME=str(offline_home), HF_HUB_OFFLINE="1")  # the hub cache is under the new HOME too
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / script), *SHORT[script]],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     kind, name = (
@@ -214,7 +223,7 @@ def test_every_example_falls_back_offline_the_same_way(script: str, offline_home
 
 
 def test_only_the_default_falls_back(tmp_path: Path, tmp_home: Path, capsys) -> None:
-    from langchain_starcoder.registry import DEFAULT_MODEL
+    from langchain_starcoder._registry import DEFAULT_MODEL
     from langchain_starcoder.testing import model_or_offline
 
     folder = tmp_path / "no-such-checkpoint"

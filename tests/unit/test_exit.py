@@ -35,8 +35,11 @@ SCRIPT = textwrap.dedent("""
 def test_an_engine_left_open_exits_cleanly(tiny_path: Path, left: str) -> None:
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tiny_path), left],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert result.stdout == "done\n", result.stderr
     assert "terminate called" not in result.stderr
     assert result.returncode == 0, result.stderr
@@ -63,6 +66,9 @@ FORKED = textwrap.dedent("""
 def test_a_forked_child_exits_without_waiting_for_the_parents_engine(tiny_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", FORKED, str(tiny_path)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr

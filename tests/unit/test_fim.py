@@ -18,7 +18,6 @@ from langchain_starcoder import (
     InvalidParameterError,
     StarCoderEngine,
     StarCoderError,
-    fim_fitting,
 )
 from langchain_starcoder.fim import (
     FIM_STOP_TOKENS,
@@ -27,7 +26,8 @@ from langchain_starcoder.fim import (
     build_fim_prompt,
     fim_stop_token_ids,
 )
-from langchain_starcoder.overlap import SuffixOverlap, trim_suffix_overlap
+from langchain_starcoder.fim import fitting as fim_fitting
+from langchain_starcoder.fim.overlap import SuffixOverlap, trim_suffix_overlap
 from langchain_starcoder.testing import copy_checkpoint
 
 CONTROL_STRINGS = ("<file_sep>", "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<repo_name>")
@@ -135,9 +135,14 @@ def test_control_strings_in_user_text_are_data(tiny_engine: StarCoderEngine, whe
     parts[where] = evil + parts[where]
     files = [ContextFile(parts["file path"], parts["file text"])]
     prompt = build_fim_prompt(
-        tiny_engine, parts["prefix"], parts["suffix"], context_files=files, repo_name=parts["repo name"],
-        file_path=parts["file path of hole"], mode=mode,
-    )  # fmt: skip
+        tiny_engine,
+        parts["prefix"],
+        parts["suffix"],
+        context_files=files,
+        repo_name=parts["repo name"],
+        file_path=parts["file path of hole"],
+        mode=mode,
+    )
     expected = repo_layout(
         tiny_engine,
         parts["prefix"],
@@ -149,8 +154,14 @@ def test_control_strings_in_user_text_are_data(tiny_engine: StarCoderEngine, whe
     )
     assert prompt.token_ids == expected
     # Exactly the layout's control ids: one <repo_name>, two <file_sep>, one of each FIM token.
-    for token, count in [("<repo_name>", 1), ("<file_sep>", 2), ("<fim_prefix>", 1), ("<fim_suffix>", 1),
-                         ("<fim_middle>", 1), ("<|endoftext|>", 0)]:  # fmt: skip
+    for token, count in [
+        ("<repo_name>", 1),
+        ("<file_sep>", 2),
+        ("<fim_prefix>", 1),
+        ("<fim_suffix>", 1),
+        ("<fim_middle>", 1),
+        ("<|endoftext|>", 0),
+    ]:
         assert prompt.token_ids.count(tiny_engine.token_id(token)) == count, token
     # The tokenizer's own parsing of the rendering would have split the data: that is the risk.
     assert tiny_engine.encode(prompt.text) != prompt.token_ids
@@ -160,8 +171,12 @@ def test_plain_fim_with_control_strings(tiny_engine: StarCoderEngine) -> None:
     prompt = build_fim_prompt(tiny_engine, "x = '<|endoftext|>'", "<fim_middle>\n")
     fp, fs, fm = ids_of(tiny_engine, "<fim_prefix>", "<fim_suffix>", "<fim_middle>")
     assert prompt.token_ids == [
-        fp, *data(tiny_engine, "x = '<|endoftext|>'"), fs, *data(tiny_engine, "<fim_middle>\n"), fm
-    ]  # fmt: skip
+        fp,
+        *data(tiny_engine, "x = '<|endoftext|>'"),
+        fs,
+        *data(tiny_engine, "<fim_middle>\n"),
+        fm,
+    ]
     assert tiny_engine.token_id("<|endoftext|>") not in prompt.token_ids
 
 
@@ -212,9 +227,11 @@ def _tokenizer_with(special: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=300,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     tok.train_from_iterator(["def f(x):\n    return x\n"] * 10, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
@@ -282,8 +299,9 @@ def test_not_a_tokenizer() -> None:
 
 def test_budget_too_small_for_the_layout(tiny_engine: StarCoderEngine) -> None:
     fixed = len(build_fim_prompt(tiny_engine, "", repo_name="acme/shop", file_path="a.py").token_ids)
-    prompt = build_fim_prompt(tiny_engine, PREFIX, SUFFIX, repo_name="acme/shop", file_path="a.py",
-                              max_prompt_tokens=fixed)  # fmt: skip
+    prompt = build_fim_prompt(
+        tiny_engine, PREFIX, SUFFIX, repo_name="acme/shop", file_path="a.py", max_prompt_tokens=fixed
+    )
     # Only what costs no token beyond the layout goes in (here "\n   " merges with the path's "\n").
     assert len(prompt.token_ids) == fixed and prompt.suffix_chars_kept == 0
     assert prompt.token_ids == repo_layout(
@@ -339,9 +357,13 @@ def test_context_files_fill_what_is_left_in_order(tiny_engine: StarCoderEngine) 
     hole = build_fim_prompt(tiny_engine, PREFIX, SUFFIX, context_files=[small], file_path="x.py")
     budget = len(hole.token_ids) + 60
     prompt = build_fim_prompt(
-        tiny_engine, PREFIX, SUFFIX, context_files=[small, long, also_small], file_path="x.py",
+        tiny_engine,
+        PREFIX,
+        SUFFIX,
+        context_files=[small, long, also_small],
+        file_path="x.py",
         max_prompt_tokens=budget,
-    )  # fmt: skip
+    )
     assert len(prompt.token_ids) <= budget
     assert (prompt.prefix_chars_kept, prompt.suffix_chars_kept) == (len(PREFIX), len(SUFFIX))
     kept = {f.path: f.text for f in prompt.files_kept}

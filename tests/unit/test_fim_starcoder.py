@@ -103,9 +103,12 @@ def test_the_metadata_layout_written_out(v1: StarCoderEngine) -> None:
     assert prompt.text == (
         "<reponame>acme/shop<filename>shop/models.py\n" + FILES[0].text + "<|endoftext|>"
         "<reponame>acme/shop\n" + FILES[1].text + "<|endoftext|>"
-        "<fim_prefix><reponame>acme/shop<filename>shop/orders.py\n" + PREFIX
-        + "<fim_suffix>" + SUFFIX + "<fim_middle>"
-    )  # fmt: skip
+        "<fim_prefix><reponame>acme/shop<filename>shop/orders.py\n"
+        + PREFIX
+        + "<fim_suffix>"
+        + SUFFIX
+        + "<fim_middle>"
+    )
     assert v1.decode(prompt.token_ids) == prompt.text
     assert v1.token_id("<file_sep>") is None and v1.token_id("<repo_name>") is None
 
@@ -145,9 +148,11 @@ def _tokenizer_with(special: list[str]) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=300,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
-    )  # fmt: skip
+    )
     tok.train_from_iterator(["def f(x):\n    return x\n"] * 10, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
@@ -172,9 +177,13 @@ def test_hostile_text_stays_data(
     tid = v1.token_id
     special = {tid(t) for t in STARCODER_SPECIAL_TOKENS}
     prompt = build_fim_prompt(
-        v1, prefix, suffix, context_files=[ContextFile(path, code), ContextFile("b.py", code)],
-        repo_name=repo, file_path=file_path,
-    )  # fmt: skip
+        v1,
+        prefix,
+        suffix,
+        context_files=[ContextFile(path, code), ContextFile("b.py", code)],
+        repo_name=repo,
+        file_path=file_path,
+    )
     files = prompt.files_kept
     expected = Counter(
         {

@@ -85,7 +85,7 @@ def test_the_openblas_hint_is_for_unquantized_float32_on_the_reference_blas(
     monkeypatch.setattr(sys, "platform", "darwin")  # MLX uses Accelerate there
     assert not building._reference_blas_float32({"torch_dtype": "float32"})
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr("langchain_starcoder.blas.active_blas", lambda: {"path": "libopenblas.so"})
+    monkeypatch.setattr("langchain_starcoder._blas.active_blas", lambda: {"path": "libopenblas.so"})
     assert not building._reference_blas_float32({"torch_dtype": "float32"})
 
 

@@ -28,7 +28,6 @@ from langchain_starcoder.errors import (
 )
 from langchain_starcoder.gguf_format import GGUFNotice
 from langchain_starcoder.gguf_format.layout import expected_shapes, our_name
-from langchain_starcoder.gguf_testing import write_gguf
 from langchain_starcoder.loading import expected_tensors, model_args, read_config
 from langchain_starcoder.testing import (
     GPT_BIGCODE_PRESETS,
@@ -37,6 +36,7 @@ from langchain_starcoder.testing import (
     build_gpt_bigcode,
     build_starcoder2,
 )
+from langchain_starcoder.testing.gguf import write_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 WINDOW = 512  # the tiny preset's sliding window, which GGUF files do not carry
@@ -163,10 +163,13 @@ def test_quantization_error_next_to_mlx_quantization(
     ref = tiny_engine.logits(ids)
     errors = {}
     for name, kwargs in {
-        "gguf Q8_0": dict(file=ggufs["Q8_0"]), "gguf Q4_0": dict(file=ggufs["Q4_0"]),
-        "mlx 8-bit g64": dict(quantize=8), "mlx 8-bit g32": dict(quantize=8, group_size=32),
-        "mlx 4-bit g64": dict(quantize=4), "mlx 4-bit g32": dict(quantize=4, group_size=32),
-    }.items():  # fmt: skip
+        "gguf Q8_0": dict(file=ggufs["Q8_0"]),
+        "gguf Q4_0": dict(file=ggufs["Q4_0"]),
+        "mlx 8-bit g64": dict(quantize=8),
+        "mlx 8-bit g32": dict(quantize=8, group_size=32),
+        "mlx 4-bit g64": dict(quantize=4),
+        "mlx 4-bit g32": dict(quantize=4, group_size=32),
+    }.items():
         file = kwargs.pop("file", None)
         engine = load(file) if file else StarCoderEngine.load(tiny_path, **kwargs)
         errors[name] = relative_error(engine.logits(ids), ref)
@@ -291,11 +294,17 @@ def corpus_lines() -> list[str]:
         lines += file.read_text(encoding="utf-8").splitlines()[:60]
     lines += (REPO / "README.md").read_text(encoding="utf-8").splitlines()[:100]
     lines += [
-        "// 你好世界 🚀 café naïve façade — “quotes” ✓", "x = 12345678901234567890  # digits",
-        "\t\tindented\twith tabs  and  spaces   ", "<fim_prefix>def f():<fim_suffix>\n<fim_middle>",
-        "text with <|endoftext|> and <file_sep>path\n inside", "<repo_name>owner/repo<file_sep>a.py\n",
-        "", " ", "\n\n\n", "ünïcödé ‰ ∑ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
-    ]  # fmt: skip
+        "// 你好世界 🚀 café naïve façade — “quotes” ✓",
+        "x = 12345678901234567890  # digits",
+        "\t\tindented\twith tabs  and  spaces   ",
+        "<fim_prefix>def f():<fim_suffix>\n<fim_middle>",
+        "text with <|endoftext|> and <file_sep>path\n inside",
+        "<repo_name>owner/repo<file_sep>a.py\n",
+        "",
+        " ",
+        "\n\n\n",
+        "ünïcödé ‰ ∑ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    ]
     return lines
 
 
@@ -334,7 +343,7 @@ def test_tokenizer_from_the_file_encodes_as_hugging_face(
 
 
 def _fim_request(text: str):
-    from langchain_starcoder.fim_request import ContextFile, FIMRequest
+    from langchain_starcoder.fim.request import ContextFile, FIMRequest
 
     return FIMRequest(text, "\nprint(x)\n", context_files=[ContextFile("a.py", text)], repo_name="o/r")
 
@@ -438,8 +447,8 @@ def test_gguf_file_in_a_folder_and_on_the_hub(ggufs: dict[str, Path], tmp_path: 
 
 def test_wrappers_take_gguf_file(ggufs: dict[str, Path]) -> None:
     from langchain_starcoder import ChatStarCoder
+    from langchain_starcoder._registry import release_engines
     from langchain_starcoder.llama_index import StarCoder
-    from langchain_starcoder.registry import release_engines
 
     folder, name = str(ggufs["Q8_0"].parent), ggufs["Q8_0"].name
     llm = StarCoderLLM(model=folder, gguf_file=name, max_tokens=8)

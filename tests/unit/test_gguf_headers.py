@@ -20,7 +20,7 @@ import pytest
 
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.errors import CheckpointError, UnsupportedModelError
-from langchain_starcoder.gguf_testing import write_gguf
+from langchain_starcoder.testing.gguf import write_gguf
 
 WINDOW = 512  # the tiny preset's window (GGUF files do not carry it)
 #: What any hostile header may cost before its error: the requirement, generously (a 1 MB file that

@@ -123,9 +123,17 @@ def test_stock_mlx_lm_module_is_off(bigcode: tuple[Path, StarCoderEngine], tmp_p
 def test_checkpoint_saved_by_transformers(tmp_path: Path, multi_query: bool) -> None:
     """transformers' own layout (tied ``lm_head``, its buffers, its config keys), initializer 0.1."""
     config = GPTBigCodeConfig(
-        vocab_size=1024, n_positions=256, n_embd=64, n_layer=3, n_head=4, n_inner=None,
-        multi_query=multi_query, initializer_range=0.1, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=1024,
+        n_positions=256,
+        n_embd=64,
+        n_layer=3,
+        n_head=4,
+        n_inner=None,
+        multi_query=multi_query,
+        initializer_range=0.1,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     model = GPTBigCodeForCausalLM(config).eval()
     model.save_pretrained(tmp_path, safe_serialization=True)

@@ -36,7 +36,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.retrievers.bm25 import BM25Retriever
 
-from langchain_starcoder import registry
+from langchain_starcoder import _registry as registry
 from langchain_starcoder.errors import (
     ContextLengthError,
     InvalidParameterError,
@@ -99,9 +99,19 @@ def test_construction_loads_nothing(monkeypatch):
     assert StarCoder.class_name() == "StarCoder" == llm.to_dict()["class_name"]
     assert isinstance(llm, LLM)
     settings = StarCoder(
-        model="missing/model", quantize=4, dtype="float32", kv_bits=8, max_tokens=7, temperature=0.5,
-        top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.1, stop=["\n\n"], seed=3,
-    )  # fmt: skip
+        model="missing/model",
+        quantize=4,
+        dtype="float32",
+        kv_bits=8,
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.1,
+        repetition_penalty=1.1,
+        stop=["\n\n"],
+        seed=3,
+    )
     dumped = settings.to_dict()
     assert dumped["max_tokens"] == 7 and dumped["stop"] == ["\n\n"] and dumped["kv_bits"] == 8
     assert "engine" not in dumped
@@ -113,9 +123,16 @@ def test_construction_loads_nothing(monkeypatch):
 
 @pytest.mark.parametrize(
     "bad",
-    [{"temperature": -1.0}, {"top_p": 0.0}, {"max_tokens": 0}, {"stop": [""]}, {"quantize": 3},
-     {"dtype": "float64"}, {"kv_bits": 2}],
-)  # fmt: skip
+    [
+        {"temperature": -1.0},
+        {"top_p": 0.0},
+        {"max_tokens": 0},
+        {"stop": [""]},
+        {"quantize": 3},
+        {"dtype": "float64"},
+        {"kv_bits": 2},
+    ],
+)
 def test_bad_settings_raise_engine_errors_on_construction(bad):
     with pytest.raises(InvalidParameterError):
         StarCoder(model="missing/model", **bad)
@@ -624,9 +641,17 @@ def test_example_main_with_a_folder(tiny_path, code_folder, capsys):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     example.main(
-        ["--model", str(tiny_path), "--folder", str(code_folder), "--max-tokens", "12",
-         "--question", "Which function reads the configuration file?"]
-    )  # fmt: skip
+        [
+            "--model",
+            str(tiny_path),
+            "--folder",
+            str(code_folder),
+            "--max-tokens",
+            "12",
+            "--question",
+            "Which function reads the configuration file?",
+        ]
+    )
     out = capsys.readouterr().out
     assert _retrieved(out)[0] == str(code_folder / "settings" / "config.py")
     assert out.split("Answer:", 1)[1].strip()
@@ -710,8 +735,14 @@ async def test_file_text_cannot_add_control_tokens(llm, tiny_engine, backend_spy
         tiny_engine, FIM_PREFIX, FIM_SUFFIX, max_prompt_tokens=tiny_engine.context_window - 24, **args
     )
     # The layout's control ids and no more: one repo name, a separator per file plus the hole's.
-    layout = {"<|endoftext|>": 0, "<repo_name>": 1, "<file_sep>": 3, "<fim_prefix>": 1, "<fim_suffix>": 1,
-              "<fim_middle>": 1}  # fmt: skip
+    layout = {
+        "<|endoftext|>": 0,
+        "<repo_name>": 1,
+        "<file_sep>": 3,
+        "<fim_prefix>": 1,
+        "<fim_suffix>": 1,
+        "<fim_middle>": 1,
+    }
     assert _control_counts(tiny_engine, expected.token_ids) == layout
     responses = [
         llm.infill(FIM_PREFIX, FIM_SUFFIX, **args),

@@ -13,9 +13,9 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, Field
 
-from langchain_starcoder import registry
+from langchain_starcoder import _registry as registry
+from langchain_starcoder._tools import MARKER
 from langchain_starcoder.llama_index import StarCoder
-from langchain_starcoder.tools import MARKER
 
 
 class AddArgs(BaseModel):

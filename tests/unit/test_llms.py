@@ -24,8 +24,8 @@ from langchain_core.prompts import PromptTemplate
 from pydantic import ValidationError
 
 from langchain_starcoder import ChatStarCoder, FIMPromptTemplate, StarCoderEngine, StarCoderLLM
+from langchain_starcoder._registry import DEFAULT_MODEL
 from langchain_starcoder.errors import ContextLengthError, InvalidParameterError
-from langchain_starcoder.registry import DEFAULT_MODEL
 from langchain_starcoder.testing import copy_checkpoint
 from langchain_starcoder.types import GENERATION_KEYS
 
@@ -486,8 +486,12 @@ def test_lcel_example_runs(tiny_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, str(script), "--model", str(tiny_path), "--max-tokens", "8"],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     spec = importlib.util.spec_from_file_location("lcel_chain", script)
     example = importlib.util.module_from_spec(spec)

@@ -71,17 +71,36 @@ def test_the_layout_by_ids(tiny_engine: StarCoderEngine) -> None:
     start, text, code, out, empty = ids_of(tiny_engine, *NOTEBOOK_TOKENS)
     d = lambda t: data(tiny_engine, t)  # noqa: E731
     expected = [
-        fp, start,
-        text, *d("# Sales\nLoad the data."),
-        code, *d("import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.shape"), out, *d("(120, 4)"),
-        code, *d("x = 1"), out, empty,
-        code, *d("df['price'].mean("), out, *d("computing\nSyntaxError: unexpected EOF"),
-        code, *d(HOLE_PREFIX),
-        fs, *d(HOLE_SUFFIX), out, *d("stale"),
-        text, *d("Plot it."),
-        code, *d("df.plot()"), out, *d("[image/png output]"),
+        fp,
+        start,
+        text,
+        *d("# Sales\nLoad the data."),
+        code,
+        *d("import pandas as pd\ndf = pd.read_csv('sales.csv')\ndf.shape"),
+        out,
+        *d("(120, 4)"),
+        code,
+        *d("x = 1"),
+        out,
+        empty,
+        code,
+        *d("df['price'].mean("),
+        out,
+        *d("computing\nSyntaxError: unexpected EOF"),
+        code,
+        *d(HOLE_PREFIX),
+        fs,
+        *d(HOLE_SUFFIX),
+        out,
+        *d("stale"),
+        text,
+        *d("Plot it."),
+        code,
+        *d("df.plot()"),
+        out,
+        *d("[image/png output]"),
         fm,
-    ]  # fmt: skip
+    ]
     prompt = build_fim_prompt(tiny_engine, HOLE_PREFIX, HOLE_SUFFIX, notebook=ctx)
     assert prompt.token_ids == expected
     assert prompt.notebook_cells == (4, 2)
@@ -142,14 +161,19 @@ def test_notebook_text_is_data(tiny_engine: StarCoderEngine) -> None:
     controls.update({tiny_engine.token_id(t): t for t in ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")})
     seen = [controls[i] for i in prompt.token_ids if i in controls]
     assert seen == [
-        "<fim_prefix>", "<jupyter_start>",
+        "<fim_prefix>",
+        "<jupyter_start>",
         "<jupyter_text>",
-        "<jupyter_code>", "<jupyter_output>",
+        "<jupyter_code>",
+        "<jupyter_output>",
         "<jupyter_code>",  # the hole's cell
-        "<fim_suffix>", "<jupyter_output>",
-        "<jupyter_code>", "<jupyter_output>", "<empty_output>",
+        "<fim_suffix>",
+        "<jupyter_output>",
+        "<jupyter_code>",
+        "<jupyter_output>",
+        "<empty_output>",
         "<fim_middle>",
-    ]  # fmt: skip
+    ]
 
 
 def test_outputs_rendered_as_text() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from langchain_starcoder import StarCoderEngine, cli
+from langchain_starcoder._progress import progress_shown, show_progress
 from langchain_starcoder.gguf_format import convert_to_gguf
-from langchain_starcoder.progress import progress_shown, show_progress
 from langchain_starcoder.testing import build_starcoder2
 
 #: A prompt of about 60 tokens: more than one prefill step of PREFILL_STEP.
@@ -73,7 +73,7 @@ def test_the_prefill_bar_counts_every_step_and_closes_before_the_first_token(
 ) -> None:
     """Updated once a prefill step (no per-token work), and gone when the text starts."""
     import langchain_starcoder.backends.mlx as mlx_backend
-    from langchain_starcoder import progress
+    from langchain_starcoder import _progress as progress
 
     bars: list[list[int | str]] = []
     real_bar = progress.prefill_bar
@@ -162,7 +162,7 @@ def test_a_jupyter_kernel_shows_progress_as_a_widget(tmp_path: Path) -> None:
     from nbclient import NotebookClient
 
     code = (
-        "from langchain_starcoder.progress import progress_bar, progress_shown\n"
+        "from langchain_starcoder._progress import progress_bar, progress_shown\n"
         "print('shown:', progress_shown())\n"
         "with progress_bar(3, 'Converting x to GGUF', 'B') as bar:\n"
         "    bar.update(3)\n"
@@ -181,6 +181,6 @@ def test_a_jupyter_kernel_shows_progress_as_a_widget(tmp_path: Path) -> None:
 def test_a_plain_python_process_shows_none(tmp_path: Path) -> None:
     import subprocess
 
-    code = "from langchain_starcoder.progress import progress_shown; print(progress_shown())"
+    code = "from langchain_starcoder._progress import progress_shown; print(progress_shown())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "False", result.stderr

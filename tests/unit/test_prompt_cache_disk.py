@@ -55,9 +55,13 @@ def run_process(model: Path, prompts: list[str], **load: object) -> dict:
     load = {k: str(v) if isinstance(v, Path) else v for k, v in load.items()}
     spec = json.dumps({"model": str(model), "load": load, "prompts": prompts, "no_writes": no_writes})
     done = subprocess.run(
-        [sys.executable, "-c", RUNNER, spec], capture_output=True, text=True, timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
-    )  # fmt: skip
+        [sys.executable, "-c", RUNNER, spec],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -308,7 +312,7 @@ def test_nothing_is_written_outside_the_folder(tiny_path: Path, tmp_path: Path) 
 
 
 def test_a_gguf_file_is_keyed_by_its_contents_and_window(tiny_path: Path, tmp_path: Path) -> None:
-    from langchain_starcoder.gguf_testing import write_gguf
+    from langchain_starcoder.testing.gguf import write_gguf
 
     gguf, folder, prompt = tmp_path / "tiny.gguf", tmp_path / "cache", SHARED + ENDINGS[0]
 

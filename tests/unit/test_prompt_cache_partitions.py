@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
+from langchain_starcoder._registry import release_engines
 from langchain_starcoder.backends.prompt_cache.disk import MIN_NEW_TOKENS
 from langchain_starcoder.errors import InvalidParameterError
-from langchain_starcoder.registry import release_engines
 from langchain_starcoder.types import CachePartition, GenerationParams
 
 PROMPT = "def area(radius):\n    return 3.14159 * radius * radius\n\ndef perimeter(radius):\n    return "

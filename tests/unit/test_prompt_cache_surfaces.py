@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from langchain_starcoder import ChatStarCoder, StarCoderLLM, cli
+from langchain_starcoder._registry import release_engines
 from langchain_starcoder.cli.options import PROMPT_CACHE_ENV, default_prompt_cache_dir
 from langchain_starcoder.llama_index import StarCoder
-from langchain_starcoder.registry import release_engines
 
 SHARED = "".join(f"def handler_{i}(request):\n    return respond(request, code={i * 7})\n" for i in range(36))
 

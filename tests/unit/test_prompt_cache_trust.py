@@ -182,8 +182,11 @@ def test_forged_digests_do_not_make_one_model_answer_from_anothers_caches(
     for file in weight_files(model_b):  # B's files as they are, with A's digests
         st = file.stat()
         memo[str(file.resolve())] = {
-            "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "digest": digest_a[file.name]
-        }  # fmt: skip
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "ino": st.st_ino,
+            "digest": digest_a[file.name],
+        }
     memo_path.write_text(json.dumps(memo))
     loosen(memo_path)
     done, _ = answer(model_b, folder, [PROMPT])

@@ -95,8 +95,19 @@ def test_rag_script_streams_a_middle_with_the_index_context(
 
 
 def test_rag_hole_at_a_position(tiny_path: Path, rag, capsys, monkeypatch) -> None:
-    argv = ["rag_code_assistant.py", "--model", str(tiny_path), "--file", "shop/reports.py",
-            "--position", "31:4", "--max-tokens", "4", "--max-prompt-tokens", "1600"]  # fmt: skip
+    argv = [
+        "rag_code_assistant.py",
+        "--model",
+        str(tiny_path),
+        "--file",
+        "shop/reports.py",
+        "--position",
+        "31:4",
+        "--max-tokens",
+        "4",
+        "--max-prompt-tokens",
+        "1600",
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     rag.main()
     out = capsys.readouterr().out
@@ -130,9 +141,11 @@ def test_repo_context_script(tiny_path: Path, tiny_engine: StarCoderEngine) -> N
     example = load_example("infill_repo_context")
     files = [ContextFile(p, (SAMPLE_REPO / p).read_text()) for p in ("shop/orders.py", "shop/models.py")]
     kwargs = dict(
-        context_files=files, repo_name="sample_repo", file_path="shop/reports.py",
+        context_files=files,
+        repo_name="sample_repo",
+        file_path="shop/reports.py",
         max_prompt_tokens=tiny_engine.context_window - 6,
-    )  # fmt: skip
+    )
     prompt = build_fim_prompt(tiny_engine, example.PREFIX, example.SUFFIX, **kwargs)
     assert f"Prompt: {len(prompt.token_ids)} tokens" in out
     expected = tiny_engine.infill(example.PREFIX, example.SUFFIX, max_tokens=6, **kwargs)

@@ -19,8 +19,11 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCED = re.compile(r"```(\w+)\n(.*?)```", flags=re.S)
 BLOCKS = FENCED.findall(README)
 # Every block of every page, with where it is: (page, language, code).
-ALL_BLOCKS = [(page.relative_to(ROOT).as_posix(), lang, code) for page in PAGES for lang, code in
-              FENCED.findall(page.read_text())]  # fmt: skip
+ALL_BLOCKS = [
+    (page.relative_to(ROOT).as_posix(), lang, code)
+    for page in PAGES
+    for lang, code in FENCED.findall(page.read_text())
+]
 # python blocks run offline here; py blocks need a server (tests/integration runs them against one);
 # bash blocks are the commands checked below; sh, text and yaml are shown, not run.
 LANGUAGES = {"python", "py", "bash", "sh", "text", "yaml"}
@@ -69,8 +72,10 @@ def test_python_block_uses_every_name_it_imports(index: int) -> None:
     tree = ast.parse(python_blocks()[index])
     imported = {
         (alias.asname or alias.name).split(".")[0]
-        for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names
-    }  # fmt: skip
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
     used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     assert imported <= used, f"imported, never used: {sorted(imported - used)}"
 
@@ -130,8 +135,12 @@ def test_python_block_verbatim_offline_ends_in_a_short_traceback(index: int, tmp
 
 def test_every_install_command_works_from_the_checkout() -> None:
     """The package is not on PyPI yet: `pip install langchain-starcoder[...]` fails; `-e .[...]` works."""
-    docs = [*PAGES, ROOT / "benchmarks" / "RESULTS.md", *sorted((ROOT / "examples").glob("*.py")),
-            *sorted((ROOT / "notebooks").glob("*.ipynb"))]  # fmt: skip
+    docs = [
+        *PAGES,
+        ROOT / "benchmarks" / "RESULTS.md",
+        *sorted((ROOT / "examples").glob("*.py")),
+        *sorted((ROOT / "notebooks").glob("*.ipynb")),
+    ]
     from_index = re.compile(r"pip install\s+(?:-U\s+)?[\"']?langchain-starcoder")
     found = [f"{p.name}: {m.group(0)}" for p in docs for m in from_index.finditer(p.read_text())]
     assert not found
@@ -146,8 +155,9 @@ def test_the_speed_tables_say_which_shape_each_figure_is_for() -> None:
     default_model, comparisons = tables
     # The default model's own figures, at its real depth, and the command that measured them.
     assert "30 layers (the real depth)" in default_model.splitlines()[0]
-    assert {"decode tokens/s", "prefill tokens/s"} <= {row.split(" | ")[0].strip("| ") for row in
-                                                      default_model.splitlines()[2:]}  # fmt: skip
+    assert {"decode tokens/s", "prefill tokens/s"} <= {
+        row.split(" | ")[0].strip("| ") for row in default_model.splitlines()[2:]
+    }
     assert "`python -m benchmarks --only fullmodel`" in section
     # Every comparison row names its shape.
     header, _, *rows = comparisons.splitlines()

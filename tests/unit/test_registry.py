@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from langchain_starcoder import ModelNotFoundError, StarCoderEngine
-from langchain_starcoder.registry import get_engine, peek_engine
+from langchain_starcoder._registry import get_engine, peek_engine
 from langchain_starcoder.testing import copy_checkpoint
 
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from langchain_starcoder import StarCoderEngine
+from langchain_starcoder._tools import COMPACT
 from langchain_starcoder.backends.grammar import GrammarCompiler
 from langchain_starcoder.backends.remote.constraints import (
     json_schema_lark,
@@ -23,7 +24,6 @@ from langchain_starcoder.backends.remote.constraints import (
 from langchain_starcoder.backends.remote.llama_cpp import LlamaCpp
 from langchain_starcoder.backends.remote.vllm import VLLM
 from langchain_starcoder.errors import GrammarError
-from langchain_starcoder.tools import COMPACT
 from langchain_starcoder.types import GenerationParams
 
 REGEXES = [

@@ -7,7 +7,8 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from langchain_starcoder.fim_request import ContextFile
+from langchain_starcoder.fim.request import ContextFile
+
 from langchain_starcoder.server.stable_context import MAX_DOCUMENTS, MAX_FILES, ContextOrders
 from langchain_starcoder.server.stable_prefix import StablePrefixes, slid_start
 from langchain_starcoder.server.supersede import Document

@@ -352,9 +352,15 @@ def test_a_verdict_against_drafting_is_probed_again(engine: StarCoderEngine) -> 
             cache = make_prompt_cache(model)
             model(mx.array(ids[:-1])[None], cache=cache)
             out, _, drafted = decode(
-                model, cache, ids, max_tokens=640, drafter=PromptLookup(ids), k_max=k, costs=costs,
+                model,
+                cache,
+                ids,
+                max_tokens=640,
+                drafter=PromptLookup(ids),
+                k_max=k,
+                costs=costs,
                 emit=lambda token: False,
-            )  # fmt: skip
+            )
             return out, drafted
 
         return engine.backend.call(go)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from langchain_starcoder.stops import StopMatcher
+from langchain_starcoder.decoding.stops import StopMatcher
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, str | None]:

@@ -89,8 +89,11 @@ def test_peak_memory_grows_with_one_layer_not_with_the_model(tmp_path: Path, qua
     for layers in (4, 8):
         result = subprocess.run(
             [sys.executable, "-c", PEAK_RSS, str(tmp_path / f"m{layers}"), str(layers), quantize],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         peaks[layers] = int(result.stdout.split()[-1]) * 1024  # ru_maxrss is in KiB on Linux
     assert json.loads((tmp_path / "m8" / "config.json").read_text())["num_hidden_layers"] == 8
@@ -102,8 +105,10 @@ def test_the_plan_counts_every_byte_written(tmp_path: Path) -> None:
     path = build_starcoder2(tmp_path / "q", preset="small", quantize=4)
     plan = weights.plan_weights(
         lambda draw: testing._starcoder2_weights(json.loads((path / "config.json").read_text()), draw),
-        "float32", weights.Quantization(4, 64), None,
-    )  # fmt: skip
+        "float32",
+        weights.Quantization(4, 64),
+        None,
+    )
     header_bytes = (path / "model.safetensors").stat().st_size - plan.disk_bytes
     assert 0 < header_bytes < 20_000  # the rest of the file is exactly the planned tensors
 

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from langchain_starcoder import ContextFile, StarCoderEngine, StarCoderPromptTemplate, build_fim_prompt
-from langchain_starcoder.chat import chat_prompt_ids
+from langchain_starcoder._chat import chat_prompt_ids
+from langchain_starcoder._tokens import control_tokens, max_text_chars
 from langchain_starcoder.errors import ContextLengthError
 from langchain_starcoder.fim import fim_stop_token_ids
 from langchain_starcoder.testing import SPECIAL_TOKENS, copy_checkpoint
-from langchain_starcoder.tokens import control_tokens, max_text_chars
 
 #: A template whose own text writes control tokens other than <|endoftext|>.
 FILE_SEP_CHAT = "{% for m in messages %}<file_sep>{{ m['role'] }}\n{{ m['content'] }}{% endfor %}<file_sep>"

@@ -1,5 +1,5 @@
 """Tool calls and structured output under constrained decoding: the plan of a request's tools
-(langchain_starcoder.tools), ChatStarCoder's bind_tools and with_structured_output, and StarCoderLLM's
+(langchain_starcoder._tools), ChatStarCoder's bind_tools and with_structured_output, and StarCoderLLM's
 json_schema, on the tiny instruct checkpoint (random weights: the shape is enforced, the values are the
 model's)."""
 
@@ -19,9 +19,9 @@ from langchain_core.tools import tool
 from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_starcoder import ChatStarCoder, StarCoderEngine, StarCoderLLM
+from langchain_starcoder._tools import MARKER, Tool, ToolPlan
 from langchain_starcoder.backends.grammar import GrammarCompiler
 from langchain_starcoder.errors import InvalidParameterError
-from langchain_starcoder.tools import MARKER, Tool, ToolPlan
 
 # starcoder2-15b-instruct's own template: no system messages (it raises on one).
 NO_SYSTEM_TEMPLATE = (

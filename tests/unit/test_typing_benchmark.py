@@ -53,8 +53,18 @@ def test_the_editor_asks_250_ms_into_each_pause_with_llama_vims_fields(tmp_path:
 
 def test_quick_replay_runs_every_mlx_configuration_on_the_same_session(tmp_path: Path) -> None:
     assert BENCHMARKS["typing"] is bench_typing and "typing" in OPTIONAL
-    code = main(["--only", "typing", "--quick", "--quiet", "--workdir", str(tmp_path / "work"),
-                 "--out", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "--only",
+            "typing",
+            "--quick",
+            "--quiet",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 0
     (section,) = json.loads((tmp_path / "out/results.json").read_text())["sections"]
     records = section["data"]["records"]

@@ -17,8 +17,11 @@ def test_the_stable_prefix_prefills_a_slid_window_only_where_it_changed(tmp_path
     sessions = sessions_from_git(toy_repository(tmp_path / "repo"), 1, SEED, ring=2, chunk_lines=8)
     bodies = requests_of(sessions[0], 0, QUICK, warm_up=True)
     assert bodies[0]["first"] and sum("warm_up" in b for b in bodies) == sessions[0].typed.count("\n")
-    got = {(mode, stable): prefills(tokenizer, sessions, QUICK, mode, stable, True)
-           for mode in ("psm", "spm") for stable in (True, False)}  # fmt: skip
+    got = {
+        (mode, stable): prefills(tokenizer, sessions, QUICK, mode, stable, True)
+        for mode in ("psm", "spm")
+        for stable in (True, False)
+    }
     for mode in ("psm", "spm"):
         stable, sent = got[mode, True], got[mode, False]
         assert stable["warm_ups"] == sent["warm_ups"] == 2

@@ -184,8 +184,10 @@ class RemoteBackend(ServerBackend):
         n_ctx = self._check.number(props["n_ctx"], "n_ctx", low=1)
         n_ctx_train = meta.get("n_ctx_train")
         n_ctx_train = None if n_ctx_train is None else self._check.number(n_ctx_train, "n_ctx_train", low=1)
-        for what, server, ours in (("vocabulary size", n_vocab, vocab_size),
-                                   ("training context length", n_ctx_train, context_length)):  # fmt: skip
+        for what, server, ours in (
+            ("vocabulary size", n_vocab, vocab_size),
+            ("training context length", n_ctx_train, context_length),
+        ):
             if ours is not None and server is not None and server != ours:
                 msg = (
                     f"{self.base_url} serves {self.model!r} with a {what} of {server}, but the "

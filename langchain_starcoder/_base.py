@@ -17,10 +17,10 @@ from langchain_core.language_models import LangSmithParams
 from langchain_core.utils import secret_from_env
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from . import registry
+from . import _registry as registry
+from ._registry import DEFAULT_MODEL
 from .engine import StarCoderEngine
 from .errors import InvalidParameterError
-from .registry import DEFAULT_MODEL
 from .types import CONSTRAINT_KEYS, GENERATION_KEYS, GenerationParams
 
 if TYPE_CHECKING:

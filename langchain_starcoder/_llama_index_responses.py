@@ -11,7 +11,7 @@ from typing import Any
 from llama_index.core.base.llms.generic_utils import completion_response_to_chat_response
 from llama_index.core.base.llms.types import ChatResponse, CompletionResponse, TextBlock, ToolCallBlock
 
-from .tools import InvalidToolCall, ToolCall, ToolPlan
+from ._tools import InvalidToolCall, ToolCall, ToolPlan
 from .types import Completion, CompletionChunk, counts, join_chunks
 
 

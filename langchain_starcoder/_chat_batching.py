@@ -18,7 +18,7 @@ from langchain_core.outputs import LLMResult
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import get_config_list
 
-from .base import RUN_ARGS
+from ._base import RUN_ARGS
 from .types import Completion
 
 BATCHED: ContextVar[dict[tuple[int, ...], deque[Completion]] | None] = ContextVar(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from .fim_request import ContextFile
-from .tokens import Encoded
+from .._tokens import Encoded
+from .request import ContextFile
 
 
 def fit_file(

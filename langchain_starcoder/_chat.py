@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import InvalidParameterError
 
 if TYPE_CHECKING:
+    from ._tools import ToolPlan
     from .engine import StarCoderEngine
-    from .tools import ToolPlan
 
 _MARK = re.compile("\ue000([0-9]+)\ue001")  # private-use characters: a placeholder per message
 _STANDARD_ROLES = frozenset({"system", "user", "assistant"})

@@ -16,14 +16,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .backends import Generation
-from .ends import MiddleGate
-from .overlap import SuffixOverlap
+from ..backends import Generation
+from ..ends import MiddleGate
+from ..fim.overlap import SuffixOverlap
+from ..types import CompletionChunk, GenerationParams
 from .stops import StopMatcher
-from .types import CompletionChunk, GenerationParams
 
 if TYPE_CHECKING:
-    from .backends.grammar import Grammar
+    from ..backends.grammar import Grammar
 
 Emit = Callable[[Any], None]
 # ChunkSink.start without prompt_seconds: the prompt is timed from start to the first token.

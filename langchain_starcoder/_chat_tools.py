@@ -1,5 +1,5 @@
 """ChatStarCoder's tools and structured output on LangChain's side: the tools a call binds as a
-:class:`~langchain_starcoder.tools.ToolPlan`, messages with tool calls and results as chat turns, answers
+:class:`~langchain_starcoder._tools.ToolPlan`, messages with tool calls and results as chat turns, answers
 read back as ``AIMessage`` tool calls (streamed as tool-call chunks), and ``with_structured_output``'s
 runnables over the engine's JSON-schema constraint."""
 
@@ -24,8 +24,7 @@ from langchain_core.runnables import Runnable, RunnableGenerator, RunnableMap, R
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
-from .errors import InvalidParameterError
-from .tools import (
+from ._tools import (
     COMPACT,
     Reply,
     ReplyReader,
@@ -36,6 +35,7 @@ from .tools import (
     plan_of,
     result_text,
 )
+from .errors import InvalidParameterError
 
 #: A call's keywords that bind_tools sets (the rest are generation settings).
 TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")

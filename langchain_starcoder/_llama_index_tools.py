@@ -27,7 +27,7 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
 from pydantic import BaseModel
 
-from .tools import COMPACT, call_text, close_objects, result_text
+from ._tools import COMPACT, call_text, close_objects, result_text
 
 Model = TypeVar("Model", bound=BaseModel)
 dispatcher = get_dispatcher(__name__)

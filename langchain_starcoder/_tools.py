@@ -150,12 +150,14 @@ class ToolPlan:
         for tool in self.allowed:
             arguments, hoisted = _hoisted(close_objects(tool.parameters), f"{tool.name}.")
             defs.update(hoisted)
-            options.append({
-                "type": "object",
-                "properties": {"name": {"const": tool.name}, "arguments": arguments},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            })  # fmt: skip
+            options.append(
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": tool.name}, "arguments": arguments},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+            )
         call = options[0] if len(options) == 1 else {"anyOf": options}
         schema = {"type": "array", "items": call, "minItems": 1} if self.parallel else dict(call)
         return {**schema, **({"$defs": defs} if defs else {}), **COMPACT}

@@ -1,5 +1,5 @@
 """Fill-in-the-middle (FIM) prompts for StarCoder models, within a token budget (both families' layouts share
-one; fitting a text into it is :mod:`langchain_starcoder.fim_fitting`).
+one; fitting a text into it is :mod:`langchain_starcoder.fim.fitting`).
 
 Layouts (``P``, ``S`` are the prefix and suffix of the hole, ``<...>`` are single control tokens):
 
@@ -59,11 +59,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ContextLengthError, UnsupportedModelError
-from .fim_fitting import encode_window, fit_file, guess_chars, largest
-from .fim_request import ContextFile, FIMRequest
-from .notebook import NOTEBOOK_TOKENS, notebook_parts
-from .tokens import Codec, Encoded, codec_for
+from .._tokens import Codec, Encoded, codec_for
+from ..errors import ContextLengthError, UnsupportedModelError
+from ..notebook import NOTEBOOK_TOKENS, notebook_parts
+from ..types import DEFAULT_MAX_TOKENS
+from .fitting import encode_window, fit_file, guess_chars, largest
+from .request import ContextFile, FIMRequest
 
 #: Control tokens an infill stops at: the end of the file, or the model starting a new FIM/repo part.
 FIM_STOP_TOKENS = (
@@ -87,9 +88,6 @@ _ALIASES = {
     "<fim_pad>": ("<fim_pad>", "<fim-pad>"),
 }
 _FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
-
-#: The ``max_tokens`` assumed when ``build_fim_prompt`` derives a budget from an engine's context.
-DEFAULT_MAX_TOKENS = 256
 
 
 class MissingFIMTokensError(UnsupportedModelError):
@@ -150,9 +148,9 @@ def build_fim_prompt(tokenizer: Any, prefix: str | FIMRequest, suffix: str = "",
         tokenizer: A :class:`~langchain_starcoder.StarCoderEngine` (its tokenizer and context
             window), a transformers tokenizer, mlx-lm's ``TokenizerWrapper`` or a
             ``tokenizers.Tokenizer``.
-        prefix: The code before the hole, or a whole :class:`~langchain_starcoder.fim_request.FIMRequest`.
+        prefix: The code before the hole, or a whole :class:`~langchain_starcoder.fim.request.FIMRequest`.
         suffix: The code after the hole.
-        options: The other fields of :class:`~langchain_starcoder.fim_request.FIMRequest`:
+        options: The other fields of :class:`~langchain_starcoder.fim.request.FIMRequest`:
             ``context_files`` (other files of the repository, most relevant first; any of them, a
             ``repo_name`` or a ``file_path`` selects StarCoder2's repository layout), ``repo_name``,
             ``file_path``, ``mode`` ("psm" or "spm") and ``max_prompt_tokens`` (the most tokens the
