@@ -294,6 +294,175 @@ class _Shadow:
             self.stats.note(0, 0)
 
 
+class _Planner:
+    """Chooses each pass's draft length from the model's pass costs and the request's acceptance."""
+
+    def __init__(self, costs: PassCosts | None, k_max: int, stats: Acceptance, virtual: bool):
+        self.costs, self.k_max, self.stats, self.virtual = costs, k_max, stats, virtual
+        self.since_probe = 0
+        self.chosen = [0, 0]  # the last draft length chosen, and how many more passes it stands for
+
+    def plan(self) -> int:
+        """The next draft's length; 0 for a plain, pipelined step, -1 for a waited plain step."""
+        costs, k_max = self.costs, self.k_max
+        if costs is None:
+            return k_max
+        if not costs.known:  # probe (once per model, again at a re-check): plain, waited, drafts of 4
+            need = costs.needed
+            if costs.count("plain") < need:
+                return 0
+            return -1 if costs.count("single") < min(need, costs.count("draft") + 1) else min(4, k_max)
+        if self.chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
+            self.chosen[1] -= 1
+            return self.chosen[0]
+        best_k, best = 0, _GAIN
+        for k in range(1, k_max + 1):
+            gain = costs.gain(k, self.stats.rate, self.stats.match)
+            if gain > best:
+                best_k, best = k, gain
+        self.chosen[:] = [best_k, _REPLAN_EVERY - 1]
+        if best_k > 0:
+            costs.drafting()
+        elif self.virtual:
+            if costs.recheck():  # its timings are dropped: the probes above run again
+                self.chosen[1] = 0
+        else:  # a draft model's acceptance is seen only by drafting
+            self.since_probe += 1
+            if self.since_probe >= _PROBE_EVERY:
+                self.since_probe, best_k = 0, min(2, k_max)
+        return best_k
+
+
+class _Decoding:
+    """One :func:`decode` call: the sequence, the pass in flight and the draft it verifies, the counts.
+
+    Each pass's tokens are decided, the next pass is launched before they are handed out (chained on
+    the lazy token for a plain step, so no wait between steps), and the cache is trimmed to the tokens.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        cache: list[Any],
+        tokens: list[int],
+        max_tokens: int,
+        drafter: Drafter,
+        k_max: int,
+        costs: PassCosts | None,
+        emit: Callable[[int], bool],
+        grammar: Grammar | None,
+    ):
+        self.model, self.cache, self.drafter, self.costs, self.emit = model, cache, drafter, costs, emit
+        self.prompt_len, self.max_tokens = len(tokens), max_tokens
+        self.seq = list(tokens)  # the prompt and every decided token
+        self.guide = None if grammar is None else DraftGuide(grammar.matcher(), grammar.vocab_size)
+        self.stats = Acceptance()
+        self.shadow = _Shadow(drafter, k_max, self.stats) if drafter.virtual else None
+        self.planner = _Planner(costs, k_max, self.stats, drafter.virtual)
+        self.emitted: list[int] = []
+        self.accepted = self.drafted = 0
+        self.draft: list[int] = []  # the draft the pass in flight verifies
+        self.attempt = False  # whether the pass in flight verifies a draft (or found none to verify)
+        self.pipelined = False  # whether the pass in flight was chained on the lazy token before it
+        self.clock = 0.0
+
+    def room(self) -> int:
+        return self.max_tokens - (len(self.seq) - self.prompt_len)
+
+    def launch(self, inputs: mx.array, draft: Sequence[int] = ()) -> mx.array:
+        logits = self.model(inputs[None], cache=self.cache)[0]
+        if self.guide is not None:  # the masks are computed (on a helper thread) while the model runs
+            allowed = self.guide.masks(draft)
+            mx.async_eval(logits)
+            logits = mx.where(mx.array(allowed.result()), logits, -mx.inf)
+        out = mx.argmax(logits, axis=-1)
+        mx.async_eval(out)
+        return out
+
+    def start(self, k: int) -> mx.array:
+        """Launch a waited pass on the last token and a draft of up to ``k`` tokens (none for k <= 0)."""
+        draft = self.drafter.propose(k) if k > 0 else []
+        self.draft = self.guide.clip(draft) if self.guide is not None else draft
+        self.attempt = k > 0
+        return self.launch(mx.array([self.seq[-1], *self.draft]), self.draft)
+
+    def verify(self, pending: mx.array) -> tuple[list[int], list[bool], int]:
+        """The waited pass's tokens: the draft's longest run equal to the model's argmax, then the
+        model's own token, cut at ``max_tokens``; with which came from the draft, and the run's length."""
+        out, draft = pending.tolist(), self.draft
+        n = 0
+        while n < len(draft) and out[n] == draft[n]:
+            n += 1
+        room = self.room()
+        self.drafted += len(draft)
+        return [*draft[:n], out[n]][:room], ([True] * n + [False])[:room], n
+
+    def time_pass(self, pipelined_next: bool) -> None:
+        """Note the pass just decided in the costs; ``pipelined_next``: how the next one was launched."""
+        now = time.perf_counter()
+        if self.costs is not None:
+            self.costs.note(len(self.draft), now - self.clock, self.pipelined)
+        self.clock, self.pipelined = now, pipelined_next
+
+    def take(self, new: list[int]) -> None:
+        self.seq.extend(new)
+        self.drafter.extend(new)
+        if self.guide is not None:
+            self.guide.accept(new)
+
+    def after_waited(self, n: int, next_k: int | None) -> mx.array | None:
+        """After a waited pass: note its acceptance, trim the cache to the sequence, and launch the
+        next pass (None when ``max_tokens`` is reached)."""
+        if self.attempt:
+            self.stats.note(n, len(self.draft))
+        excess = self.cache[0].offset - (len(self.seq) - 1)
+        if excess > 0:  # rejected draft positions (and any past max_tokens)
+            trim_prompt_cache(self.cache, excess)
+        if self.room() <= 0:
+            return None
+        following = self.start(self.planner.plan() if next_k is None else next_k)
+        if self.shadow is not None:
+            self.shadow.draft = None  # drafts are scored by passes again
+        return following
+
+    def hand_out(self, new: list[int], flags: list[bool]) -> bool:
+        """Emit ``new`` in order; True when ``emit`` stopped (the cache then keeps the stop token)."""
+        for token, from_draft in zip(new, flags, strict=True):
+            self.emitted.append(token)
+            self.accepted += from_draft
+            if self.emit(token):
+                excess = self.cache[0].offset - (self.prompt_len + len(self.emitted))
+                if excess > 0:  # the pass past a stop keeps only the stop token, as plainly
+                    trim_prompt_cache(self.cache, excess)
+                return True
+        return False
+
+    def run(self) -> tuple[list[int], int, int]:
+        pending: mx.array | None = self.start(max(self.planner.plan(), 0))
+        self.clock = time.perf_counter()
+        while pending is not None:
+            # Decide the tokens of the pass in flight; launch the next pass before handing them out.
+            next_k = self.planner.plan() if not self.attempt and self.room() > 1 else None
+            if next_k == 0 and self.guide is None:
+                following = self.launch(pending)  # chained on the lazy token: no wait between steps
+                new, flags, n = [pending.item()], [False], 0
+            else:
+                following = None
+                new, flags, n = self.verify(pending)
+            self.time_pass(pipelined_next=following is not None)
+            self.take(new)
+            if following is None:
+                following = self.after_waited(n, next_k)
+            else:
+                self.draft, self.attempt = [], False
+                if self.shadow is not None:
+                    self.shadow.see(new[0])
+            if self.hand_out(new, flags):
+                break
+            pending = following
+        return self.emitted, self.accepted, self.drafted
+
+
 def decode(
     model: Any,
     cache: list[Any],
@@ -315,116 +484,4 @@ def decode(
     draft tokens among them and the drafted count. The cache is left as a plain greedy run leaves
     it: holding every emitted token, except the last when ``max_tokens`` ended the run.
     """
-    prompt_len = len(tokens)
-    seq = list(tokens)  # the prompt and every decided token
-    guide = None if grammar is None else DraftGuide(grammar.matcher(), grammar.vocab_size)
-    stats = Acceptance()
-    shadow = _Shadow(drafter, k_max, stats) if drafter.virtual else None
-    since_probe = 0
-    chosen = [0, 0]  # the last draft length chosen, and how many more passes it stands for
-
-    def plan() -> int:
-        """The next draft's length; 0 for a plain, pipelined step."""
-        nonlocal since_probe
-        if costs is None:
-            return k_max
-        if not costs.known:  # probe (once per model, again at a re-check): plain, waited, drafts of 4
-            need = costs.needed
-            if costs.count("plain") < need:
-                return 0
-            return -1 if costs.count("single") < min(need, costs.count("draft") + 1) else min(4, k_max)
-        if chosen[1] > 0:  # a choice stands for a few passes: no arithmetic per token
-            chosen[1] -= 1
-            return chosen[0]
-        best_k, best = 0, _GAIN
-        for k in range(1, k_max + 1):
-            gain = costs.gain(k, stats.rate, stats.match)
-            if gain > best:
-                best_k, best = k, gain
-        chosen[:] = [best_k, _REPLAN_EVERY - 1]
-        if best_k > 0:
-            costs.drafting()
-        elif drafter.virtual:
-            if costs.recheck():  # its timings are dropped: the probes above run again
-                chosen[1] = 0
-        else:  # a draft model's acceptance is seen only by drafting
-            since_probe += 1
-            if since_probe >= _PROBE_EVERY:
-                since_probe, best_k = 0, min(2, k_max)
-        return best_k
-
-    def launch(inputs: mx.array, draft: Sequence[int] = ()) -> mx.array:
-        logits = model(inputs[None], cache=cache)[0]
-        if guide is not None:  # the masks are computed (on a helper thread) while the model runs
-            allowed = guide.masks(draft)
-            mx.async_eval(logits)
-            logits = mx.where(mx.array(allowed.result()), logits, -mx.inf)
-        out = mx.argmax(logits, axis=-1)
-        mx.async_eval(out)
-        return out
-
-    def propose(k: int) -> list[int]:
-        draft = drafter.propose(k) if k > 0 else []
-        return guide.clip(draft) if guide is not None else draft
-
-    def room() -> int:
-        return max_tokens - (len(seq) - prompt_len)
-
-    emitted: list[int] = []
-    accepted = drafted = 0
-    k = max(plan(), 0)
-    draft = propose(k)
-    attempt = k > 0  # whether the pass in flight verifies a draft (or found none to verify)
-    pending = launch(mx.array([seq[-1], *draft]), draft)
-    pipelined = False  # whether the pass in flight was chained on the lazy token before it
-    clock = time.perf_counter()
-    while True:
-        # Decide the tokens of the pass in flight; launch the next pass before handing them out.
-        next_k = plan() if not attempt and room() > 1 else None
-        following = None
-        if next_k == 0 and guide is None:
-            following = launch(pending)  # chained on the lazy token: no wait between steps
-            new, flags = [pending.item()], [False]
-        else:
-            out = pending.tolist()
-            n = 0
-            while n < len(draft) and out[n] == draft[n]:
-                n += 1
-            new, flags = [*draft[:n], out[n]][: room()], ([True] * n + [False])[: room()]
-            drafted += len(draft)
-        now = time.perf_counter()
-        if costs is not None:
-            costs.note(len(draft), now - clock, pipelined)
-        clock, pipelined = now, following is not None
-        seq.extend(new)
-        drafter.extend(new)
-        if guide is not None:
-            guide.accept(new)
-        if following is None:
-            if attempt:
-                stats.note(n, len(draft))
-            excess = cache[0].offset - (len(seq) - 1)
-            if excess > 0:  # rejected draft positions (and any past max_tokens)
-                trim_prompt_cache(cache, excess)
-            if room() > 0:
-                next_k = plan() if next_k is None else next_k
-                draft = propose(next_k)
-                attempt = next_k > 0
-                following = launch(mx.array([seq[-1], *draft]), draft)
-                if shadow is not None:
-                    shadow.draft = None  # drafts are scored by passes again
-        else:
-            draft, attempt = [], False
-            if shadow is not None:
-                shadow.see(new[0])
-        for token, from_draft in zip(new, flags, strict=True):
-            emitted.append(token)
-            accepted += from_draft
-            if emit(token):
-                excess = cache[0].offset - (prompt_len + len(emitted))
-                if excess > 0:  # the pass past a stop keeps only the stop token, as plainly
-                    trim_prompt_cache(cache, excess)
-                return emitted, accepted, drafted
-        if following is None:
-            return emitted, accepted, drafted
-        pending = following
+    return _Decoding(model, cache, tokens, max_tokens, drafter, k_max, costs, emit, grammar).run()

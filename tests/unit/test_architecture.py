@@ -59,3 +59,16 @@ def test_the_engine_helpers_never_import_the_front() -> None:
     assert {"langchain_starcoder.engine.jobs", "langchain_starcoder.engine.fim_prompts"} <= _imports(
         ENGINE / "front.py"
     )
+
+
+def test_no_function_is_over_100_lines() -> None:
+    """Every function and method in the package stays within 100 lines, its docstring included: a
+    longer one is split into named steps."""
+    long = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 100:
+                    long.append(f"{file.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []
