@@ -16,16 +16,16 @@ from typing import Any
 
 from .._tokens import Codec, codec_for
 from ..errors import ContextLengthError, InvalidParameterError
+from ..fim import budget
 from ..fim import build as fim
 from ..fim.request import FIM_KEYS, ContextFile, FIMRequest
 from ..repo.rank import GAP_MARKER
-from .jobs import check_room
 
 
 def fim_prompt(tokenizer: Any, context_window: int, request: FIMRequest, max_tokens: int) -> fim.FIMPrompt:
     """:meth:`StarCoderEngine.fim_prompt <langchain_starcoder.StarCoderEngine.fim_prompt>` for a model
     of this tokenizer and context window."""
-    check_room(max_tokens, context_window)
+    budget.check_room(max_tokens, context_window)
     if request.repo is None:
         return build_fim(tokenizer, context_window, request, max_tokens)
     index = request.repo
@@ -40,7 +40,7 @@ def add_repo_context(tokenizer: Any, context_window: int, request: FIMRequest, m
     """:meth:`StarCoderEngine.add_repo_context <langchain_starcoder.StarCoderEngine.add_repo_context>`:
     ``request`` with a repository-relative ``file_path`` and, after its own context files, those its
     index picks in the budget the hole and they leave (less what its own files hold already)."""
-    check_room(max_tokens, context_window)
+    budget.check_room(max_tokens, context_window)
     index = request.repo
     if index is None:
         return request
@@ -101,34 +101,24 @@ def build_fim(
     more_files: Callable[[int], Sequence[ContextFile]] | None = None,
 ) -> fim.FIMPrompt:
     """The prompt of ``request`` (its context files as given, then those ``more_files(tokens left)``
-    picks) within the budget of a model with this context window."""
-
-    def build(tokenizer: Any, request: FIMRequest) -> fim.FIMPrompt:
+    picks) within the budget (:func:`~langchain_starcoder.fim.budget.prompt_budget`) of a model with
+    this context window that then writes up to ``max_tokens``."""
+    derived = request.max_prompt_tokens is None
+    limit = budget.prompt_budget(context_window, max_tokens, request.max_prompt_tokens)
+    request = dataclasses.replace(request, max_prompt_tokens=limit)
+    try:
         if more_files is None:
-            return fim.build_fim_prompt(tokenizer, request)
-        return fim.build_fim_prompt_adding(tokenizer, request, more_files)
-
-    if request.max_prompt_tokens is None:
-        room = context_window - max_tokens
-        try:
-            prompt = build(tokenizer, dataclasses.replace(request, max_prompt_tokens=room))
-        except ContextLengthError:
-            prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
-        if prompt is None or (request.prefix and not prompt.prefix_chars_kept):
-            msg = (
-                f"max_tokens={max_tokens} leaves {room} tokens of the model's {context_window}-"
-                "token context for the prompt: not even the end of the prefix fits after the "
-                "FIM layout's control tokens and names. Lower max_tokens."
-            )
-            raise ContextLengthError(msg)
-        return prompt
-    if request.max_prompt_tokens + max_tokens > context_window:
-        msg = (
-            f"max_prompt_tokens={request.max_prompt_tokens} plus max_tokens={max_tokens} exceeds "
-            f"the model's context window of {context_window}. Lower one of them."
-        )
-        raise ContextLengthError(msg)
-    return build(tokenizer, request)
+            prompt = fim.build_fim_prompt(tokenizer, request)
+        else:
+            prompt = fim.build_fim_prompt_adding(tokenizer, request, more_files)
+    except ContextLengthError:
+        if not derived:
+            raise
+        prompt = None  # said below in the caller's terms (max_tokens, not a derived budget)
+    if derived and (prompt is None or (request.prefix and not prompt.prefix_chars_kept)):
+        raise budget.too_small(context_window, max_tokens)
+    assert prompt is not None
+    return prompt
 
 
 def repo_relative_path(index: Any, file_path: str | None) -> str:

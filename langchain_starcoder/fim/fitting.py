@@ -1,5 +1,6 @@
-"""Fitting text into a FIM prompt's token budget: a context file whole or cut after its last line that
-fits, the window of a long text worth encoding, and a search for the longest part that fits.
+"""Fitting text into a FIM prompt's token budget: the hole's prefix and suffix, a context file whole or
+cut after its last line that fits, the window of a long text worth encoding, and a search for the
+longest part that fits.
 
 Token counts grow with the text, but not strictly (merges): so the search tries near a guess from the
 encoding's offsets and checks every answer by encoding it.
@@ -9,13 +10,64 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .._tokens import Encoded
 from .request import ContextFile
 
+Encode = Callable[[str], Encoded]
+
+
+@dataclass(frozen=True)
+class HoleFit:
+    """What of the hole fits: the end of the prefix and the start of the suffix, with their ids."""
+
+    prefix_kept: int
+    """How many characters of the prefix, counted from its end."""
+    prefix_ids: list[int]
+    """The ids of the text before the prefix (``pre``) and the kept prefix, encoded in one piece."""
+    suffix_kept: int
+    """How many characters of the suffix, counted from its start."""
+    suffix_ids: list[int]
+
+
+def fit_hole(
+    encode: Encode, prefix: str, suffix: str, room: int | None, pre: str, pre_tokens: int
+) -> HoleFit:
+    """The prefix and suffix in ``room`` tokens (None: all of them), ``pre`` (``pre_tokens`` long)
+    before the prefix. If both do not fit, the prefix keeps its end (the code nearest the hole) and
+    is allowed at least three quarters of what ``pre`` leaves, the suffix keeps its start; both are
+    cut between characters, as many as fit."""
+    # Only the side of the prefix and suffix nearest the hole is encoded when that alone overflows.
+    near_prefix, prefix_ids, prefix_offsets = encode_window(encode, prefix, room, keep_end=True, pre=pre)
+    near_suffix, suffix_ids, suffix_offsets = encode_window(encode, suffix, room, keep_end=False)
+    whole = HoleFit(len(prefix), prefix_ids, len(suffix), suffix_ids)
+    if room is None or len(prefix_ids) + len(suffix_ids) <= room:
+        return whole
+    hole = room - pre_tokens
+    s_limit = max(hole - (len(prefix_ids) - pre_tokens), hole // 4)
+    suffix_kept = len(suffix)
+    if len(suffix_ids) > s_limit:
+        suffix_kept = largest(
+            len(near_suffix),
+            lambda n: len(encode(near_suffix[:n])[0]) <= s_limit,
+            guess_chars(suffix_offsets, len(near_suffix), len(suffix_ids), s_limit),
+        )
+        suffix_ids = encode(suffix[:suffix_kept])[0]
+    p_limit = room - len(suffix_ids)  # what the suffix leaves, ``pre`` included
+    if len(prefix_ids) <= p_limit:
+        return HoleFit(len(prefix), prefix_ids, suffix_kept, suffix_ids)
+    n_near = len(near_prefix)
+    prefix_kept = largest(
+        n_near,
+        lambda n: len(encode(pre + near_prefix[n_near - n :])[0]) <= p_limit,
+        guess_chars(prefix_offsets, len(pre) + n_near, len(prefix_ids), p_limit - pre_tokens, from_end=True),
+    )
+    return HoleFit(prefix_kept, encode(pre + prefix[len(prefix) - prefix_kept :])[0], suffix_kept, suffix_ids)
+
 
 def fit_file(
-    encode: Callable[[str], Encoded], file: ContextFile, left: int | None, head: str, overhead: int
+    encode: Encode, file: ContextFile, left: int | None, head: str, overhead: int
 ) -> tuple[ContextFile, list[int]] | None:
     """The file whole, or cut after its last line that fits in ``left`` tokens (with the
     ``overhead`` tokens of its frame), with its ids; None if not even one line fits."""
@@ -47,7 +99,7 @@ WINDOW_CHARS_PER_TOKEN = 16
 
 
 def encode_window(
-    encode: Callable[[str], Encoded], text: str, limit: int | None, *, keep_end: bool, pre: str = ""
+    encode: Encode, text: str, limit: int | None, *, keep_end: bool, pre: str = ""
 ) -> tuple[str, list[int], list[tuple[int, int]] | None]:
     """Encode ``pre + text``, or only ``pre`` and the end (``keep_end``) or start of ``text`` when
     that part alone has more than ``limit`` tokens: a long file costs no more than its budget.

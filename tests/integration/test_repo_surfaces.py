@@ -32,9 +32,9 @@ from langchain_starcoder import (
     StarCoderEngine,
     StarCoderLLM,
     cli,
-    fim,
 )
 from langchain_starcoder.errors import InvalidParameterError
+from langchain_starcoder.fim import build as fim_build
 from langchain_starcoder.repo import GAP_MARKER
 from langchain_starcoder.testing import SPECIAL_TOKENS
 
@@ -239,7 +239,7 @@ def test_fim_prompt_with_a_repo_encodes_the_hole_once(
 ) -> None:
     prefix, suffix = hole(repo)
     encoded: list[str] = []
-    real = fim.codec_for
+    real = fim_build.codec_for
 
     def counting(tokenizer: Any) -> Any:
         codec = real(tokenizer)
@@ -250,7 +250,7 @@ def test_fim_prompt_with_a_repo_encodes_the_hole_once(
 
         return dataclasses.replace(codec, encode=encode)
 
-    monkeypatch.setattr(fim, "codec_for", counting)
+    monkeypatch.setattr(fim_build, "codec_for", counting)
     picked = tiny_engine.fim_prompt(
         FIMRequest(prefix, suffix, file_path="pkg/app.py", repo=RepoIndex(repo)), 8
     )

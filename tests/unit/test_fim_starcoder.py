@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from langchain_starcoder import ContextLengthError, StarCoderEngine
+from langchain_starcoder import ContextLengthError, FIMRequest, RepoIndex, StarCoderEngine
 from langchain_starcoder.fim import (
     FIM_STOP_TOKENS,
     STARCODER_METADATA_TOKENS,
@@ -155,6 +155,22 @@ def _tokenizer_with(special: list[str]) -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(["def f(x):\n    return x\n"] * 10, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def test_repository_context_from_an_index_gets_the_metadata_layout(
+    v1: StarCoderEngine, tmp_path: Path
+) -> None:
+    """The files an index adds are documents of their own, as given files are: the layout writes
+    their ``<filename>`` and ``<|endoftext|>`` although the request itself had no files."""
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "models.py").write_text(FILES[0].text)
+    prefix = "from shop.models import Order\n\norder = Order()\norder."
+    request = FIMRequest(prefix, SUFFIX, file_path="shop/orders.py", repo=RepoIndex(tmp_path))
+    prompt = v1.fim_prompt(request, 16)
+    assert prompt.files_kept and {f.path for f in prompt.files_kept} == {"shop/models.py"}
+    expected = v1_layout(v1, prefix, SUFFIX, prompt.files_kept, None, "shop/orders.py")
+    assert prompt.token_ids == expected and prompt.layout == "starcoder"
+    assert v1.infill(request, max_tokens=2).completion_tokens > 0
 
 
 # --- user text is data, budgets -----------------------------------------------------------------
