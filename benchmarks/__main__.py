@@ -27,10 +27,9 @@ import time
 import traceback
 from pathlib import Path
 
-from .harness import Checkpoints, Section, conditions, markdown_table, write_results
+from .harness import DEFAULT_WORKDIR, Checkpoints, Section, conditions, markdown_table, write_results
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_WORKDIR = Path.home() / ".cache" / "langchain-starcoder" / "benchmarks"
 PROG = "python -m benchmarks"
 
 

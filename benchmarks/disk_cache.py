@@ -31,7 +31,7 @@ SUFFIX = "\n    return result\n"
 
 def _requests(engine: Any, context_tokens: int, count: int) -> dict[str, Any]:
     """The infills of bench_cache: one long context file, a short head, a different tail each."""
-    from .cases.common import code_tokens
+    from .common import code_tokens
 
     return {
         "context": code_tokens(engine, context_tokens, seed=7),
@@ -340,7 +340,7 @@ def main() -> None:
         task = {"ttft": task_ttft, "stall": task_stall, "stall_3b": task_stall_3b}[sys.argv[1]]
         print(json.dumps(task(json.loads(sys.argv[2]))))
         return
-    from .cases.common import Context
+    from .common import Context
     from .harness import Checkpoints
 
     workdir = REPO / ".bench-work"

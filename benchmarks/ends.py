@@ -35,7 +35,7 @@ from typing import Any
 from . import ends_decode
 from .ends_baselines import BASELINES
 from .ends_measure import Hole, make_holes, verdict
-from .harness import Row, Section
+from .harness import DEFAULT_WORKDIR, Row, Section
 
 TITLE = "Where a middle ends"
 ITEM = 21  # the row number in the report (18 and 20 are taken by the Jupyter and typing rows)
@@ -507,8 +507,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="where the copier is kept (default: the benchmarks')")
     parser.add_argument("--no-decode", action="store_true", help="leave out the decode time saved")
     args = parser.parse_args(argv)
-    from .__main__ import DEFAULT_WORKDIR
-
     sources = [s for s in SOURCES if not args.only or s.name in args.only.split(",")]
     workdir = None if args.no_decode else args.workdir or DEFAULT_WORKDIR
     found = run(lambda msg: print(msg, file=sys.stderr), sources, workdir)

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+#: Where checkpoints and other built inputs are kept between runs (``--workdir``).
+DEFAULT_WORKDIR = Path.home() / ".cache" / "langchain-starcoder" / "benchmarks"
 
 
 # --- shapes and checkpoints ----------------------------------------------------------------------

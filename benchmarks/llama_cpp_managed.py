@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cases.common import Context, code_ids, decode_rate
+from .common import Context, code_ids, decode_rate
 from .harness import FULL, Row, Section
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from langchain_starcoder.fim.request import ContextFile
-
 from langchain_starcoder.repo import FRAME_TOKENS
 
 from .repo_measure import Hole

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .harness import Row, Section
+from .harness import DEFAULT_WORKDIR, Row, Section
 from .repo_baselines import BM25Windows, ImportsWhole
 from .repo_measure import BUDGETS, HOLES, SEED, make_holes, prefix_stability, recall, token_counter
 
@@ -292,8 +292,6 @@ def markdown(found: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .__main__ import DEFAULT_WORKDIR
-
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.repo_context", description=__doc__.split("\n")[0]
     )

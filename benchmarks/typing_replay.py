@@ -43,7 +43,7 @@ from .typing_sessions import (
 )
 
 if TYPE_CHECKING:
-    from .cases.common import Context
+    from .common import Context
 
 ITEM = 22
 TITLE = "Time to ghost text while typing"
@@ -372,7 +372,7 @@ def bench_typing(ctx: Context) -> Section:
     from langchain_starcoder import StarCoderEngine
     from langchain_starcoder._blas import ENV_VAR as BLAS_ENV
 
-    from .cases.blas import blas_available
+    from .common import blas_available
 
     section = Section("typing", ITEM, TITLE)
     quick = ctx.quick or ctx.tiny

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .harness import REPO, WIDE_1, Row, Section, Shape, interleave
 
 if TYPE_CHECKING:
-    from .cases.common import Context
+    from .common import Context
 
 TITLE = "A vLLM server"
 #: The tiny preset's head size (16) kills vLLM's CPU attention: a tiny run takes the small preset (64).
@@ -34,7 +34,7 @@ def bench_vllm(ctx: Context) -> Section:
     from langchain_starcoder.testing import vllm_install
     from langchain_starcoder.testing.vllm_server import VLLMServer
 
-    from .cases.common import code_ids, total_rate
+    from .common import code_ids, total_rate
 
     section = Section("vllm", 16, TITLE)
     venv = REPO / ".venv-vllm"

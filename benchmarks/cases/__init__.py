@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import disk_cache, jupyter, llama_cpp_managed, speculative, structured, typing_replay, vllm_server
+from ..common import Context, prefill_rate
 from ..harness import Section
 from .blas import bench_blas
-from .common import Context, prefill_rate
 from .engine import batch_variants, bench_batch, bench_cache, bench_dtype, bench_overhead
 from .memory import bench_longctx, bench_memory
 from .reference import bench_baselines, bench_fullmodel

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..common import (
+    Context,
+    blas_available,
+)
 from ..harness import (
     WIDE,
     Row,
@@ -15,20 +17,6 @@ from ..harness import (
     interleave,
     run_child,
 )
-from .common import (
-    Context,
-)
-
-
-def blas_available(ctx: Context) -> str | None:
-    """Why the OpenBLAS comparison cannot run here, or None if it can."""
-    if not ctx.openblas:
-        return "--no-openblas"
-    if not sys.platform.startswith("linux"):
-        return "Linux only"
-    if importlib.util.find_spec("ngsolve_openblas") is None:
-        return "ngsolve-openblas is not installed (pip install ngsolve-openblas)"
-    return None
 
 
 def bench_blas(ctx: Context) -> Section:

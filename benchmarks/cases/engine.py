@@ -7,6 +7,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..common import (
+    Context,
+    blas_available,
+    code_ids,
+    code_tokens,
+    decode_rate,
+    find_llm_class,
+    load_engine,
+)
 from ..harness import (
     NARROW,
     WIDE_1,
@@ -14,15 +23,6 @@ from ..harness import (
     Section,
     interleave,
     run_child,
-)
-from .blas import blas_available
-from .common import (
-    Context,
-    code_ids,
-    code_tokens,
-    decode_rate,
-    find_llm_class,
-    load_engine,
 )
 
 

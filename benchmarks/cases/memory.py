@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..common import (
+    Context,
+    param_bytes,
+)
 from ..harness import (
     WIDE,
     WIDE_LAYERS,
@@ -12,10 +16,6 @@ from ..harness import (
     Row,
     Section,
     interleave,
-)
-from .common import (
-    Context,
-    param_bytes,
 )
 
 

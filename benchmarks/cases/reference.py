@@ -8,6 +8,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..common import (
+    Context,
+    blas_available,
+    code_ids,
+    decode_rate,
+    load_engine,
+    param_bytes,
+    prefill_rate,
+)
 from ..harness import (
     FULL,
     WIDE,
@@ -16,15 +25,6 @@ from ..harness import (
     Section,
     interleave,
     run_child,
-)
-from .blas import blas_available
-from .common import (
-    Context,
-    code_ids,
-    decode_rate,
-    load_engine,
-    param_bytes,
-    prefill_rate,
 )
 
 

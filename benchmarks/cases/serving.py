@@ -8,14 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..harness import (
-    NARROW,
-    WIDE_1,
-    Row,
-    Section,
-    interleave,
-)
-from .common import (
+from ..common import (
     Context,
     code_ids,
     code_tokens,
@@ -24,6 +17,13 @@ from .common import (
     param_bytes,
     rate_of,
     total_rate,
+)
+from ..harness import (
+    NARROW,
+    WIDE_1,
+    Row,
+    Section,
+    interleave,
 )
 
 

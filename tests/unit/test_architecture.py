@@ -72,3 +72,55 @@ def test_no_function_is_over_100_lines() -> None:
                 if lines > 100:
                     long.append(f"{file.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle in ``graph`` (module -> the modules it imports), as a path; [] if none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if found := visit(imported):
+                return found
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if found := visit(module):
+            return found
+    return []
+
+
+def test_the_benchmarks_have_no_import_cycle() -> None:
+    """benchmarks/ imports one way: the entry (__main__) and the cases on top, the benchmark
+    modules below them, shared helpers (harness, common) at the bottom. Every import counts (in
+    functions and TYPE_CHECKING blocks too); importing ``package.module`` from outside the package
+    runs the package's __init__ first, so it counts as importing the package as well."""
+    bench = ROOT / "benchmarks"
+    modules = {
+        ".".join(file.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): file
+        for file in bench.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, file in modules.items():
+        inside = name if file.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for imported in _imports(file) & modules.keys():
+            edges.add(imported)
+            parts = imported.split(".")
+            edges.update(
+                package
+                for package in (".".join(parts[:i]) for i in range(1, len(parts)))
+                if not (inside + ".").startswith(package + ".")
+            )
+        graph[name] = edges - {name}
+    assert "benchmarks.cases" in graph["benchmarks.__main__"]  # the graph sees lazy imports
+    cycle = _cycle(graph)
+    assert cycle == [], " -> ".join(cycle)

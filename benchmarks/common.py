@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..harness import (
+from .harness import (
     Checkpoints,
     Clock,
 )
@@ -142,3 +144,14 @@ def total_rate(run: Callable[[list[int]], int], prompts: list[list[int]], togeth
     else:
         tokens = sum(map(run, prompts))
     return tokens / (time.perf_counter() - start)
+
+
+def blas_available(ctx: Context) -> str | None:
+    """Why the OpenBLAS comparison cannot run here, or None if it can."""
+    if not ctx.openblas:
+        return "--no-openblas"
+    if not sys.platform.startswith("linux"):
+        return "Linux only"
+    if importlib.util.find_spec("ngsolve_openblas") is None:
+        return "ngsolve-openblas is not installed (pip install ngsolve-openblas)"
+    return None
