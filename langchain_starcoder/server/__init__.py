@@ -4,10 +4,11 @@ A Starlette app whose handlers translate request shapes into engine calls and ba
 routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
 and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
 ``limits`` (body size, text bound, list counts), ``connections`` (uvicorn's request deadline, connection
-limit), ``tenants`` (each API key a tenant: its documents and prompt cache are its own), ``supersede`` (a
-newer request for a document cancels the older), ``stable_context`` (each document's context files in their
-last order) and ``stable_prefix`` (a window of the lines before the cursor that slid down the file gets back
-the lines it dropped, so the prompt keeps its start).
+limit) and ``tenants`` (each API key a tenant: its documents and prompt cache are its own). What an
+editor's requests share lives in :mod:`langchain_starcoder.editor`, which the Jupyter extension uses too:
+supersession (a newer request for a document cancels the older), each document's context files in their last
+order, the stable prefix (a window of the lines before the cursor that slid down the file gets back the lines
+it dropped, so the prompt keeps its start) and the one map from errors to statuses.
 
 Endpoints:
 
@@ -39,8 +40,10 @@ Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}
 (a list field with more items than ``limits`` allows too), 401 without an API key when keys are set (each key
 is a tenant; a request's ``cache_salt``, vLLM's field, partitions its tenant's cache further), 413 when
 the body passes ``max_body_bytes`` or the prompt plus ``max_tokens`` pass the context window, 503 while the
-model loads. Generation runs through the engine's async API, so the event loop never blocks; a client that
-disconnects cancels its generation (and one that leaves mid-body is a debug line, not an error).
+model loads (editor/statuses.py: the Jupyter extension's map too); an unexpected error is a 500 naming an
+id in the server's log, never the error's text. Generation runs through the engine's async API, so the event
+loop never blocks; a client that disconnects cancels its generation (and one that leaves mid-body is a debug
+line, not an error).
 """
 
 from __future__ import annotations

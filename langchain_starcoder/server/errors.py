@@ -1,4 +1,5 @@
-"""Errors the server answers: OpenAI's error body, and the status each engine error maps to."""
+"""Errors the server answers: OpenAI's error body, with the status and message of the editor's one map
+(editor/statuses.py, which the Jupyter extension uses too)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
-from ..errors import ContextLengthError, InvalidParameterError, StarCoderError
+from ..editor.statuses import INVALID_REQUEST, RequestError, status_of
 
 logger = logging.getLogger(__name__)
 
 
-class APIError(Exception):
+class APIError(RequestError):
     """A request the server answers with an error status and OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", **extra: Any):
-        super().__init__(message)
-        self.status, self.kind, self.extra = status, kind, extra
+    def __init__(self, status: int, message: str, *, kind: str = INVALID_REQUEST, **extra: Any):
+        super().__init__(message, status, kind=kind, **extra)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The body's ``param`` and ``code``, when set."""
+        return self.fields
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -31,17 +36,12 @@ def error_response(e: APIError) -> JSONResponse:
 
 
 def api_error(e: BaseException) -> APIError:
-    """The status and body for an exception raised while serving a request."""
+    """The status and body for an exception raised while serving a request (an unexpected one's message
+    is logged here, never answered)."""
     if isinstance(e, APIError):
         return e
     if isinstance(e, ClientDisconnect):  # the client left while its request was read: not a server error
         logger.debug("The client disconnected before its request was read.")
         return APIError(499, "The client disconnected.", kind="client_closed")
-    if isinstance(e, ContextLengthError):
-        return APIError(413, str(e), code="context_length_exceeded")
-    if isinstance(e, InvalidParameterError):
-        return APIError(400, str(e))
-    if isinstance(e, StarCoderError):
-        return APIError(500, str(e), kind="server_error")
-    logger.exception("Unexpected error while serving a request")
-    return APIError(500, f"Internal error: {type(e).__name__}", kind="server_error")
+    status = status_of(e, logger)
+    return APIError(status.status, status.message, kind=status.kind, **status.fields)

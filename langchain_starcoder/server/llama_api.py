@@ -9,6 +9,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..editor import Document
+from ..editor.stable_context import reordered_used
 from ..engine import StarCoderEngine
 from ..fim.build import FIMPrompt
 from ..fim.request import FIMRequest
@@ -17,11 +19,9 @@ from .errors import bad_request
 from .limits import MAX_RESPONSE_FIELDS, check_count, check_ids_fit, check_text_fits
 from .parsing import field, infill_request, llama_settings, read_body, text, text_ids
 from .shapes import files_used, final_answer, pick_fields
-from .stable_context import reordered_used
 from .state import ServerState
 from .streams import join, sse, time_limited, unless_gone
 from .structured import llama_constraint
-from .supersede import Document, document_of, supersedable
 from .tenants import salted
 
 
@@ -146,7 +146,7 @@ async def infill(server: ServerState, request: Request) -> Response:
         check_count(fields, MAX_RESPONSE_FIELDS, "fields", "response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
-    document = document_of(salt, fim_request.file_path, field(body, "id_slot", int))
+    document = server.sessions.document(salt, fim_request.file_path, field(body, "id_slot", int))
     fim_request, prompt, used = await asyncio.to_thread(
         _infill_prompt, server, engine, fim_request, max_tokens, document
     )
@@ -157,7 +157,7 @@ async def infill(server: ServerState, request: Request) -> Response:
     )
     prompt_tokens = len(prompt.token_ids)
     chunks = engine.astream_fim_prompt(fim_request, prompt, **settings)
-    chunks = supersedable(server.documents, document, chunks, prompt_tokens, warm_up=warm_up)
+    chunks = server.sessions.supersedable(document, chunks, prompt_tokens, warm_up=warm_up)
     stream = time_limited(chunks, limit_ms, prompt_tokens)
 
     def final(c: Completion, content: str) -> dict[str, Any]:

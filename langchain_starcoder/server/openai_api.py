@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from .._chat import resolve_chat_template, template_roles, tool_chat_prompt_ids
 from .._tools import constrained
 from ..backends.remote.backend import OUR_SERVER
+from ..editor import CANCELLED, Document
 from ..engine import StarCoderEngine
 from ..fim.build import FIMPrompt, fim_stop_token_ids
 from ..fim.request import FIMRequest
@@ -34,11 +35,10 @@ from .parsing import (
     text,
     text_ids,
 )
-from .shapes import CANCELLED, usage_body
+from .shapes import usage_body
 from .state import ServerState
 from .streams import join, sse, unless_gone
 from .structured import ChatAnswer, chat_turns, completions_constraint, response_format, tool_plan
-from .supersede import Document, document_of, supersedable
 from .tenants import salted
 
 #: OpenAI's defaults for the legacy completions endpoint (``max_tokens`` 16, ``temperature`` 1).
@@ -73,7 +73,7 @@ async def completions(server: ServerState, request: Request) -> Response:
     if warm_up:
         settings["max_tokens"] = 1  # (the token is not answered: the prompt's cache is what is kept)
     suffix = body.get("suffix") is not None  # fill in the middle: a newer request for its document supersedes
-    document = document_of(salt, body.get("file_path"), body.get("id_slot")) if suffix else None
+    document = server.sessions.document(salt, body.get("file_path"), body.get("id_slot")) if suffix else None
     # Tokenizing runs off the event loop.
     prompts, built = await asyncio.to_thread(
         _completion_prompts, server, engine, body, settings["max_tokens"], document
@@ -107,10 +107,10 @@ async def completions(server: ServerState, request: Request) -> Response:
             chunks = engine.astream_fim_prompt(prompts[0], built, **settings)
         else:
             chunks = engine.astream(prompts[0], **settings)
-        return supersedable(server.documents, document, chunks, None, warm_up=warm_up)
+        return server.sessions.supersedable(document, chunks, None, warm_up=warm_up)
 
     if not stream:
-        if len(prompts) == 1 and document is not None and server.documents is not None:
+        if len(prompts) == 1 and server.sessions.supersedes(document):
             done = [await unless_gone(request, join(claimed()))]
         elif len(prompts) == 1:
             done = [await unless_gone(request, server.generate(engine, prompts[0], settings))]

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..editor.supersede import CANCELLED
 from ..fim.request import ContextFile
 from ..types import Completion, usage
 
 #: ``finish_reason`` of an /infill answer cut by ``t_max_predict_ms``.
 TIME_LIMIT = "time_limit"
-#: ``finish_reason`` (and llama.cpp ``stop_type``) of an answer a newer request for its document cancelled.
-CANCELLED = "cancelled"
 #: ``stop_type`` of a middle that ended where the code does (``end``); one ended by ``n_indent`` is
 #: "limit", as llama.cpp reports it. A middle cut by ``n_predict`` is "limit" whatever it holds.
 MIDDLE_END = "middle_end"

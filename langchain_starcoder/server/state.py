@@ -17,15 +17,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .._tokens import max_text_chars
+from ..editor import Document, EditorSessions
 from ..engine import StarCoderEngine
+from ..errors import StarCoderError
 from ..fim.build import FIMPrompt
 from ..fim.request import FIMRequest
 from ..types import Completion, is_int
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
-from .stable_context import ContextOrders
-from .stable_prefix import StablePrefixes, keeps_all
-from .supersede import Document, Documents
 from .tenants import Tenants, partition, request_salt
 
 logger = logging.getLogger(__name__)
@@ -62,14 +61,9 @@ class ServerState:
         self.repo = repo
         #: Requests' ``prompt_lookup_num_tokens`` unless they set their own (None: the engine's default).
         self.prompt_lookup = prompt_lookup
-        #: Each document's running FIM requests (None: a newer request supersedes none); supersede.py.
-        self.documents = Documents() if supersede else None
-        #: Each document's context files in their last order (None: as given); stable_context.py.
-        self.context_orders = ContextOrders() if supersede else None
-        #: Each document's last prefix, which a window slid down extends (None: as sent); stable_prefix.py.
-        self.prefixes = StablePrefixes() if stable_prefix else None
-        #: The FIM layout of /infill and /v1/completions with a suffix: "psm" or "spm".
-        self.fim_mode = fim_mode
+        #: The editors' documents (each partition's own): supersession, context order, stable prefix, and
+        #: the FIM layout of /infill and /v1/completions with a suffix ("psm" or "spm"); editor/.
+        self.sessions = EditorSessions(supersede=supersede, stable_prefix=stable_prefix, fim_mode=fim_mode)
         #: The most characters a text can have and still fit the context window (None: no bound).
         self.max_text_chars: int | None = None
         if isinstance(engine, StarCoderEngine):
@@ -90,37 +84,16 @@ class ServerState:
     def editor_request(
         self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any, document: Document | None
     ) -> tuple[FIMRequest, list[int], FIMPrompt | None]:
-        """A FIM request of /infill or /v1/completions as it is run: in the server's layout, its prefix
-        extended when the editor's window slid down (stable_prefix.py), with the repository's context,
-        its files in the document's last order; that order (the positions of the request's files after
-        :meth:`with_repo_context`); and its prompt when built here (to see that an extended prefix cut
-        nothing), else None. Blocking: call it in a thread."""
-        request = dataclasses.replace(request, mode=self.fim_mode)
-        prefixes = self.prefixes
-        if prefixes is None or document is None or request.notebook is not None or not is_int(max_tokens):
-            return (*self._in_order(engine, request, max_tokens, document), None)
-        longer = prefixes.extended(document, request.prefix)
-        if longer is not None:
-            tried = dataclasses.replace(request, prefix=longer)
-            tried, order = self._in_order(engine, tried, max_tokens, document)
-            prompt = engine.fim_prompt(tried, max_tokens)
-            if keeps_all(prompt, tried, request.context_files):
-                prefixes.remember(document, longer)
-                return tried, order, prompt
-        # As sent: no window slid, or the longer prefix would be cut (the prefix starts again from here).
-        prefixes.remember(document, request.prefix)
-        return (*self._in_order(engine, request, max_tokens, document), None)
+        """A FIM request of /infill or /v1/completions as it is run (:meth:`EditorSessions.prepare
+        <langchain_starcoder.editor.EditorSessions.prepare>` with the repository's context): the request,
+        the order of its files after :meth:`with_repo_context`, and its prompt when built there, else None.
+        Blocking: call it in a thread."""
 
-    def _in_order(
-        self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any, document: Document | None
-    ) -> tuple[FIMRequest, list[int]]:
-        """``request`` with the repository's context, its files in the document's last order; the order."""
-        request = self.with_repo_context(engine, request, max_tokens)
-        files = request.context_files
-        if self.context_orders is None:
-            return request, list(range(len(files)))
-        order = self.context_orders.order(document, files)
-        return dataclasses.replace(request, context_files=tuple(files[i] for i in order)), order
+        def add_context(request: FIMRequest) -> FIMRequest:
+            return self.with_repo_context(engine, request, max_tokens)
+
+        prepared = self.sessions.prepare(engine, request, max_tokens, document, add_context)
+        return prepared.request, prepared.order, prepared.prompt
 
     @property
     def name(self) -> str:
@@ -147,15 +120,17 @@ class ServerState:
         try:
             self._ready(self.loader())
         except BaseException as e:
-            logger.error("Loading the model failed: %s", e)
+            logger.error("Loading the model failed: %s", e, exc_info=not isinstance(e, StarCoderError))
             self.load_error = e
 
     def ready(self) -> StarCoderEngine:
         if self.engine is not None:
             return self.engine
         if self.load_error is not None:
-            msg = f"The model failed to load: {self.load_error}"
-            raise APIError(500, msg, kind="server_error")
+            # The package's errors say what to fix; another's text (any path, any secret) stays in the log.
+            error = self.load_error
+            why = error if isinstance(error, StarCoderError) else "the server's log says why."
+            raise APIError(500, f"The model failed to load: {why}", kind="server_error")
         raise APIError(503, "The model is loading; try again shortly.", kind="unavailable_error")
 
     def route(

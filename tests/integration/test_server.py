@@ -22,10 +22,11 @@ import httpx
 import openai
 import pytest
 from langchain_openai import OpenAI as LangChainOpenAI
-from langchain_starcoder.fim.request import ContextFile, FIMRequest
 
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder._chat import chat_prompt_ids, resolve_chat_template
+from langchain_starcoder.errors import CheckpointError
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread, free_port, wait_healthy
 
@@ -598,6 +599,36 @@ def test_503_while_the_model_loads_then_serving(tiny_path: Path):
     finally:
         release.set()
         running.stop()  # the server loaded the engine, so it closes it
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (CheckpointError("model.safetensors is incomplete"), "model.safetensors is incomplete"),
+        (OSError("cannot read /home/ada/.ssh/id_ed25519"), "the server's log says why."),
+    ],
+    ids=["package-error", "unexpected"],
+)
+def test_a_model_that_failed_to_load_is_a_500_that_tells_only_what_is_safe(
+    error: Exception, says: str, caplog: pytest.LogCaptureFixture
+):
+    """The package's load errors say what to fix; another error's text (a path, a secret) stays in the
+    server's log, with its traceback."""
+
+    def load() -> StarCoderEngine:
+        raise error
+
+    running = ServerThread(create_app(load))
+    try:
+        deadline = time.monotonic() + 60
+        while (health := httpx.get(f"{running.url}/health", timeout=10)).status_code == 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        message = health.json()["error"]["message"]
+        assert health.status_code == 500 and message == f"The model failed to load: {says}"
+    finally:
+        running.stop()
+    assert str(error) in caplog.text  # the log has it
 
 
 def test_chat_completions_use_the_template_with_contents_as_data(chat_path: Path):
