@@ -1,6 +1,6 @@
 """What the completion handler needs from the package: the engine the server's configuration names, the
-fill-in-the-middle request it makes (notebook or repository context), and which request is the newest
-for each user's document.
+fill-in-the-middle request it makes (notebook or repository context), and the editor session that says
+which request supersedes which (a document of each Jupyter user's path, as the HTTP server's).
 
 The package's heavy modules (the engine, MLX) are imported on the first request, so that the Jupyter
 server starts as fast without them.
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..editor import Claim, EditorSessions
 from .protocol import CompletionAsk, RequestError
 
 if TYPE_CHECKING:
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
     from ..fim.request import FIMRequest
     from ..repo import RepoIndex
 
-#: A running request: how to cancel it, and whether it is a warm-up.
-_Running = tuple[Callable[[str], None], bool]
 _log = logging.getLogger(__name__)
 
 
@@ -47,8 +46,8 @@ class NoModelError(RequestError):
     and the fields that let the labextension tell the user once."""
 
     def __init__(self, reason: str):
-        super().__init__(f"No model is available to the Jupyter server: {reason} {FIX}", status=503)
-        self.fields = {"code": "no_model", "notice": NOTICE}
+        msg = f"No model is available to the Jupyter server: {reason} {FIX}"
+        super().__init__(msg, status=503, code="no_model", notice=NOTICE)
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,8 @@ class EngineSettings:
 
 class Completer:
     """The server's one engine (loaded on first use from its :class:`EngineSettings`, closed by
-    :meth:`close`), the server root's repository index, and the newest request of each user's document
-    (an older one is superseded)."""
+    :meth:`close`), the server root's repository index, and the editor session whose documents are each
+    user's paths (a newer request supersedes the older)."""
 
     def __init__(self, root_dir: str, settings: EngineSettings | None = None):
         self.root_dir = root_dir
@@ -78,8 +77,10 @@ class Completer:
         self._engine: StarCoderEngine | None = None
         self._closed = False
         self._repo: RepoIndex | None = None
-        #: The running requests of each (user, document path), oldest first.
-        self._running: dict[tuple[str, str], list[_Running]] = {}
+        #: Supersession of each (user, path) document, by the server's rule. Only that: the labextension
+        #: sends the whole text before the cursor (no window slides, so no stable prefix), and the answer
+        #: is engine.infill's with the repository's context as its index ranks it (no kept order).
+        self.sessions = EditorSessions(stable_prefix=False)
 
     # --- the engine -----------------------------------------------------------------------------
 
@@ -162,20 +163,15 @@ class Completer:
 
     # --- supersession (on the event loop's thread only) --------------------------------------------
 
-    def newest(self, user: str, path: str, cancel: Callable[[str], None], *, warm_up: bool = False) -> None:
-        """``cancel`` is ``user``'s newest request for ``path``: that user's older ones still running
-        are superseded (another user's, on a shared server, never), except that a warm-up never
-        supersedes an answer someone waits for (as the server's /infill)."""
-        if not path:
-            return  # a document without a path cannot be told apart from another
-        running = self._running.setdefault((user, path), [])
-        superseded = [r for r in running if r[1] or not warm_up]
-        running[:] = [r for r in running if r not in superseded] + [(cancel, warm_up)]
-        for older, _ in superseded:
-            older("superseded")
+    def newest(self, user: str, path: str, cancel: Callable[[str], None], *, warm_up: bool = False) -> Claim:
+        """The claim of ``user``'s newest request for ``path``, which ``cancel`` stops: that user's older
+        ones still running are superseded (another user's, on a shared server, never), except that a
+        warm-up never supersedes an answer someone waits for (the server's rule, editor/supersede.py).
+        A request without a path claims nothing. Release it with :meth:`ended`."""
+        claim = self.sessions.claim(self.sessions.document(user, path), warm_up=warm_up)
+        claim.on_supersede(lambda: cancel("superseded"))
+        return claim
 
-    def ended(self, user: str, path: str, cancel: Callable[[str], None]) -> None:
-        running = self._running.get((user, path), [])
-        running[:] = [r for r in running if r[0] != cancel]
-        if not running:
-            self._running.pop((user, path), None)
+    def ended(self, claim: Claim) -> None:
+        """The request of ``claim`` ended: a newer one supersedes it no more."""
+        self.sessions.release(claim)

@@ -8,10 +8,12 @@ says the hole is filled; ``cached_tokens``: the prompt's tokens the engine's cac
 warm-up (``"warm_up": true``) only prefills its prompt and answers the done line alone, ``finish_reason``
 "warm_up"; it never supersedes a request that generates, and any newer request supersedes it. A request
 refused before streaming gets ``{"error": ...}`` with a 4xx/5xx status, an error after the first line an
-``{"error": ...}`` line. The generation runs in the engine's worker (the server's event loop only
-waits), and stops at its next step when the client disconnects or the same Jupyter user's newer request
-for the same document comes (its answer then ends with ``finish_reason`` "superseded"): on a shared
-server one user's requests never stop another's. The model, its backend and where it runs are the
+``{"error": ...}`` line: the status and message of the editor's one map (editor/statuses.py, the HTTP
+server's too), so an unexpected error is a 500 naming an id in the server's log, never its text. The
+generation runs in the engine's worker (the server's event loop only waits), and stops at its next step
+when the client disconnects or the same Jupyter user's newer request for the same document comes (its
+answer then ends with ``finish_reason`` "superseded"; the editor session's rule): on a shared server one
+user's requests never stop another's. The model, its backend and where it runs are the
 server's configuration (:class:`~.config.StarCoderJupyter`), never a request's; when that model cannot be
 had the answer is a 503 ``{"error": ..., "code": "no_model", "notice": ...}`` saying how to fix it.
 """
@@ -20,13 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from tornado.iostream import StreamClosedError
 
+from ..editor.statuses import status_of
 from .completer import Completer, NoModelError
-from .protocol import CompletionAsk, RequestError, error_status, line, parse_ask, read_body
+from .protocol import CompletionAsk, RequestError, line, parse_ask, read_body
 
 #: Where the handler finds the server's :class:`Completer` in the tornado application's settings.
 SETTINGS_KEY = "langchain_starcoder_completer"
@@ -50,16 +54,16 @@ class CompleteHandler(APIHandler):
     async def post(self) -> None:
         try:
             ask = parse_ask(read_body(self.request.body))
-        except RequestError as e:
-            self._refuse(e.status, str(e))
+        except RequestError as e:  # a client's mistake: its status and words (editor/statuses.py)
+            status = status_of(e)
+            self._refuse(status.status, status.message, **status.fields)
             return
-        user = self._user()
         self._work = asyncio.ensure_future(self._answer(ask))
-        self.completer.newest(user, ask.path, self.cancel, warm_up=ask.warm_up)
+        claim = self.completer.newest(self._user(), ask.path, self.cancel, warm_up=ask.warm_up)
         try:
             await self._work
         finally:
-            self.completer.ended(user, ask.path, self.cancel)
+            self.completer.ended(claim)
 
     def _user(self) -> str:
         """Who asks: the Jupyter user's name (jupyter_server 2's ``User``; a name or a dict before)."""
@@ -113,13 +117,11 @@ class CompleteHandler(APIHandler):
                 self.finish(line(done=True, text="".join(texts), **ended), set_content_type=NDJSON)
         except StreamClosedError:  # the client left while a line was being sent
             outcome = "disconnected"
-        except Exception as e:
-            status, message = error_status(e)
-            if status == 500 and not isinstance(e, RequestError):
-                self.log.exception("langchain-starcoder: completion request %r failed", ask.request_id)
-            elif isinstance(e, NoModelError):
-                self.log.error("langchain-starcoder: %s", message)
-            self._refuse(status, message, **getattr(e, "fields", {}))
+        except Exception as e:  # the editor's one map (the HTTP server's too): no unexpected error's text
+            status = status_of(e, self.log, f"langchain-starcoder's completion request {ask.request_id!r}")
+            if isinstance(e, NoModelError):
+                self.log.error("langchain-starcoder: %s", status.message)
+            self._refuse(status.status, status.message, **status.fields)
         finally:
             if stream is not None:
                 await stream.aclose()  # type: ignore[attr-defined]  # stops the engine's generation
@@ -140,7 +142,7 @@ class CompleteHandler(APIHandler):
         self.write(data)
         await self.flush()
 
-    def _refuse(self, status: int, message: str, **fields: str) -> None:
+    def _refuse(self, status: int, message: str, **fields: Any) -> None:
         """An error: its status and body before anything was sent (with ``fields``: the ``code`` and
         ``notice`` of one the labextension tells the user about), else an ``{"error"}`` line."""
         if self._closed():

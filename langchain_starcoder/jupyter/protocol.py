@@ -1,6 +1,6 @@
 """What the labextension sends to ``POST langchain-starcoder/complete`` and what it gets back: the request
-checked field by field (a bad one is refused with what is wrong), the status of an error, and the NDJSON
-lines of the answer.
+checked field by field (a bad one is refused with what is wrong: a :class:`RequestError`, whose status the
+editor's one map gives, editor/statuses.py), and the NDJSON lines of the answer.
 
 The model, its backend and where it runs (a remote server's URL) are the Jupyter server's configuration,
 never a request's: a request that names one is refused.
@@ -14,19 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..editor.statuses import RequestError
 from ..types import GHOST_TEXT_MAX_TOKENS
 
 #: What the server's configuration chooses (:class:`~.config.StarCoderJupyter`), never a request.
 SERVER_SETTINGS = ("model", "backend", "base_url")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class RequestError(ValueError):
-    """A request the handler refuses with ``status`` (400: its fields; 404: its model is not found)."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -117,26 +110,6 @@ def read_body(body: bytes) -> Any:
         raise RequestError(f"The request body is not JSON: {e}") from None
     except RecursionError:
         raise RequestError("The request body nests too deeply to be read (arrays or objects).") from None
-
-
-def error_status(e: Exception) -> tuple[int, str]:
-    """The status and message of an error raised before or while answering: a client's mistake is a
-    4xx saying what is wrong, the package's own errors their message; any other error a 500 that tells
-    nothing of it (its message may hold anything: the server's log has it)."""
-    from ..errors import ContextLengthError, InvalidParameterError, ModelNotFoundError, StarCoderError
-
-    if isinstance(e, RequestError):
-        return e.status, str(e)
-    if isinstance(e, ModelNotFoundError):
-        where = "the Jupyter server's configuration (--StarCoderJupyter.model=...)"
-        return 404, f"{e} Set the model in {where}."
-    if isinstance(e, ContextLengthError):
-        return 413, str(e)
-    if isinstance(e, InvalidParameterError):
-        return 400, str(e)
-    if isinstance(e, StarCoderError):
-        return 500, str(e)
-    return 500, "The completion failed on the server: the Jupyter server's log says why."
 
 
 def _is_int(value: Any) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import secrets
 import shutil
@@ -24,10 +25,21 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from jupyter_server.base.handlers import log as jupyter_log
 from jupyter_server.serverapp import ServerApp
 from sequences import shared_prefix
 
 from langchain_starcoder import FIMRequest, NotebookContext, RepoIndex, StarCoderEngine
+from langchain_starcoder.editor.statuses import RequestError
+from langchain_starcoder.errors import (
+    CheckpointError,
+    ContextLengthError,
+    EngineClosedError,
+    GrammarError,
+    InvalidParameterError,
+    ModelNotFoundError,
+    StarCoderError,
+)
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.jupyter import LABEXTENSION_DIR, LABEXTENSION_NAME
 from langchain_starcoder.jupyter.bundle import SOURCE_DIR, bundle_stamp, source_hash
@@ -37,6 +49,7 @@ from langchain_starcoder.server import create_app
 from langchain_starcoder.testing import MODEL_ENV
 from langchain_starcoder.testing.jupyter_lab import NOTEBOOK, JupyterLab, write_project
 from langchain_starcoder.testing.servers import ServerThread, free_port
+from langchain_starcoder.types import CompletionChunk
 
 ROUTE = "langchain-starcoder/complete"
 DOCS, DOCS_MODEL = Path(__file__).resolve().parents[2] / "docs" / "jupyter.md", "/models/starcoder2-3b-4bit"
@@ -705,3 +718,131 @@ def test_the_engines_generation_stops_when_its_request_is_dropped(
     dropped.end.result(timeout=300)  # the engine's worker is done with it...
     assert dropped.generation.cancelled.is_set()
     assert len(dropped.tokens) < whole / 2  # ...long before the whole answer
+
+
+# --- one map from errors to statuses: the HTTP server's and the Jupyter extension's --------------------
+
+#: What an unexpected error may hold, and neither surface may send back.
+SECRET = "/home/ada/.ssh/id_ed25519"
+#: Each error as raised while a request's prompt is built, and the status both surfaces answer.
+ERRORS = [
+    pytest.param(lambda: RequestError("a field is wrong", 409), 409, id="request-error"),
+    pytest.param(lambda: InvalidParameterError("temperature must be >= 0"), 400, id="invalid-parameter"),
+    pytest.param(lambda: GrammarError("the grammar is too deep"), 400, id="grammar"),
+    pytest.param(lambda: ContextLengthError("the prompt does not fit"), 413, id="context-length"),
+    pytest.param(lambda: ModelNotFoundError("no model at /models/x"), 404, id="model-not-found"),
+    pytest.param(lambda: CheckpointError("the checkpoint is incomplete"), 500, id="checkpoint"),
+    pytest.param(lambda: EngineClosedError("the engine was closed"), 500, id="engine-closed"),
+    pytest.param(lambda: OSError(f"cannot read {SECRET}"), 500, id="unexpected-oserror"),
+    pytest.param(lambda: KeyError(SECRET), 500, id="unexpected-keyerror"),
+]
+
+
+@pytest.fixture(scope="module")
+def http_server(tiny_engine: StarCoderEngine) -> Iterator[str]:
+    """The package's HTTP server over the tiny checkpoint, in a thread of this process."""
+    running = ServerThread(create_app(tiny_engine, model_name="tiny"))
+    yield running.url
+    running.stop()
+
+
+@dataclass
+class Surfaces:
+    """The HTTP server's ``/infill`` and the Jupyter extension's route, each asked for the same hole,
+    with the engine each one runs and the log each one writes to."""
+
+    server: str
+    jupyter: tuple[str, dict[str, str], ServerApp]
+    server_engine: StarCoderEngine
+    jupyter_engine: StarCoderEngine
+    logs: list[str]
+
+    def ask_server(self, stream: bool = False) -> httpx.Response:
+        body = {"input_prefix": "x = ", "input_suffix": "\n", "n_predict": 8, "stream": stream}
+        return httpx.post(self.server + "/infill", json=body, timeout=300)
+
+    def ask_jupyter(self) -> httpx.Response:
+        base, auth, _ = self.jupyter
+        body = {"prefix": "x = ", "suffix": "\n", "path": "errors.py", "max_tokens": 8, "repo_context": False}
+        return user(base, auth).post(base + ROUTE, json=body)
+
+
+class _Lines(logging.Handler):
+    def __init__(self, lines: list[str]):
+        super().__init__(logging.ERROR)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))  # the message and its traceback
+
+
+@pytest.fixture
+def surfaces(http_server, inside, tiny_engine: StarCoderEngine) -> Iterator[Surfaces]:
+    logs: list[str] = []
+    handler = _Lines(logs)
+    # The server logs through Python's logging; the Jupyter handler through the Jupyter server's log.
+    loggers = [logging.getLogger("langchain_starcoder"), jupyter_log()]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield Surfaces(http_server, inside, tiny_engine, completer_of(inside[2]).engine(), logs)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def _raising(make: Any) -> Any:
+    def fim_prompt(*args: Any, **kwargs: Any) -> Any:
+        raise make()
+
+    return fim_prompt
+
+
+@pytest.mark.parametrize(("make", "status"), ERRORS)
+def test_the_server_and_the_jupyter_extension_answer_an_error_with_one_status(
+    surfaces: Surfaces, monkeypatch: pytest.MonkeyPatch, make: Any, status: int
+):
+    """The same error raised while the prompt is built gets the same status (and code) from both; the
+    package's own errors say what is wrong; an unexpected one's text is in neither answer, only in the
+    server's log, under the id the answer names."""
+    for engine in (surfaces.server_engine, surfaces.jupyter_engine):
+        monkeypatch.setattr(engine, "fim_prompt", _raising(make))
+    server, jupyter = surfaces.ask_server(), surfaces.ask_jupyter()
+    assert (server.status_code, jupyter.status_code) == (status, status), (server.text, jupyter.text)
+    said = {"server": server.json()["error"]["message"], "jupyter": jupyter.json()["error"]}
+    assert server.json()["error"]["code"] == jupyter.json().get("code")
+    error = make()
+    if isinstance(error, StarCoderError | RequestError):
+        assert said == {"server": str(error), "jupyter": str(error)}
+        return
+    for surface, message in said.items():
+        assert SECRET not in message, (surface, message)
+        (error_id,) = re.findall(r"Internal error (\w+)", message)
+        (logged,) = [line for line in surfaces.logs if error_id in line]
+        assert SECRET in logged and "Traceback" in logged and "fim_prompt" in logged  # the log has it all
+
+
+def test_an_unexpected_error_mid_stream_is_not_sent_either(
+    surfaces: Surfaces, monkeypatch: pytest.MonkeyPatch
+):
+    """An error after the first line of the answer (the status already sent) is an error line in both,
+    which names the log's id and holds nothing of the error's text."""
+
+    def astream_fim_prompt(*args: Any, **kwargs: Any) -> Any:
+        async def chunks() -> Any:
+            yield CompletionChunk("partial", [1])
+            raise OSError(f"cannot read {SECRET}")
+
+        return chunks()
+
+    for engine in (surfaces.server_engine, surfaces.jupyter_engine):
+        monkeypatch.setattr(engine, "astream_fim_prompt", astream_fim_prompt)
+    server, jupyter = surfaces.ask_server(stream=True), surfaces.ask_jupyter()
+    events = [json.loads(line[5:]) for line in server.text.splitlines() if line.startswith("data: ")]
+    lines = [json.loads(line) for line in jupyter.text.splitlines()]
+    assert (server.status_code, events[0]["content"]) == (200, "partial")
+    assert (jupyter.status_code, lines[0]) == (200, {"text": "partial"})
+    for message in (events[-1]["error"]["message"], lines[-1]["error"]):
+        assert SECRET not in message
+        (error_id,) = re.findall(r"Internal error (\w+)", message)
+        assert any(error_id in line and SECRET in line for line in surfaces.logs)

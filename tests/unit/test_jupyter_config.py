@@ -10,9 +10,9 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
+from langchain_starcoder.editor.statuses import RequestError, status_of
 from langchain_starcoder.jupyter.completer import FIX, NOTICE, Completer, EngineSettings, NoModelError
 from langchain_starcoder.jupyter.config import StarCoderJupyter
-from langchain_starcoder.jupyter.protocol import RequestError, error_status
 from langchain_starcoder.testing import MODEL_ENV
 
 
@@ -45,9 +45,9 @@ def test_a_model_that_cannot_be_had_is_a_503_saying_how_to_fix_it(
     for _ in range(2):  # each request is told, and the completer stays usable
         with pytest.raises(NoModelError) as caught:
             completer.engine()
-        status, message = error_status(caught.value)
-        assert status == 503 and str(tmp_path / "missing") in message and FIX in message
-        assert caught.value.fields == {"code": "no_model", "notice": NOTICE}
+        status = status_of(caught.value)  # what the handler answers
+        assert status.status == 503 and str(tmp_path / "missing") in status.message and FIX in status.message
+        assert caught.value.fields == status.fields == {"code": "no_model", "notice": NOTICE}
     assert len(NOTICE) <= 140  # JupyterLab's notification shows 140 characters
 
 

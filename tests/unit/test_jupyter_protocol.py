@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from langchain_starcoder.editor import statuses
 from langchain_starcoder.jupyter.completer import Completer, EngineSettings
-from langchain_starcoder.jupyter.protocol import RequestError, error_status, parse_ask, read_body
+from langchain_starcoder.jupyter.protocol import parse_ask, read_body
 from langchain_starcoder.testing import MODEL_ENV
 
 #: Any JSON value, nested a little.
@@ -121,7 +122,8 @@ def status_of(completer: Completer, body: bytes) -> tuple[int, str]:
     try:
         completer.prepare(parse_ask(read_body(body)))
     except Exception as e:
-        return error_status(e)
+        status = statuses.status_of(e)  # the handler's map (the HTTP server's too)
+        return status.status, status.message
     return 200, ""
 
 
@@ -196,6 +198,7 @@ def test_a_well_formed_body_builds_its_prompt(completer: Completer) -> None:
 
 
 def test_an_unexpected_errors_message_is_not_sent_back() -> None:
-    status, message = error_status(KeyError("/home/ada/.secret"))
-    assert status == 500 and ".secret" not in message and "log" in message
-    assert error_status(RequestError("bad field")) == (400, "bad field")
+    status = statuses.status_of(KeyError("/home/ada/.secret"))
+    assert status.status == 500 and ".secret" not in status.message and "log" in status.message
+    bad = statuses.status_of(statuses.RequestError("bad field"))
+    assert (bad.status, bad.message) == (400, "bad field")
