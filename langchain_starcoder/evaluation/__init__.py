@@ -1,0 +1,6 @@
+"""Does it complete my code well? Holes cut from a repository's own files, scored as CrossCodeEval
+scores them, per configuration, hole kind and language (issue 40)."""
+
+from .metrics import Scores, cceval_truncate, score
+
+__all__ = ["Scores", "cceval_truncate", "score"]
