@@ -1,17 +1,20 @@
 """The one fill-in-the-middle request every infill entry point builds: the hole, its context, the end.
 
-Like :mod:`langchain_starcoder.types`, it imports nothing from the package but its errors and that
-module, so every other module can use it.
+It imports only the package's lower layers (errors, types, the end rules, the notebook context), so
+every other module can use it. A repository index sits above ``fim``: the request names what it needs
+of one (:class:`RepoContext`), which :class:`~langchain_starcoder.RepoIndex` is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..ends.rules import MODES as END_MODES  # how a middle ends while decoded (middle_end)
 from ..errors import InvalidParameterError
+from ..notebook.cells import NotebookContext
 from ..types import check_text, is_int
 
 
@@ -26,6 +29,25 @@ class ContextFile:
 
 
 FIM_MODES = ("psm", "spm")
+
+
+@runtime_checkable
+class RepoContext(Protocol):
+    """What a request needs of a :class:`~langchain_starcoder.RepoIndex`: its root, and the context
+    files it picks for a hole within a token budget."""
+
+    @property
+    def root(self) -> str | os.PathLike[str]: ...
+
+    def context_files(
+        self,
+        file_path: str,
+        prefix: str,
+        suffix: str = "",
+        *,
+        max_tokens: int,
+        count_tokens: Callable[[str], int],
+    ) -> list[ContextFile]: ...
 
 
 @dataclass(frozen=True)
@@ -59,10 +81,10 @@ class FIMRequest:
     min_indent: int = 0
     """A line after the middle's first, indented by fewer spaces or tabs than this, ends the middle
     before it (llama.cpp's ``n_indent``); 0: off."""
-    repo: Any = field(default=None, compare=False, repr=False)
+    repo: RepoContext | None = field(default=None, compare=False, repr=False)
     """A :class:`~langchain_starcoder.RepoIndex` that picks the context files, within the budget the
     hole's file leaves, when ``context_files`` is empty (given files win). Needs ``file_path``."""
-    notebook: Any = field(default=None, repr=False)
+    notebook: NotebookContext | None = field(default=None, repr=False)
     """A :class:`~langchain_starcoder.NotebookContext`: the hole is in one of its code cells (prefix and
     suffix are that cell's live text), laid out in StarCoder2's structured-notebook format."""
 
@@ -94,7 +116,7 @@ class FIMRequest:
         object.__setattr__(self, "context_files", _context_files(self.context_files))
         if self.repo is not None:
             _check_repo(self.repo, self.file_path)
-        if self.notebook is not None and not callable(getattr(type(self.notebook), "from_notebook", None)):
+        if self.notebook is not None and not isinstance(self.notebook, NotebookContext):
             msg = (
                 "notebook must be a NotebookContext (langchain_starcoder.NotebookContext.from_notebook(path, "
                 f"cell)), not {type(self.notebook).__name__}."
@@ -112,7 +134,7 @@ FIM_KEYS = tuple(f.name for f in fields(FIMRequest))
 
 
 def _check_repo(repo: Any, file_path: str | None) -> None:
-    if not callable(getattr(repo, "context_files", None)) or not hasattr(repo, "root"):
+    if not isinstance(repo, RepoContext):
         msg = f"repo must be a RepoIndex (langchain_starcoder.RepoIndex(folder)), not {type(repo).__name__}."
         raise InvalidParameterError(msg)
     if not file_path:

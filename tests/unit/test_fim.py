@@ -20,6 +20,7 @@ from langchain_starcoder import (
     StarCoderError,
 )
 from langchain_starcoder.fim import (
+    DEFAULT_MAX_TOKENS,
     FIM_STOP_TOKENS,
     ContextFile,
     MissingFIMTokensError,
@@ -218,6 +219,26 @@ def test_bare_tokenizer_has_no_default_budget(tiny_engine: StarCoderEngine) -> N
     with_engine = build_fim_prompt(tiny_engine, long_prefix)
     assert with_engine.max_prompt_tokens == tiny_engine.context_window - 256
     assert len(with_engine.token_ids) <= tiny_engine.context_window - 256
+
+
+def test_a_tokenizer_with_an_explicit_context_window_is_budgeted_as_the_engine(
+    tiny_engine: StarCoderEngine,
+) -> None:
+    """build_fim_prompt says which it was given: an engine brings its context window, a tokenizer
+    takes one as ``context_window=``; either way the budget is the window minus the default max_tokens."""
+    long_prefix = "x = 1\n" * 2000
+    window = tiny_engine.context_window
+    with_engine = build_fim_prompt(tiny_engine, long_prefix, SUFFIX)
+    with_window = build_fim_prompt(tiny_engine.tokenizer, long_prefix, SUFFIX, context_window=window)
+    assert with_window == with_engine and with_window.max_prompt_tokens == window - DEFAULT_MAX_TOKENS
+    smaller = build_fim_prompt(tiny_engine, long_prefix, SUFFIX, context_window=window // 2)
+    assert smaller.max_prompt_tokens == window // 2 - DEFAULT_MAX_TOKENS  # given wins over the engine's
+    given = build_fim_prompt(tiny_engine.tokenizer, long_prefix, context_window=window, max_prompt_tokens=99)
+    assert given.max_prompt_tokens == 99 and len(given.token_ids) <= 99
+    with pytest.raises(InvalidParameterError, match="context_window must be an integer"):
+        build_fim_prompt(tiny_engine.tokenizer, "x", context_window="2048")
+    with pytest.raises(ContextLengthError, match="leaves no room"):
+        build_fim_prompt(tiny_engine.tokenizer, "x", context_window=DEFAULT_MAX_TOKENS)
 
 
 def _tokenizer_with(special: list[str]):
