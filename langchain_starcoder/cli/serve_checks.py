@@ -9,6 +9,7 @@ import os
 import socket
 from pathlib import Path
 
+from ..loading.hub import download_error, is_hub_id
 from .options import API_KEY_ENV
 from .output import CommandError, _err
 
@@ -98,18 +99,10 @@ def check_model_reachable(args: argparse.Namespace) -> None:
     try:
         HfApi().model_info(model, revision=args.revision, timeout=HUB_PROBE_TIMEOUT)
     except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as e:  # the hub said no
-        from ..loading.hub import download_error
-
         raise CommandError(str(download_error(e, model, args.revision))) from None
     except Exception as e:  # no answer: offline, or the hub is down
         why = f"the hub cannot be reached ({type(e).__name__})"
         raise CommandError(_offline_message(model, why)) from None
-
-
-def is_hub_id(name: str) -> bool:
-    """``loading.hub.is_hub_id``, repeated: importing ``loading`` imports MLX (seconds), and this check runs
-    before serve binds its port."""
-    return not name.startswith((".", "/", "~")) and name.count("/") == 1
 
 
 def _offline_message(model: str, why: str) -> str:

@@ -4,6 +4,7 @@ says when other machines reach it without a key, and a hub id it cannot have off
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -164,8 +165,30 @@ def test_serve_checks_keys_read_from_a_path(tmp_path: Path):
     assert serve_checks.read_key_file(keys) == ["a", "c"]
 
 
-def test_serve_checks_hub_ids_as_loading_does():
-    from langchain_starcoder.loading import is_hub_id
-
-    names = ["org/model", "./model", "/abs/model", "~/model", "model", "a/b/c", "org/model.gguf"]
-    assert [serve_checks.is_hub_id(n) for n in names] == [is_hub_id(n) for n in names]
+def test_serve_checks_use_loadings_hub_id_without_importing_mlx(tmp_path: Path):
+    """serve's checks use the one ``is_hub_id`` (loading.hub's) and run before the model loads:
+    neither they, ``serve --help`` nor ``loading.hub`` import MLX (``loading`` imports lazily)."""
+    code = (
+        "import json, sys\n"
+        "from langchain_starcoder.cli import main, serve_checks\n"
+        "from langchain_starcoder.loading import hub\n"
+        "from langchain_starcoder.loading import is_hub_id\n"
+        "help_code = main(['serve', '--help'])\n"
+        "import argparse\n"
+        "for model in (sys.argv[1], 'someone/model'):\n"
+        "    args = argparse.Namespace(model=model, base_url=None, revision=None, gguf_file=None)\n"
+        "    try:\n"
+        "        serve_checks.check_model_reachable(args)\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__, file=sys.stderr)\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'transformers'))\n"
+        "print(json.dumps({'help': help_code, 'heavy': heavy,\n"
+        "    'same': serve_checks.is_hub_id is hub.is_hub_id is is_hub_id}))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"help": 0, "heavy": [], "same": True}
+    assert result.stderr.strip() == "CommandError"  # the hub id, offline and not cached: said, still light
