@@ -19,7 +19,7 @@ from .._tokens import Codec, Encoded, codec_for
 from ..errors import ContextLengthError, InvalidParameterError, UnsupportedModelError
 from ..notebook import NotebookParts, notebook_parts
 from ..types import DEFAULT_MAX_TOKENS
-from .budget import prompt_budget
+from . import budget
 from .fitting import Encode, HoleFit, fit_file, fit_hole
 from .layout import (
     FIM_STOP_TOKENS,
@@ -133,8 +133,8 @@ def _budgeted(
     if isinstance(context_window, bool) or not isinstance(context_window, int):
         msg = f"context_window must be an integer (the model's, in tokens) or None, not {context_window!r}."
         raise InvalidParameterError(msg)
-    budget = prompt_budget(context_window, DEFAULT_MAX_TOKENS, None)
-    return tokenizer, dataclasses.replace(request, max_prompt_tokens=budget)
+    limit = budget.prompt_budget(context_window, DEFAULT_MAX_TOKENS, None)
+    return tokenizer, dataclasses.replace(request, max_prompt_tokens=limit)
 
 
 def build(codec: Codec, request: FIMRequest, more_files: MoreFiles | None = None) -> FIMPrompt:
