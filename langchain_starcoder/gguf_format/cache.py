@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, StarCoderError
 from ..loading.digests import file_digest, file_stamp
-from ..loading.private_folder import NotPrivateError, check_private, make_private
+from ..loading.private_folder import Folder, NotPrivateError
 from .header import read_header
 from .write import convert_to_gguf
 
@@ -95,8 +95,8 @@ def _private_folder(directory: Path) -> None:
     """Make the cache folder (0700), and refuse one that another user owns or that its group or others
     may write: whoever can write it could put other weights there, fingerprint and all, for us to serve."""
     try:
-        make_private(directory)
-        check_private(directory.stat(), f"The GGUF cache folder {directory}")
+        with Folder.made(directory, "The GGUF cache folder"):
+            pass
     except NotPrivateError as err:
         msg = (
             f"{err}: it is not yours alone, and another user could replace the converted model there. Use a "

@@ -67,17 +67,25 @@ def make_private(path: Path) -> None:
 
 
 class Folder:
-    """The prompt-cache folder at ``path``, opened and checked (NotPrivateError if it is not
-    private): names in it are opened against this descriptor, never through the path again."""
+    """The cache folder at ``path``, opened and checked (NotPrivateError, which names it as
+    ``what``, if it is not private): names in it are opened against this descriptor, never through
+    the path again."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, what: str = "The prompt-cache folder"):
         self.path = path
         self.fd = os.open(path, _DIRECTORY)
         try:
-            check_private(os.fstat(self.fd), f"The prompt-cache folder {path}")
+            check_private(os.fstat(self.fd), f"{what} {path}")
         except BaseException:
             os.close(self.fd)
             raise
+
+    @classmethod
+    def made(cls, path: Path, what: str = "The prompt-cache folder") -> Folder:
+        """The folder at ``path``, made private first if it is missing (:func:`make_private`), and
+        checked as found: one made by another user, or loosened since, is refused all the same."""
+        make_private(path)
+        return cls(path, what)
 
     def __enter__(self) -> Folder:
         return self

@@ -2,7 +2,7 @@
 
 :mod:`.memory` keeps recent ones in the process; :mod:`.disk` keeps long ones in a folder across
 processes (:mod:`.files` is their file format, :mod:`.layout` the shapes a file must have,
-:mod:`.fingerprint` what they are valid for, :mod:`.folder` the private folder they are kept in).
+:mod:`.fingerprint` what they are valid for; ``loading.private_folder`` keeps their folder private).
 """
 
 from .disk import DiskPromptCache, PromptCacheNotice

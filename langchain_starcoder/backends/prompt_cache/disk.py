@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from ...loading.private_folder import Folder, NotPrivateError, make_private
+from ...loading.private_folder import Folder, NotPrivateError
 from ...types import CachePartition
 from .files import CacheFileError, Header, Tensor, dtype_name, read_header, read_tensors, write_cache_file
 from .fingerprint import partition_key
@@ -242,9 +242,7 @@ class DiskPromptCache:
             msg = f"The prompt-cache folder {self.folder} is not private"
             raise NotPrivateError(msg)
         try:
-            if make:
-                make_private(self.folder)
-            return Folder(self.folder)
+            return Folder.made(self.folder) if make else Folder(self.folder)
         except NotPrivateError as e:
             self._turn_off(str(e))
             raise

@@ -62,7 +62,8 @@ def cache_key(parts: Mapping[str, Any]) -> str:
 
 
 def _read_memo(memo_dir: Path | None) -> dict[str, Any]:
-    """The digests remembered in ``memo_dir``, if it and the file are private (:mod:`.folder`):
+    """The digests remembered in ``memo_dir``, if it and the file are private
+    (:mod:`langchain_starcoder.loading.private_folder`):
     a digest decides which files are valid, so one another user could have written is not used."""
     if memo_dir is None:
         return {}
