@@ -1,6 +1,7 @@
 """Does it complete my code well? Holes cut from a repository's own files, scored as CrossCodeEval
 scores them, per configuration, hole kind and language (issue 40)."""
 
+from .holes import KINDS, Hole, cut_holes
 from .metrics import Scores, cceval_truncate, score
 
-__all__ = ["Scores", "cceval_truncate", "score"]
+__all__ = ["KINDS", "Hole", "Scores", "cceval_truncate", "cut_holes", "score"]
