@@ -5,7 +5,6 @@ A notebook that builds three chains over one checkpoint holds one copy of the we
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from concurrent.futures import Future
@@ -13,36 +12,40 @@ from pathlib import Path
 from typing import Any
 
 from .engine import StarCoderEngine
+from .engine.options import load_options, remote_options
 
 #: The model the wrappers and the command line use when none is named.
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
 
-# A setting left out and the same setting at its default are one engine (defaults read from the
-# loader and from connect).
-_LOAD_DEFAULTS = {
-    name: p.default
-    for method in (StarCoderEngine.load, StarCoderEngine.connect)
-    for name, p in inspect.signature(method).parameters.items()
-    if p.kind is p.KEYWORD_ONLY and p.default is not p.empty
-}
 _lock = threading.Lock()
 _engines: dict[tuple[Any, ...], Future[StarCoderEngine]] = {}
 
 
 def _key(model: str | os.PathLike[str], settings: dict[str, Any]) -> tuple[Any, ...]:
-    """The registry key: the checkpoint (a folder by its real path) and the load settings
-    (``quantize``, ``dtype``, ``kv_bits``, ``revision``, ``gguf_file``: keywords of
-    ``StarCoderEngine.load``; or ``base_url``, ``tokenizer``, ``api_key``, ``timeout``, ``deadline``,
-    ``max_retries`` of ``StarCoderEngine.connect``)."""
+    """The registry key: the checkpoint (a folder by its real path), the server's URL (None for a
+    local model) and the typed options (a setting left out and the same setting at its default are
+    one engine). ``settings`` are ``StarCoderEngine.load``'s keywords (``options=`` included); or,
+    with a ``base_url``, ``connect``'s (``api_key`` may be a pydantic ``SecretStr``)."""
     path = Path(model).expanduser()
     name = str(path.resolve()) if path.exists() else str(model)
-    return (name, *sorted({**_LOAD_DEFAULTS, **settings}.items()))
+    settings = dict(settings)
+    base_url = settings.pop("base_url", None)
+    if base_url is None:
+        return (name, None, load_options(**settings))
+    key = settings.get("api_key")
+    if hasattr(key, "get_secret_value"):
+        settings["api_key"] = key.get_secret_value()
+    return (name, base_url, remote_options(**settings))
 
 
 def peek_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngine | None:
     """The shared engine for these settings if it is loaded already; never loads."""
     with _lock:
-        future = _engines.get(_key(model, settings))
+        if not _engines:  # nothing loaded: not even the options' checks (they import MLX) are needed
+            return None
+    key = _key(model, settings)
+    with _lock:
+        future = _engines.get(key)
     if future is None or not future.done() or future.exception() is not None:
         return None
     return future.result()
@@ -62,7 +65,7 @@ def get_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngin
             future = _engines[key] = Future()
     if loading:
         try:
-            engine = _open(model, settings)
+            engine = _open(model, *key[1:])
         except BaseException as e:
             with _lock:
                 del _engines[key]  # a failed load is not remembered: the next call tries again
@@ -72,14 +75,11 @@ def get_engine(model: str | os.PathLike[str], **settings: Any) -> StarCoderEngin
     return future.result()
 
 
-def _open(model: str | os.PathLike[str], settings: dict[str, Any]) -> StarCoderEngine:
+def _open(model: str | os.PathLike[str], base_url: str | None, options: Any) -> StarCoderEngine:
     """Load the checkpoint, or, with a ``base_url``, connect to the server that serves it."""
-    if settings.get("base_url") is None:
-        return StarCoderEngine.load(model, **settings)
-    connect = {k: v for k, v in settings.items() if k != "base_url"}
-    key = connect.get("api_key")
-    connect["api_key"] = key.get_secret_value() if hasattr(key, "get_secret_value") else key
-    return StarCoderEngine.connect(settings["base_url"], model=os.fspath(model), **connect)
+    if base_url is None:
+        return StarCoderEngine.load(model, options=options)
+    return StarCoderEngine.connect(base_url, model=os.fspath(model), options=options)
 
 
 def release_engines() -> None:
