@@ -11,60 +11,39 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoints import check_in_place, format_info, write_in_place
-from .options import FILL_MARKER, _generation, _unescape
+from .options import FILL_MARKER, LOAD_FLAGS, _generation, _unescape, load_settings
 from .output import CommandError, _err, _notes, _out, _read_text, _stream
 
 
 def _load_engine(args: argparse.Namespace) -> Any:
     from ..engine import StarCoderEngine
+    from ..engine.options import LlamaCppOptions, MLXOptions, load_options, misplaced
 
     started = time.perf_counter()
+    settings = load_settings(args)
     if args.base_url is not None:
-        return _connect(args, started)
-    llama_cpp = {
-        "threads": args.llama_threads,
-        "slots": args.llama_slots,
-        "context": args.llama_context,
-        "inexact_past_window": args.inexact_past_window,
-    }
-    if args.backend == "mlx" and any(v not in (None, False) for v in llama_cpp.values()):
-        msg = (
-            "--llama-threads, --llama-slots, --llama-context, --inexact-past-window need --backend llama.cpp"
-        )
+        return _connect(args, settings, started)
+    wrong = misplaced(LlamaCppOptions if args.backend == "llama.cpp" else MLXOptions, settings)
+    if wrong:
+        backends = " or ".join(sorted({kind.backend for kind in wrong.values()}))
+        msg = f"{', '.join(LOAD_FLAGS[name] for name in wrong)} need --backend {backends}"
         raise CommandError(msg)
+    options = load_options(backend=args.backend, **settings)
     # mlx-lm prints "[INFO] Quantized model ..." when quantizing on load; stdout is only for the text.
     with contextlib.redirect_stdout(sys.stderr), _notes():
-        engine = StarCoderEngine.load(
-            args.model,
-            quantize=args.quantize,
-            dtype=args.dtype,
-            kv_bits=args.kv_bits,
-            revision=args.revision,
-            gguf_file=args.gguf_file,
-            sliding_window=args.sliding_window,
-            prompt_cache_dir=args.prompt_cache_dir,
-            backend=args.backend,
-            llama_cpp=llama_cpp if args.backend == "llama.cpp" else None,
-        )
+        engine = StarCoderEngine.load(args.model, options=options)
     on = " on llama.cpp" if args.backend == "llama.cpp" else ""
     _err(f"Loaded {args.model}{on} in {time.perf_counter() - started:.1f} s.")
     return engine
 
 
-def _connect(args: argparse.Namespace, started: float) -> Any:
+def _connect(args: argparse.Namespace, settings: dict[str, Any], started: float) -> Any:
     """An engine over the --base-url server (the model's options here are the server's business)."""
     from ..engine import StarCoderEngine
+    from ..engine.options import RemoteOptions, misplaced
 
-    local = {
-        "--backend": args.backend != "mlx",
-        "--quantize": args.quantize,
-        "--kv-bits": args.kv_bits,
-        "--dtype": args.dtype != "auto",
-        "--gguf-file": args.gguf_file,
-        "--revision": args.revision,
-        "--prompt-cache-dir": args.prompt_cache_dir,
-    }
-    given = [flag for flag, value in local.items() if value]
+    given = ["--backend"] if args.backend != "mlx" else []
+    given += [LOAD_FLAGS[name] for name in misplaced(RemoteOptions, settings)]
     if given:
         msg = f"{', '.join(given)} apply to a model loaded here, not to --base-url (the server loads it)."
         raise CommandError(msg)

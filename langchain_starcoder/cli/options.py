@@ -113,6 +113,28 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The load options the model flags set: each option's field (``MLXOptions``, ``LlamaCppOptions``) and its
+#: flag, whose ``args`` name is the flag's.
+LOAD_FLAGS = {
+    "revision": "--revision",
+    "gguf_file": "--gguf-file",
+    "sliding_window": "--sliding-window",
+    "quantize": "--quantize",
+    "dtype": "--dtype",
+    "kv_bits": "--kv-bits",
+    "prompt_cache_dir": "--prompt-cache-dir",
+    "threads": "--llama-threads",
+    "slots": "--llama-slots",
+    "context": "--llama-context",
+    "inexact_past_window": "--inexact-past-window",
+}
+
+
+def load_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The load options the flags give, by field (the keywords of ``StarCoderEngine.load``)."""
+    return {name: getattr(args, flag[2:].replace("-", "_")) for name, flag in LOAD_FLAGS.items()}
+
+
 def default_prompt_cache_dir() -> Path:
     """Where ``serve`` keeps prompt caches unless told otherwise: $LANGCHAIN_STARCODER_PROMPT_CACHE_DIR,
     else the user's cache folder."""

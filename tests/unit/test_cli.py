@@ -175,6 +175,54 @@ def test_bad_generation_setting_fails_before_loading(capsys, tiny_path):
     assert "temperature" in one_line(err)  # and no "Loaded ..." line: nothing was loaded
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--llama-slots", 2], "--llama-slots need --backend llama.cpp"),
+        (
+            ["--llama-threads", 2, "--inexact-past-window"],
+            "--llama-threads, --inexact-past-window need --backend llama.cpp",
+        ),
+        (["--backend", "llama.cpp", "--quantize", 4], "--quantize need --backend mlx"),
+        (
+            ["--backend", "llama.cpp", "--kv-bits", 8, "--dtype", "float16"],
+            "--dtype, --kv-bits need --backend mlx",
+        ),
+        (["--base-url", "http://127.0.0.1:9", "--quantize", 4], "--quantize apply to a model loaded here"),
+        (
+            ["--base-url", "http://127.0.0.1:9", "--backend", "llama.cpp"],
+            "--backend apply to a model loaded here",
+        ),
+        (
+            ["--base-url", "http://127.0.0.1:9", "--llama-threads", 2],
+            "--llama-threads apply to a model loaded here",
+        ),
+    ],
+)
+def test_a_load_flag_of_another_backend_fails_before_loading(capsys, tiny_path, flags, message):
+    """The flags become typed load options; a flag the backend does not take names the one that does."""
+    code, _, err = run(capsys, "generate", "--model", tiny_path, *flags, "--prompt", "x")
+    assert code == 1
+    assert message in one_line(err) and "Loaded" not in err
+
+
+def test_a_bad_load_option_fails_before_loading(capsys, tiny_path):
+    code, _, err = run(
+        capsys,
+        "generate",
+        "--model",
+        tiny_path,
+        "--llama-slots",
+        0,
+        "--backend",
+        "llama.cpp",
+        "--prompt",
+        "x",
+    )
+    assert code == 1
+    assert "slots must be a whole number >= 1" in one_line(err)
+
+
 def test_help_exits_zero(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
