@@ -3,5 +3,17 @@ scores them, per configuration, hole kind and language (issue 40)."""
 
 from .holes import KINDS, Hole, cut_holes
 from .metrics import Scores, cceval_truncate, score
+from .report import Comparison, Difference, EvalReport, HoleRecord
 
-__all__ = ["KINDS", "Hole", "Scores", "cceval_truncate", "cut_holes", "score"]
+__all__ = [
+    "KINDS",
+    "Comparison",
+    "Difference",
+    "EvalReport",
+    "Hole",
+    "HoleRecord",
+    "Scores",
+    "cceval_truncate",
+    "cut_holes",
+    "score",
+]

@@ -7,6 +7,7 @@ scoring of a prediction file, runs here on the predictions this test writes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import random
@@ -14,6 +15,7 @@ import re
 import sys
 import types
 from argparse import Namespace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +58,10 @@ def _stub(name: str, **attributes: Any) -> types.ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def reference() -> Any:
-    """Their eval_metric module (eval_utils and keywords with it), imported from the vendored files."""
+@contextlib.contextmanager
+def load_reference() -> Iterator[Any]:
+    """Their eval_metric module (eval_utils and keywords with it), imported from the vendored files;
+    what it changed in sys.modules and sys.path is put back after."""
     mp = pytest.MonkeyPatch()
     tokenizer = _stub("sacrebleu.tokenizers.tokenizer_intl", TokenizerV14International=lambda: None)
     stubs = {
@@ -89,6 +92,12 @@ def reference() -> Any:
         for name in ("eval_metric", "eval_utils", "keywords", "keywords.keywordlist"):
             sys.modules.pop(name, None)
         mp.undo()
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[Any]:
+    with load_reference() as module:
+        yield module
 
 
 def _run_reference(reference: Any, tmp_path: Path, language: str, cases: list[dict]) -> dict[str, dict]:
