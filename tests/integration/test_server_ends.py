@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from langchain_starcoder.fim.request import FIMRequest
 
 from langchain_starcoder import StarCoderEngine
+from langchain_starcoder.fim.request import FIMRequest
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread
 

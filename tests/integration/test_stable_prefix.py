@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from langchain_starcoder.fim.request import ContextFile, FIMRequest
 from sequences import shared_prefix
 
 from langchain_starcoder.fim import build as fim
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.servers import ServerThread
 
