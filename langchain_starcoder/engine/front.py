@@ -1,9 +1,11 @@
 """StarCoderEngine, the front: text and prompts in, token ids to a backend, text chunks out.
 
-Its public methods (sync, async, stream, batch, infill) are the API; building its backend
-(:mod:`.building`), preparing and running jobs (:mod:`.jobs`) and FIM prompts with repository
-context (:mod:`.fim_prompts`) live beside it, as helpers that take what they need (the backend,
-the tokenizer, the context window): this module imports them, never the other way round.
+Its public methods (sync, async, stream, batch, infill) are the API. Each generating method is a
+line: one call to :mod:`.prepare` (settings, prompt, budget, constraint, filters: a complete
+:class:`~.jobs.Job`), one to :mod:`.jobs` (submit it, stream or collect its chunks). Building the
+backend (:mod:`.building`), checks (:mod:`.checks`) and FIM prompts with repository context
+(:mod:`.fim_prompts`) live beside it, as helpers that take what they need (the backend, the
+tokenizer, the context window) and return: this module imports them, never the other way round.
 """
 
 from __future__ import annotations
@@ -16,16 +18,23 @@ from typing import Any
 
 import numpy as np
 
-from .._tokens import codec_for, encode_segments, parsing_encoder
+from .._tokens import encode_segments
 from ..backends import Backend
-from ..decoding.sink import AsyncChunkStream
 from ..fim import build as fim
 from ..fim.request import FIMRequest
 from ..types import Completion, CompletionChunk, GenerationParams, check_text, join_chunks
-from . import fim_prompts, jobs
+from . import checks, fim_prompts, jobs
 from .building import connect_backend, llama_cpp_backend, mlx_backend
-from .jobs import Prompt
 from .options import LlamaCppOptions, MLXOptions, RemoteOptions, load_options, remote_options
+from .prepare import (
+    Parts,
+    Prompt,
+    prepare,
+    prepare_batch,
+    prepare_infill,
+    prepare_infill_later,
+    prepare_later,
+)
 
 
 class StarCoderEngine:
@@ -97,10 +106,10 @@ class StarCoderEngine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.name = name or backend.name
-        self._codec = codec_for(tokenizer)
-        self._encode_parsed = parsing_encoder(tokenizer)
-        self.eos_token_ids = frozenset(tokenizer.eos_token_ids)
-        self._grammars = jobs.GrammarCompiler(tokenizer, backend.vocab_size, self.eos_token_ids)
+        self._parts = Parts.of(backend, tokenizer)  # what preparing a request needs
+        self._codec = self._parts.codec
+        self._encode_parsed = self._parts.encode_parsed
+        self.eos_token_ids = self._parts.eos_token_ids
 
     @classmethod
     def load(
@@ -201,7 +210,7 @@ class StarCoderEngine:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits of shape ``[len(token_ids), vocab]`` from one full forward pass, no cache."""
-        return self.backend.logits(jobs.check_ids(token_ids, self.vocab_size))
+        return self.backend.logits(checks.check_ids(token_ids, self.vocab_size))
 
     def clear_cache(self) -> None:
         """Drop every kept prompt cache and free what it held."""
@@ -244,7 +253,7 @@ class StarCoderEngine:
         """Raise ContextLengthError if a text prompt of ``chars`` characters cannot fit in the
         context window with ``max_tokens`` to generate, without tokenizing it: a token stands for
         at most so many characters (:func:`langchain_starcoder._tokens.max_text_chars`)."""
-        jobs.check_prompt_size(self.tokenizer, self.context_window, chars, max_tokens)
+        checks.check_prompt_size(self.tokenizer, self.context_window, chars, max_tokens)
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -267,7 +276,7 @@ class StarCoderEngine:
         No chunk holds any part of a stop string. Leaving the loop early, closing the stream or
         dropping it cancels the generation.
         """
-        return jobs.stream(self.backend, self.tokenizer, self._prepare(prompt, settings))
+        return jobs.stream(self.backend, self.tokenizer, prepare(self._parts, prompt, settings))
 
     async def agenerate(self, prompt: Prompt, **settings: Any) -> Completion:
         return join_chunks([c async for c in self.astream(prompt, **settings)])
@@ -275,44 +284,24 @@ class StarCoderEngine:
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncIterator[CompletionChunk]:
         """Async :meth:`stream`: the event loop is never blocked (the prompt is tokenized in a
         thread); cancelling the task or closing the stream cancels the request."""
-        jobs.split_settings(dict(settings), self.backend, self.eos_token_ids)  # bad settings fail here
-        return AsyncChunkStream(
-            lambda: self._prepare(prompt, settings), partial(jobs.submit_one, self.backend, self.tokenizer)
-        )
+        return jobs.astream(self.backend, self.tokenizer, prepare_later(self._parts, prompt, settings))
 
     def astream_fim_prompt(
         self, request: FIMRequest, prompt: fim.FIMPrompt, **settings: Any
     ) -> AsyncIterator[CompletionChunk]:
         """:meth:`astream` of ``request`` with ``prompt``: as fim_prompt built it for these settings."""
-        submit = partial(jobs.submit_one, self.backend, self.tokenizer)
-        return AsyncChunkStream(lambda: self._prepare(request, settings, built=prompt), submit)
+        later = partial(prepare, self._parts, request, settings, prompt)  # bad settings fail when iterated
+        return jobs.astream(self.backend, self.tokenizer, later)
 
     def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Generate for several prompts at once (truly batched), each as it would alone (greedy).
         Prompts of every kind (text, ids, :class:`FIMRequest`) may share one batch."""
-        return jobs.collect(self.backend, self.tokenizer, self._prepare_batch(prompts, settings))
+        return jobs.collect(self.backend, self.tokenizer, prepare_batch(self._parts, prompts, settings))
 
     async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[Completion]:
         """Async :meth:`generate_batch`; cancelling the task cancels every prompt of the batch."""
-        batch = await asyncio.to_thread(self._prepare_batch, prompts, settings)
+        batch = await asyncio.to_thread(prepare_batch, self._parts, prompts, settings)
         return await jobs.acollect(self.backend, self.tokenizer, batch)
-
-    def _prepare(self, prompt: Prompt, settings: dict[str, Any], built: Any = None) -> jobs.Job:
-        """``prompt`` made ready for the backend: checked, tokenized (or ``built``), in the context window."""
-        params, parse = jobs.split_settings(dict(settings), self.backend, self.eos_token_ids)
-        if isinstance(prompt, FIMRequest):  # FIM parts are always data: parse_special_tokens does not apply
-            job = jobs.fim_job(built or self.fim_prompt(prompt, params.max_tokens), params, prompt)
-            return jobs.constrain(job, self._grammars, self.backend)
-        if isinstance(prompt, str):
-            jobs.check_text_prompt(prompt)
-            self.check_prompt_size(len(prompt), params.max_tokens)  # before tokenizing it whole
-            ids = self.encode(prompt, special_tokens=parse)
-        else:
-            ids = jobs.prompt_ids(prompt, self.vocab_size)
-        return jobs.constrain(jobs.ids_job(ids, params, self.context_window), self._grammars, self.backend)
-
-    def _prepare_batch(self, prompts: Sequence[Prompt], settings: dict[str, Any]) -> list[jobs.Job]:
-        return [self._prepare(p, settings) for p in jobs.check_batch(prompts)]
 
     # --- fill in the middle ------------------------------------------------------------------
 
@@ -344,8 +333,8 @@ class StarCoderEngine:
     ) -> Iterator[CompletionChunk]:
         """:meth:`infill`, streamed. Text that may turn out to repeat the suffix is held back until
         the next chunk settles it (or the end trims it)."""
-        request, rest = fim_prompts.fim_request(prefix, suffix, settings)
-        return self.stream(request, **rest)
+        job = prepare_infill(self._parts, prefix, suffix, settings)
+        return jobs.stream(self.backend, self.tokenizer, job)
 
     async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **settings: Any) -> Completion:
         """Async :meth:`infill` (the prompt is built in a thread)."""
@@ -355,18 +344,20 @@ class StarCoderEngine:
         self, prefix: str | FIMRequest, suffix: str = "", **settings: Any
     ) -> AsyncIterator[CompletionChunk]:
         """Async :meth:`stream_infill`: the prompt is built in a thread, off the event loop."""
-        request, rest = fim_prompts.fim_request(prefix, suffix, settings)
-        return self.astream(request, **rest)
+        later = prepare_infill_later(self._parts, prefix, suffix, settings)  # bad settings fail here
+        return jobs.astream(self.backend, self.tokenizer, later)
 
     def infill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
         """Several :class:`FIMRequest`\\ s as one batch (:meth:`generate_batch` takes them too).
         ``repo=index`` gives the index to every request that has no ``repo`` of its own."""
-        return self.generate_batch(fim_prompts.with_repo(requests, settings), **settings)
+        batch = prepare_batch(self._parts, requests, settings, infill=True)
+        return jobs.collect(self.backend, self.tokenizer, batch)
 
     async def ainfill_batch(self, requests: Sequence[FIMRequest], **settings: Any) -> list[Completion]:
         """Async :meth:`infill_batch` (prompts and repository lookups in a thread); cancelling the
         task cancels the batch."""
-        return await self.agenerate_batch(fim_prompts.with_repo(requests, settings), **settings)
+        batch = await asyncio.to_thread(prepare_batch, self._parts, requests, settings, infill=True)
+        return await jobs.acollect(self.backend, self.tokenizer, batch)
 
     def fim_prompt(self, request: FIMRequest, max_tokens: int = GenerationParams.max_tokens) -> fim.FIMPrompt:
         """The prompt :meth:`infill` builds for ``request`` when generating ``max_tokens``.

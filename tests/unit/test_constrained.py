@@ -23,6 +23,7 @@ from langchain_starcoder.backends import grammar as grammar_module
 from langchain_starcoder.backends.grammar import MAX_CACHED_GRAMMARS, GrammarCompiler
 from langchain_starcoder.backends.masking import DraftGuide
 from langchain_starcoder.checkpoints import quantize_checkpoint
+from langchain_starcoder.decoding.grammar import GrammarCheck
 from langchain_starcoder.decoding.sink import ChunkSink
 from langchain_starcoder.types import GenerationParams
 
@@ -359,7 +360,7 @@ def test_an_invalid_ending_is_never_reported_as_stop(
 
     def finish(text: str) -> Any:
         chunks: list[Any] = []
-        sink = ChunkSink(engine.tokenizer, params, 3, chunks.append, None, compiled)
+        sink = ChunkSink(engine.tokenizer, params, 3, chunks.append, [GrammarCheck(compiled)])
         sink.start(0)
         for token in [*engine.encode(text, special_tokens=False), eos]:
             if sink.token(token):

@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 
 import pytest
-from langchain_starcoder.fim.overlap import trim_suffix_overlap
 
-from langchain_starcoder.ends import MiddleEnd, MiddleGate, middle_end
+from langchain_starcoder.decoding.middle import MiddleGate
+from langchain_starcoder.ends import MiddleEnd, middle_end
+from langchain_starcoder.fim.overlap import trim_suffix_overlap
 
 Run = Callable[[], object]
 

@@ -1,17 +1,21 @@
-"""A middle as it streams (langchain_starcoder.ends.MiddleGate): on holes cut from code no one here wrote
-(the standard library's json and email packages), fed in random pieces, nothing past the end is ever
-released, the result equals ``middle_end`` on the whole text, and the gate ends within a line of the end."""
+"""A middle as it streams (langchain_starcoder.decoding.middle.MiddleGate): on holes cut from code no
+one here wrote (the standard library's json and email packages), fed in random pieces, nothing past the
+end is ever released, the result equals ``middle_end`` on the whole text, and the gate ends within a
+line of the end."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.ends_measure import make_holes
-from langchain_starcoder.ends import MiddleEnd, MiddleGate, middle_end
+from langchain_starcoder.decoding.middle import MiddleGate
+from langchain_starcoder.ends import MiddleEnd, middle_end
 
 
 def _stdlib_files() -> list[tuple[str, str]]:
@@ -168,3 +172,15 @@ def test_both_rules_the_earlier_end_wins() -> None:
 def test_a_hole_inside_a_string_ends_at_its_closer() -> None:
     gate = MiddleGate(MiddleEnd('print("hel', '")\n', "m.py"))
     assert gate.feed('lo") + 1\n') == "lo" and gate.ended == "syntax"
+
+
+def test_the_gates_old_import_paths_warn_and_give_the_same_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MiddleGate moved to decoding (it filters the decoded text); langchain_starcoder.ends.MiddleGate
+    and langchain_starcoder.ends.stream keep working for one release, with a DeprecationWarning."""
+    with pytest.warns(DeprecationWarning, match="langchain_starcoder.decoding.middle"):
+        from langchain_starcoder.ends import MiddleGate as old
+    assert old is MiddleGate
+    monkeypatch.delitem(sys.modules, "langchain_starcoder.ends.stream", raising=False)
+    with pytest.warns(DeprecationWarning, match="langchain_starcoder.decoding.middle"):
+        stream = importlib.import_module("langchain_starcoder.ends.stream")
+    assert stream.MiddleGate is MiddleGate

@@ -1,11 +1,11 @@
-"""The stop-string matcher against a brute-force reference, over arbitrary text and chunkings."""
+"""The stop-string filter against a brute-force reference, over arbitrary text and chunkings."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from langchain_starcoder.decoding.stops import StopMatcher
+from langchain_starcoder.decoding.stops import StopStrings
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, str | None]:
@@ -19,14 +19,14 @@ def reference(text: str, stops: list[str]) -> tuple[str, str | None]:
 
 
 def run(chunks: list[str], stops: list[str]) -> tuple[list[str], str | None]:
-    matcher = StopMatcher(stops)
+    matcher = StopStrings(stops)
     shown = []
     for chunk in chunks:
-        text, stop = matcher.feed(chunk)
-        shown.append(text)
-        if stop is not None:
-            return shown, stop
-    shown.append(matcher.flush())
+        shown.append(matcher.feed(chunk))
+        if matcher.ended is not None:
+            assert matcher.finish(cut=False) == ""  # nothing after a stop
+            return shown, matcher.ended
+    shown.append(matcher.finish(cut=False))
     return shown, None
 
 
@@ -56,13 +56,13 @@ def test_shown_text_never_holds_part_of_a_stop(chunks: list[str], stops: list[st
 
 
 def test_stop_spanning_chunks_is_held_back() -> None:
-    matcher = StopMatcher(["</code>"])
-    assert matcher.feed("x = 1</") == ("x = 1", None)
-    assert matcher.feed("co") == ("", None)
-    assert matcher.feed("de> more") == ("", "</code>")
+    matcher = StopStrings(["</code>"])
+    assert (matcher.feed("x = 1</"), matcher.ended) == ("x = 1", None)
+    assert (matcher.feed("co"), matcher.ended) == ("", None)
+    assert (matcher.feed("de> more"), matcher.ended) == ("", "</code>")
 
 
 def test_false_start_is_released() -> None:
-    matcher = StopMatcher(["\ndef "])
-    assert matcher.feed("a\nd") == ("a", None)
-    assert matcher.feed("o") == ("\ndo", None)
+    matcher = StopStrings(["\ndef "])
+    assert (matcher.feed("a\nd"), matcher.ended) == ("a", None)
+    assert (matcher.feed("o"), matcher.ended) == ("\ndo", None)
