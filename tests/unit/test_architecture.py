@@ -38,9 +38,10 @@ def _imports(file: Path) -> set[str]:
 
 
 def test_the_engine_helpers_never_import_the_front() -> None:
-    """The engine package's dependency runs one way: front imports its helpers (jobs, fim_prompts,
-    building), which never import front, the engine package (whose __init__ imports front) or the
-    class."""
+    """The engine package's dependency runs one way: front imports its helpers (prepare, jobs,
+    checks, fim_prompts, building), which never import front, the engine package (whose __init__
+    imports front) or the class. And a request is a line: each method of the class makes at most
+    one call that prepares it (prepare, checks, fim_prompts) and one that submits it (jobs)."""
     front = "langchain_starcoder.engine.front"
     back = {}
     for file in sorted(ENGINE.glob("*.py")):
@@ -56,9 +57,32 @@ def test_the_engine_helpers_never_import_the_front() -> None:
         if wrong:
             back[file.name] = sorted(wrong)
     assert back == {}
-    assert {"langchain_starcoder.engine.jobs", "langchain_starcoder.engine.fim_prompts"} <= _imports(
+    assert {"langchain_starcoder.engine.jobs", "langchain_starcoder.engine.prepare"} <= _imports(
         ENGINE / "front.py"
     )
+    steps = {"prepare": "prepare", "checks": "prepare", "fim_prompts": "prepare", "jobs": "submit"}
+    tree = ast.parse((ENGINE / "front.py").read_text())
+    prepared = {  # the names front takes from .prepare
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == "prepare"
+        for alias in node.names
+    }
+    engine = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "StarCoderEngine")
+    tangled = {}
+    for method in engine.body:
+        if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        uses = []  # each use of a helper in the body (called, or handed to a thread or a partial)
+        for node in (n for statement in method.body for n in ast.walk(statement)):
+            module = node.value if isinstance(node, ast.Attribute) else None  # helper.function
+            if isinstance(module, ast.Name) and module.id in steps:
+                uses.append(f"{steps[module.id]}: {module.id}.{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in prepared:
+                uses.append(f"prepare: {node.id}")
+        if sum(u.startswith("prepare") for u in uses) > 1 or sum(u.startswith("submit") for u in uses) > 1:
+            tangled[method.name] = uses
+    assert tangled == {}
 
 
 def test_no_function_is_over_100_lines() -> None:

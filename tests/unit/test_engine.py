@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from langchain_starcoder import ContextLengthError, InvalidParameterError, StarCoderEngine
+from langchain_starcoder import ContextLengthError, FIMRequest, InvalidParameterError, StarCoderEngine
+from langchain_starcoder.decoding.grammar import GrammarCheck
+from langchain_starcoder.decoding.middle import MiddleGate
+from langchain_starcoder.decoding.overlap import OverlapTrim
 from langchain_starcoder.decoding.sink import TextStream
+from langchain_starcoder.decoding.stops import StopStrings
 from langchain_starcoder.engine import GenerationParams
+from langchain_starcoder.engine.prepare import prepare
 from langchain_starcoder.testing import build_starcoder2
 
 PROMPTS = [
@@ -214,6 +221,26 @@ def test_text_stream_stops_at_eos(tiny_engine: StarCoderEngine) -> None:
     assert stream.finish_reason is None
     text += stream.add(0)
     assert (stream.finish_reason, text) == ("stop", "x = 1")
+
+
+def test_a_job_lists_the_filters_its_text_passes(tiny_engine: StarCoderEngine) -> None:
+    """prepare picks each job's filters, in the order the text passes them: stop strings for a job
+    that has some, a FIM middle's end and its suffix overlap (never under a constraint, where the
+    grammar's verdict decides)."""
+    parts = tiny_engine._parts
+
+    def kinds(prompt: Any, **settings: Any) -> list[type]:
+        return [type(f) for f in prepare(parts, prompt, settings).filters]
+
+    fim = FIMRequest("def f(x):\n    ", "\n    return y\n", file_path="m.py")
+    assert kinds("x = ") == [] and kinds([1, 2, 3], stop="\n") == [StopStrings]
+    assert kinds(fim, stop=["\n\n"]) == [StopStrings, MiddleGate, OverlapTrim]
+    untrimmed = dataclasses.replace(fim, end="none", trim_suffix_overlap=False)
+    assert kinds(dataclasses.replace(fim, end="none")) == [OverlapTrim]
+    assert kinds(dataclasses.replace(untrimmed, min_indent=4)) == [MiddleGate] and kinds(untrimmed) == []
+    constrained = prepare(parts, fim, {"regex": "[a-z]+", "stop": "z"})
+    assert [type(f) for f in constrained.filters] == [StopStrings, GrammarCheck]
+    assert constrained.grammar is not None
 
 
 # --- UTF-8 ---------------------------------------------------------------------------------------
