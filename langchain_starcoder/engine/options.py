@@ -212,7 +212,7 @@ _KINDS = (MLXOptions, LlamaCppOptions, RemoteOptions)
 def load_options(
     options: LoadOptions | None = None,
     backend: str | None = None,
-    llama_cpp: Mapping[str, Any] | Any = None,
+    llama_cpp: Any = None,
     **settings: Any,
 ) -> LoadOptions:
     """``options`` as given, or the options of ``load``'s keyword form: ``backend`` ("mlx" by
