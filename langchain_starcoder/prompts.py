@@ -7,6 +7,12 @@ prompt values turn into :class:`CarriedText`: a ``str`` (the prompt as readable 
 caches and other LLMs) that also carries its parts, from which ``StarCoderLLM`` builds the prompt
 ids with the variables encoded as data.
 
+The parts do not depend on that ``str`` subclass surviving: every string operation returns a plain
+``str``. Each formatted prompt is also kept, by its text, in a bounded side table, and
+:func:`carried` finds the parts of any string: the prompt itself, a copy of the same value
+(``str(t)``, ``f"{t}"``, ``t.strip()``, a round trip through JSON), or a text that holds formatted
+prompts among other text (``t + "..."``: their parts stay data, the rest is hand-written).
+
 - :class:`FIMPromptTemplate`: fill in the middle (:class:`FIMText` carries a ``FIMRequest``).
 - :class:`StarCoderPromptTemplate`: a drop-in ``PromptTemplate``; its own template text may hold
   control tokens, its variables are data (:class:`TemplateText` carries the segments).
@@ -16,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from string import Formatter
@@ -29,7 +37,7 @@ from pydantic import Field, model_validator
 
 from .errors import InvalidParameterError
 from .fim.request import FIM_KEYS, ContextFile, FIMRequest
-from .notebook.cells import render_text
+from .notebook.cells import NotebookCell, NotebookContext
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -37,30 +45,73 @@ if TYPE_CHECKING:
     from .engine import StarCoderEngine
 
 
+Segments = tuple[tuple[str, bool], ...]
+"""A prompt in pieces: ``(text, is_data)``; data never becomes control tokens."""
+
+
 def render_fim_text(request: FIMRequest) -> str:
     """The FIM layout of ``build_fim_prompt`` as plain text, untruncated (a budget needs a tokenizer)."""
-    prefix, suffix, mode = request.prefix, request.suffix, request.mode
-    files, repo_name, file_path = request.context_files, request.repo_name, request.file_path
-    header = f"{file_path}\n" if file_path else ""
+    return "".join(text for text, _ in fim_segments(request))
+
+
+def fim_segments(request: FIMRequest) -> Segments:
+    """:func:`render_fim_text` in pieces: the layout's control tokens are template text, every part
+    of the request (prefix, suffix, files, names, cells) is data."""
+    header = _data(f"{request.file_path}\n" if request.file_path else "")
+    prefix, suffix = _data(request.prefix), _data(request.suffix)
     if request.notebook is not None:
-        before, after = render_text(request.notebook)
+        before, after = _notebook_segments(request.notebook)
         header, suffix = header + before, suffix + after
-    if mode == "spm":
-        hole = f"<fim_prefix><fim_suffix>{suffix}<fim_middle>{header}{prefix}"
+    if request.mode == "spm":
+        hole = [_control("<fim_prefix>"), _control("<fim_suffix>"), *suffix, _control("<fim_middle>")]
+        hole += [*header, *prefix]
     else:
-        hole = f"<fim_prefix>{header}{prefix}<fim_suffix>{suffix}<fim_middle>"
+        hole = [_control("<fim_prefix>"), *header, *prefix, _control("<fim_suffix>"), *suffix]
+        hole.append(_control("<fim_middle>"))
     if not request.repo_level:
-        return hole
-    head = f"<repo_name>{repo_name}" if repo_name else ""
-    body = "".join(f"<file_sep>{f.path}\n{f.text}" if f.path else f"<file_sep>{f.text}" for f in files)
-    return f"{head}{body}<file_sep>{hole}"
+        return tuple(hole)
+    head = [_control("<repo_name>"), *_data(request.repo_name or "")] if request.repo_name else []
+    for f in request.context_files:
+        head += [_control("<file_sep>"), *_data(f"{f.path}\n{f.text}" if f.path else f.text)]
+    return (*head, _control("<file_sep>"), *hole)
+
+
+def _control(token: str) -> tuple[str, bool]:
+    return (token, False)
+
+
+def _data(text: str) -> list[tuple[str, bool]]:
+    return [(text, True)] if text else []
+
+
+def _notebook_segments(ctx: NotebookContext) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:
+    """The notebook around the hole, unbudgeted: what goes before the hole cell's prefix
+    (``<jupyter_start>`` ... ``<jupyter_code>``) and after its suffix; sources and outputs are data."""
+
+    def output(text: str) -> list[tuple[str, bool]]:
+        return [_control("<jupyter_output>"), *(_data(text) or [_control("<empty_output>")])]
+
+    def cell(c: NotebookCell) -> list[tuple[str, bool]]:
+        if c.kind == "markdown":
+            return [_control("<jupyter_text>"), *_data(c.source)]
+        return [_control("<jupyter_code>"), *_data(c.source), *output(c.output)]
+
+    before = [part for c in ctx.cells[: ctx.cell] for part in cell(c)]
+    after = [part for c in ctx.cells[ctx.cell + 1 :] for part in cell(c)]
+    return [_control("<jupyter_start>"), *before, _control("<jupyter_code>")], output(ctx.hole_output) + after
 
 
 class CarriedText(str):
     """A prompt as text that also carries how to encode it exactly (its parts that are data).
 
-    It is an ordinary ``str`` for everyone else (tracers, caches, other LLMs see the text).
+    It is an ordinary ``str`` for everyone else (tracers, caches, other LLMs see the text). Each is
+    kept by its text in a bounded side table, so a plain ``str`` copy keeps its parts too:
+    :func:`carried`.
     """
+
+    def pieces(self) -> Segments:
+        """The prompt in pieces ``(text, is_data)``: what a text that holds it keeps of it."""
+        raise NotImplementedError
 
     def prompt_value(self) -> PromptValue:
         """The prompt value this text came from (so ``llm.invoke(text)`` keeps the parts)."""
@@ -79,10 +130,14 @@ class FIMText(CarriedText):
     def __new__(cls, request: FIMRequest) -> FIMText:
         text = super().__new__(cls, render_fim_text(request))
         text.fim = request
+        _FORMATTED.add(text)
         return text
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FIMText, (self.fim,))
+
+    def pieces(self) -> Segments:
+        return fim_segments(self.fim)
 
     def prompt_value(self) -> PromptValue:
         return FIMPromptValue.from_request(self.fim)
@@ -116,23 +171,24 @@ def _exact(data: Iterable[str], whole: Any) -> str:
     return ":" + _digest(whole)
 
 
-Segments = tuple[tuple[str, bool], ...]
-"""A prompt in pieces: ``(text, is_data)``; data never becomes control tokens."""
-
-
 class TemplateText(CarriedText):
     """A ``StarCoderPromptTemplate`` prompt: template text (control tokens parsed) and data."""
 
     segments: Segments
 
-    def __new__(cls, segments: Iterable[tuple[str, bool]]) -> TemplateText:
+    def __new__(cls, segments: Iterable[tuple[str, bool]], *, _keep: bool = True) -> TemplateText:
         parts = tuple((str(t), bool(d)) for t, d in segments)
         text = super().__new__(cls, "".join(t for t, _ in parts))
         text.segments = parts
+        if _keep:
+            _FORMATTED.add(text)
         return text
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (TemplateText, (self.segments,))
+
+    def pieces(self) -> Segments:
+        return self.segments
 
     def prompt_value(self) -> PromptValue:
         return TemplatePromptValue(segments=list(self.segments))
@@ -142,6 +198,129 @@ class TemplateText(CarriedText):
 
     def token_ids(self, engine: StarCoderEngine, *, check_size: bool = True) -> list[int]:
         return engine.encode_segments(self.segments, check_size=check_size)
+
+
+# --- the formatted prompts, by their text ---------------------------------------------------------
+
+#: How many formatted prompts, and how many characters of them, the side table keeps (the oldest go).
+MAX_KEPT_PROMPTS = 256
+MAX_KEPT_CHARS = 8_000_000
+
+
+class _Formatted:
+    """The prompts these templates formatted lately, by their text (bounded, oldest out first).
+
+    A prompt whose data spells control tokens is *hostile*: only there does a text that holds it
+    encode otherwise than its plain parse, so only those are looked for inside longer texts.
+    """
+
+    def __init__(self, max_prompts: int, max_chars: int) -> None:
+        self._max_prompts, self._max_chars = max_prompts, max_chars
+        self._by_text: OrderedDict[str, CarriedText] = OrderedDict()  # the key is the prompt itself
+        self._hostile: set[str] = set()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def add(self, prompt: CarriedText) -> None:
+        """Keep ``prompt`` as the parts of its text. Another prompt of the same text with other parts
+        (a variable's value that equals another template's own text) leaves the safer of both: data
+        wherever either has data."""
+        with self._lock:
+            existing = self._by_text.pop(prompt, None)
+            if existing is not None:
+                self._chars -= len(existing)
+                self._hostile.discard(existing)
+                if existing is not prompt and existing.pieces() != prompt.pieces():
+                    prompt = _safer(existing, prompt)
+            self._by_text[prompt] = prompt
+            self._chars += len(prompt)
+            if any(is_data and _CONTROL_LIKE.search(text) for text, is_data in prompt.pieces()):
+                self._hostile.add(prompt)
+            while len(self._by_text) > self._max_prompts or self._chars > self._max_chars:
+                _, old = self._by_text.popitem(last=False)
+                self._chars -= len(old)
+                self._hostile.discard(old)
+
+    def get(self, text: str) -> CarriedText | None:
+        with self._lock:
+            return self._by_text.get(text)
+
+    def held_in(self, text: str) -> list[tuple[int, int, CarriedText]]:
+        """Where ``text`` holds hostile prompts (each less the whitespace at its ends, as
+        ``strip`` leaves it), without overlaps, in order: ``(start, end, prompt)``."""
+        with self._lock:
+            hostile = [p for p in reversed(self._by_text) if p in self._hostile]  # the newest first
+        spans: list[tuple[int, int, CarriedText]] = []
+        for prompt in hostile:
+            core = prompt.strip()
+            start = text.find(core)
+            while core and start >= 0:
+                end = start + len(core)
+                if all(end <= s or start >= e for s, e, _ in spans):
+                    spans.append((start, end, prompt))
+                start = text.find(core, end)
+        return sorted(spans, key=lambda span: span[0])
+
+
+_FORMATTED = _Formatted(MAX_KEPT_PROMPTS, MAX_KEPT_CHARS)
+
+
+def carried(text: str) -> CarriedText | None:
+    """The prompt with parts that ``text`` is, whatever string operations it went through.
+
+    ``text`` itself if it kept its type; else the prompt these templates formatted last with the same
+    text (``str(t)``, ``f"{t}"``, ``t.strip()``, ``json.loads(json.dumps(t))``...; two of the same text
+    whose parts differ leave data wherever either has it); else, for a text
+    that holds such prompts among other text (``t + "..."``, ``f"# {t}"``), a :class:`TemplateText`
+    in which their parts stay data and the rest is hand-written. None: no template formatted it (a
+    hand-written prompt), or nothing in it could be a control token.
+    """
+    if isinstance(text, CarriedText):
+        return text
+    if not isinstance(text, str):
+        return None
+    found = _FORMATTED.get(text)
+    if found is not None or not _CONTROL_LIKE.search(text):
+        return found
+    spans = _FORMATTED.held_in(text)
+    if not spans:
+        return None
+    segments: list[tuple[str, bool]] = []
+    at = 0
+    for start, end, prompt in spans:
+        segments += [(text[at:start], False), *_core_pieces(prompt)]
+        at = end
+    return TemplateText([*segments, (text[at:], False)])
+
+
+def _safer(older: CarriedText, newer: CarriedText) -> CarriedText:
+    """``newer``, unless ``older`` (of the same text) has data where it has not: then the text with
+    data wherever either has it."""
+    data = [a or b for a, b in zip(_data_mask(older), _data_mask(newer), strict=True)]
+    if data == _data_mask(newer):
+        return newer
+    segments, start = [], 0
+    for i in range(1, len(data) + 1):
+        if i == len(data) or data[i] != data[start]:
+            segments.append((newer[start:i], data[start]))
+            start = i
+    return TemplateText(segments, _keep=False)
+
+
+def _data_mask(prompt: CarriedText) -> list[bool]:
+    return [is_data for text, is_data in prompt.pieces() for _ in text]
+
+
+def _core_pieces(prompt: CarriedText) -> list[tuple[str, bool]]:
+    """The pieces of ``prompt`` less the whitespace at its ends."""
+    lo, hi = len(prompt) - len(prompt.lstrip()), len(prompt.rstrip())
+    out, at = [], 0
+    for text, is_data in prompt.pieces():
+        start, end = max(lo, at), min(hi, at + len(text))
+        if start < end:
+            out.append((text[start - at : end - at], is_data))
+        at += len(text)
+    return out
 
 
 def to_context_files(files: Any) -> tuple[ContextFile, ...]:

@@ -186,8 +186,10 @@ async def test_control_ids_on_every_path(
     prompts = spy.take()
     assert prompts[0] == want and len(prompts) == 3  # each repeat came from the cache
 
-    # A string the user writes is a raw prompt: its control-token text is parsed.
-    llm.invoke(str(FIMPromptTemplate().format(**inputs)))
+    # A string the user writes (no template formatted it, nor holds one) is a raw prompt: its
+    # control-token text is parsed.
+    written = {**engine_kwargs(inputs), "prefix": inputs["prefix"] + "  # by hand"}
+    llm.invoke(render_fim_text(FIMRequest(**written)))
     [raw] = spy.take()
     assert controls(engine, raw) != layout
 
