@@ -1,0 +1,181 @@
+"""evaluate(): every hole completed under every configuration by a target, scored, timed, in a report.
+
+A target is what completes a :class:`~langchain_starcoder.fim.request.FIMRequest` as a stream: a
+:class:`~langchain_starcoder.StarCoderEngine` in this process (its ``stream_infill`` and
+``count_tokens``). Holes go one at a time through all configurations, so an evaluation stopped early
+(Ctrl-C) holds complete pairs; each configuration caches prompts apart (``cache_salt``), so none is timed
+on another's prefill.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .._progress import progress_bar
+from ..errors import InvalidParameterError
+from ..fim.request import ContextFile, FIMRequest
+from ..repo import RepoIndex
+from ..types import DEFAULT_MAX_TOKENS, is_int
+from .configs import Config, parse_configs
+from .holes import Hole
+from .report import EvalReport, HoleRecord
+
+
+@runtime_checkable
+class Target(Protocol):
+    """What :func:`evaluate` needs of an engine: a streamed infill and a token count."""
+
+    def stream_infill(self, prefix: FIMRequest, suffix: str = "", **settings: Any) -> Iterable[Any]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+
+def evaluate(
+    target: Target,
+    holes: Sequence[Hole],
+    configs: str | Iterable[str],
+    *,
+    repo: RepoIndex | str | os.PathLike[str] | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_prompt_tokens: int | None = None,
+    on_record: Callable[[HoleRecord], None] | None = None,
+) -> EvalReport:
+    """Complete each of ``holes`` under each of ``configs`` (names: ``psm``, ``spm+repo``,
+    ``psm+noend``...) with ``target``, greedily, up to ``max_tokens``; score each completion.
+
+    ``repo``: the repository (a :class:`~langchain_starcoder.RepoIndex` or its folder) whose other files
+    ``+repo`` configurations give as context (a hole read with its own context, as CrossCodeEval's, uses
+    that). A hole that fails (a prompt too long, a target error) is recorded with its error and the
+    evaluation goes on; Ctrl-C stops it, and the report holds what was done (``metadata["interrupted"]``).
+    ``max_prompt_tokens``: the prompt's budget (default: the context window less ``max_tokens``), the
+    repository context's included. ``on_record`` sees each record as it is made (to save progress).
+    """
+    chosen = parse_configs(configs)
+    holes = list(holes)
+    if not isinstance(target, Target):
+        msg = f"target must be a StarCoderEngine (stream_infill, count_tokens), not {type(target).__name__}."
+        raise InvalidParameterError(msg)
+    if any(not isinstance(h, Hole) for h in holes):
+        msg = "holes must be Hole objects (from cut_holes or read_cceval)."
+        raise InvalidParameterError(msg)
+    for name, value in (("max_tokens", max_tokens), ("max_prompt_tokens", max_prompt_tokens)):
+        if (value is not None or name == "max_tokens") and (not is_int(value) or value < 1):
+            msg = f"{name} must be a positive integer, not {value!r}."
+            raise InvalidParameterError(msg)
+    index = _index(repo, chosen, holes)
+    budgets = {"max_tokens": max_tokens, "max_prompt_tokens": max_prompt_tokens}
+    report = EvalReport(metadata=_metadata(target, chosen, holes, index, budgets))
+    bar = progress_bar(len(holes) * len(chosen), "Evaluating", "completion")
+    try:
+        for hole in holes:
+            for config in chosen:
+                record = _complete(target, hole, config, index, budgets)
+                report.records.append(record)
+                if on_record is not None:
+                    on_record(record)
+                bar.update(1)
+    except KeyboardInterrupt:
+        report.metadata["interrupted"] = True
+    finally:
+        bar.close()
+    return report
+
+
+def _index(repo: Any, configs: list[Config], holes: list[Hole]) -> RepoIndex | None:
+    needs = [c.name for c in configs if c.repo_tokens is not None]
+    if repo is None:
+        if needs and any(not h.context for h in holes):
+            msg = (
+                f"Configuration {needs[0]!r} needs repo= (the repository's folder or RepoIndex): its context."
+            )
+            raise InvalidParameterError(msg)
+        return None
+    return repo if isinstance(repo, RepoIndex) else RepoIndex(repo)
+
+
+def _metadata(
+    target: Any, configs: list[Config], holes: list[Hole], index: RepoIndex | None, budgets: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "target": type(target).__name__,
+        "model": str(getattr(target, "name", "") or ""),
+        "configs": [c.name for c in configs],
+        "holes": len(holes),
+        "repo": str(index.root) if index is not None else None,
+        **budgets,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _complete(
+    target: Any, hole: Hole, config: Config, index: RepoIndex | None, budgets: dict[str, Any]
+) -> HoleRecord:
+    """One hole under one configuration: its record, scored, or with the error that stopped it."""
+    settings: dict[str, Any] = {"mode": config.mode, "end": config.end, "repo_tokens": config.repo_tokens}
+    settings.update(budgets)
+    fields = dict(task_id=hole.task_id, file=hole.file, kind=hole.kind, config=config.name, line=hole.line)
+    fields.update(identifier=hole.identifier, settings=settings)
+    try:
+        context = _context(target, hole, config, index)
+        settings["context_files"] = [c.path for c in context]
+        request = FIMRequest(
+            hole.prefix,
+            hole.suffix,
+            context_files=context,
+            file_path=hole.file,
+            mode=config.mode,
+            end=config.end,
+        )
+        started = time.perf_counter()
+        first: float | None = None
+        texts, last = [], None
+        for chunk in target.stream_infill(request, max_tokens=budgets["max_tokens"], cache_salt=config.name):
+            if chunk.text and first is None:
+                first = time.perf_counter() - started
+            texts.append(chunk.text)
+            if chunk.finish_reason is not None:
+                last = chunk
+        total = time.perf_counter() - started
+    except Exception as exc:  # this hole's failure: recorded, and the evaluation goes on
+        return HoleRecord(
+            **fields,
+            language=hole.language,
+            truth=hole.truth,
+            prediction="",
+            error=f"{type(exc).__name__}: {exc}",
+        )
+    prediction = "".join(texts)
+    return HoleRecord.scored(
+        prediction,
+        hole.truth,
+        hole.language,
+        **fields,
+        ended=_ended(prediction, hole.truth, last),
+        first_token_s=first,
+        total_s=total,
+        prompt_tokens=getattr(last, "prompt_tokens", None),
+        cached_tokens=getattr(last, "cached_tokens", None),
+        completion_tokens=getattr(last, "completion_tokens", None),
+    )
+
+
+def _context(target: Any, hole: Hole, config: Config, index: RepoIndex | None) -> tuple[ContextFile, ...]:
+    if config.repo_tokens is None:
+        return ()
+    if hole.context:  # given with the hole (CrossCodeEval's retrieved chunks)
+        return hole.context
+    assert index is not None  # _index asked for one
+    files = index.context_files(
+        hole.file, hole.prefix, hole.suffix, max_tokens=config.repo_tokens, count_tokens=target.count_tokens
+    )
+    return tuple(files)
+
+
+def _ended(prediction: str, truth: str, last: Any) -> bool:
+    """Whether the completion stopped by itself (not at ``max_tokens``) after as many lines as the truth."""
+    stopped = getattr(last, "finish_reason", None) == "stop"
+    return stopped and prediction.rstrip("\n").count("\n") == truth.rstrip("\n").count("\n")
