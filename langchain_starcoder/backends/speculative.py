@@ -333,41 +333,12 @@ class _Planner:
         return best_k
 
 
-class _Decoding:
-    """One :func:`decode` call: the sequence, the pass in flight and the draft it verifies, the counts.
+class _Target:
+    """The target model's passes over its KV cache; with a grammar's ``guide`` each position's argmax
+    is over the tokens it allows."""
 
-    Each pass's tokens are decided, the next pass is launched before they are handed out (chained on
-    the lazy token for a plain step, so no wait between steps), and the cache is trimmed to the tokens.
-    """
-
-    def __init__(
-        self,
-        model: Any,
-        cache: list[Any],
-        tokens: list[int],
-        max_tokens: int,
-        drafter: Drafter,
-        k_max: int,
-        costs: PassCosts | None,
-        emit: Callable[[int], bool],
-        grammar: Grammar | None,
-    ):
-        self.model, self.cache, self.drafter, self.costs, self.emit = model, cache, drafter, costs, emit
-        self.prompt_len, self.max_tokens = len(tokens), max_tokens
-        self.seq = list(tokens)  # the prompt and every decided token
-        self.guide = None if grammar is None else DraftGuide(grammar.matcher(), grammar.vocab_size)
-        self.stats = Acceptance()
-        self.shadow = _Shadow(drafter, k_max, self.stats) if drafter.virtual else None
-        self.planner = _Planner(costs, k_max, self.stats, drafter.virtual)
-        self.emitted: list[int] = []
-        self.accepted = self.drafted = 0
-        self.draft: list[int] = []  # the draft the pass in flight verifies
-        self.attempt = False  # whether the pass in flight verifies a draft (or found none to verify)
-        self.pipelined = False  # whether the pass in flight was chained on the lazy token before it
-        self.clock = 0.0
-
-    def room(self) -> int:
-        return self.max_tokens - (len(self.seq) - self.prompt_len)
+    def __init__(self, model: Any, cache: list[Any], guide: DraftGuide | None):
+        self.model, self.cache, self.guide = model, cache, guide
 
     def launch(self, inputs: mx.array, draft: Sequence[int] = ()) -> mx.array:
         logits = self.model(inputs[None], cache=self.cache)[0]
@@ -379,12 +350,42 @@ class _Decoding:
         mx.async_eval(out)
         return out
 
+    def keep(self, n: int) -> None:
+        """Trim the cache to its first ``n`` positions."""
+        excess = self.cache[0].offset - n
+        if excess > 0:
+            trim_prompt_cache(self.cache, excess)
+
+
+class _Decoding:
+    """One :func:`decode` call: the sequence, the pass in flight and the draft it verifies, the counts.
+
+    Each pass's tokens are decided, the next pass is launched before they are handed out (chained on
+    the lazy token for a plain step, so no wait between steps), and the cache is trimmed to the tokens.
+    """
+
+    def __init__(self, target: _Target, planner: _Planner, drafter: Drafter, emit: Callable[[int], bool]):
+        self.target, self.planner, self.drafter, self.emit = target, planner, drafter, emit
+        self.guide = target.guide
+        self.shadow = _Shadow(drafter, planner.k_max, planner.stats) if drafter.virtual else None
+        self.seq: list[int] = []  # the prompt and every decided token
+        self.prompt_len = self.max_tokens = 0
+        self.emitted: list[int] = []
+        self.accepted = self.drafted = 0
+        self.draft: list[int] = []  # the draft the pass in flight verifies
+        self.attempt = False  # whether the pass in flight verifies a draft (or found none to verify)
+        self.pipelined = False  # whether the pass in flight was chained on the lazy token before it
+        self.clock = 0.0
+
+    def room(self) -> int:
+        return self.max_tokens - (len(self.seq) - self.prompt_len)
+
     def start(self, k: int) -> mx.array:
         """Launch a waited pass on the last token and a draft of up to ``k`` tokens (none for k <= 0)."""
         draft = self.drafter.propose(k) if k > 0 else []
         self.draft = self.guide.clip(draft) if self.guide is not None else draft
         self.attempt = k > 0
-        return self.launch(mx.array([self.seq[-1], *self.draft]), self.draft)
+        return self.target.launch(mx.array([self.seq[-1], *self.draft]), self.draft)
 
     def verify(self, pending: mx.array) -> tuple[list[int], list[bool], int]:
         """The waited pass's tokens: the draft's longest run equal to the model's argmax, then the
@@ -400,8 +401,8 @@ class _Decoding:
     def time_pass(self, pipelined_next: bool) -> None:
         """Note the pass just decided in the costs; ``pipelined_next``: how the next one was launched."""
         now = time.perf_counter()
-        if self.costs is not None:
-            self.costs.note(len(self.draft), now - self.clock, self.pipelined)
+        if self.planner.costs is not None:
+            self.planner.costs.note(len(self.draft), now - self.clock, self.pipelined)
         self.clock, self.pipelined = now, pipelined_next
 
     def take(self, new: list[int]) -> None:
@@ -414,10 +415,8 @@ class _Decoding:
         """After a waited pass: note its acceptance, trim the cache to the sequence, and launch the
         next pass (None when ``max_tokens`` is reached)."""
         if self.attempt:
-            self.stats.note(n, len(self.draft))
-        excess = self.cache[0].offset - (len(self.seq) - 1)
-        if excess > 0:  # rejected draft positions (and any past max_tokens)
-            trim_prompt_cache(self.cache, excess)
+            self.planner.stats.note(n, len(self.draft))
+        self.target.keep(len(self.seq) - 1)  # drops rejected draft positions (and any past max_tokens)
         if self.room() <= 0:
             return None
         following = self.start(self.planner.plan() if next_k is None else next_k)
@@ -431,20 +430,19 @@ class _Decoding:
             self.emitted.append(token)
             self.accepted += from_draft
             if self.emit(token):
-                excess = self.cache[0].offset - (self.prompt_len + len(self.emitted))
-                if excess > 0:  # the pass past a stop keeps only the stop token, as plainly
-                    trim_prompt_cache(self.cache, excess)
+                self.target.keep(self.prompt_len + len(self.emitted))  # as a plain run past a stop
                 return True
         return False
 
-    def run(self) -> tuple[list[int], int, int]:
+    def run(self, tokens: list[int], max_tokens: int) -> tuple[list[int], int, int]:
+        self.seq, self.prompt_len, self.max_tokens = list(tokens), len(tokens), max_tokens
         pending: mx.array | None = self.start(max(self.planner.plan(), 0))
         self.clock = time.perf_counter()
         while pending is not None:
             # Decide the tokens of the pass in flight; launch the next pass before handing them out.
             next_k = self.planner.plan() if not self.attempt and self.room() > 1 else None
             if next_k == 0 and self.guide is None:
-                following = self.launch(pending)  # chained on the lazy token: no wait between steps
+                following = self.target.launch(pending)  # chained on the lazy token: no wait between steps
                 new, flags, n = [pending.item()], [False], 0
             else:
                 following = None
@@ -484,4 +482,6 @@ def decode(
     draft tokens among them and the drafted count. The cache is left as a plain greedy run leaves
     it: holding every emitted token, except the last when ``max_tokens`` ended the run.
     """
-    return _Decoding(model, cache, tokens, max_tokens, drafter, k_max, costs, emit, grammar).run()
+    guide = None if grammar is None else DraftGuide(grammar.matcher(), grammar.vocab_size)
+    planner = _Planner(costs, k_max, Acceptance(), drafter.virtual)
+    return _Decoding(_Target(model, cache, guide), planner, drafter, emit).run(tokens, max_tokens)

@@ -92,7 +92,7 @@ class LlamaCpp(ServerProtocol):
 
     def relay(self, gen: Generation, response: httpx.Response, clock: Clock) -> None:
         """Hand each streamed id to the sink until it, the server or the budget ends it."""
-        started = False
+        started = stopped = False
         count = 0
         ended: int | None = None  # the last chunk's cache hit (this package's server says it there only)
         for event in self._events(gen, response, clock, lambda: count):  # noqa: B023 (the count so far)
@@ -125,16 +125,9 @@ class LlamaCpp(ServerProtocol):
                     gen.sink.finish(ended)
                     return
             if event.get("stop"):
+                stopped = True
                 break
-        else:
-            if gen.cancelled.is_set():
-                return
-            msg = f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
-            raise ServerError(msg)
-        if not started:
-            gen.sink.start(0, prompt_seconds=None)
-        if not gen.cancelled.is_set():
-            gen.sink.finish(ended)
+        self._end(gen, stopped, count, ended)
 
     def _cached(self, event: dict[str, Any], prompt: list[int]) -> int:
         """llama.cpp's prompt-cache hit (``timings.cache_n``), at most the prompt."""

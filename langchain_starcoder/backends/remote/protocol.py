@@ -11,6 +11,7 @@ import httpx
 
 from ...types import GenerationParams
 from .. import Generation
+from .errors import ServerError
 from .transport import Clock, Transport
 from .validation import Validator
 
@@ -61,3 +62,14 @@ class ServerProtocol:
         if checked:
             clock.progress()
         return checked
+
+    def _end(self, gen: Generation, last_chunk: bool, count: int, cached: int | None) -> None:
+        """The stream is over: a cancelled generation is left as it is (its stream was closed); one
+        whose server never sent its last chunk is an error that says how many tokens came; else the
+        sink finishes (``cached``: the prompt-cache hit the last chunk said, if any)."""
+        if gen.cancelled.is_set():
+            return
+        if not last_chunk:
+            msg = f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
+            raise ServerError(msg)
+        gen.sink.finish(cached)

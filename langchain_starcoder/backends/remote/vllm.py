@@ -70,15 +70,7 @@ class VLLM(ServerProtocol):
                         gen.sink.finish()  # a stop of ours: leave now, the server stops with us
                         return
                 ended = ended or choice.get("finish_reason") is not None
-        if gen.cancelled.is_set():
-            return
-        if not ended:
-            msg = f"{self.base_url} ended its stream after {count} generated tokens without its last chunk."
-            raise ServerError(msg)
-        if not started:
-            gen.sink.start(0, prompt_seconds=None)
-        if not gen.cancelled.is_set():
-            gen.sink.finish(cached)
+        self._end(gen, ended, count, cached)
 
     def _choices(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         choices = event.get("choices") or []
