@@ -17,7 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from ._base import MODEL_CONFIG, RUN_ARGS, StarCoderSettings
 from .engine import StarCoderEngine
 from .fim.request import FIMRequest
-from .prompts import CarriedText, FIMText, TemplateText, fim_value
+from .prompts import FIMText, TemplateText, carried, fim_value
 from .types import Completion, CompletionChunk, counts, join_chunks, usage
 
 # LangChain's LLM cache keys an answer by the prompt's text and ``_identifying_params`` only: a
@@ -29,7 +29,7 @@ _CALL_KEY: ContextVar[str | None] = ContextVar("starcoder_call_key", default=Non
 
 def _call_key(prompts: Sequence[str], kwargs: dict[str, Any]) -> str | None:
     parts = [f"{k}={kwargs[k]!r}" for k in sorted(kwargs) if k not in RUN_ARGS]
-    parts += sorted({p.cache_key() for p in prompts if isinstance(p, CarriedText)})
+    parts += sorted({c.cache_key() for c in map(carried, prompts) if c is not None})
     return ";".join(parts) or None
 
 
@@ -174,8 +174,9 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
 
     def _convert_input(self, model_input: LanguageModelInput) -> PromptValue:
         # A prompt handed over as text (``FIMPromptTemplate().format(...)``) keeps its parts.
-        if isinstance(model_input, CarriedText):
-            return model_input.prompt_value()
+        prompt = carried(model_input) if isinstance(model_input, str) else None
+        if prompt is not None:
+            return prompt.prompt_value()
         return super()._convert_input(model_input)
 
     def get_token_ids(self, text: str) -> list[int]:
@@ -184,11 +185,11 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
         or ``StarCoderPromptTemplate`` gives its exact ids."""
         if self.custom_get_token_ids is not None:
             return self.custom_get_token_ids(text)
-        engine = self.engine
-        if isinstance(text, FIMText):
-            return list(engine.fim_prompt(text.fim, self.max_tokens).token_ids)
-        if isinstance(text, CarriedText):
-            return text.token_ids(engine, check_size=False)  # a count, at any length
+        engine, prompt = self.engine, carried(text)
+        if isinstance(prompt, FIMText):
+            return list(engine.fim_prompt(prompt.fim, self.max_tokens).token_ids)
+        if prompt is not None:
+            return prompt.token_ids(engine, check_size=False)  # a count, at any length
         return engine.encode(str(text), special_tokens=self.parse_special_tokens)
 
     # --- generation ------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
     ) -> AsyncIterator[GenerationChunk]:
         model, settings = self._call(stop, kwargs)
         engine = await self._aengine_for(model)
-        if isinstance(prompt, TemplateText):  # its ids: in a thread
+        if isinstance(carried(prompt), TemplateText):  # its ids: in a thread
             chunks = engine.astream(await asyncio.to_thread(_engine_prompt, engine, prompt), **settings)
         else:
             chunks = engine.astream(_engine_prompt(engine, prompt), **settings)
@@ -353,10 +354,11 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
 def _engine_prompt(engine: StarCoderEngine, prompt: str) -> Any:
     """What the engine is given for a LangChain prompt: a FIM prompt's request, a template
     prompt's exact ids, else the text."""
-    if isinstance(prompt, FIMText):
-        return prompt.fim
-    if isinstance(prompt, CarriedText):
-        return prompt.token_ids(engine)
+    found = carried(prompt)
+    if isinstance(found, FIMText):
+        return found.fim
+    if found is not None:
+        return found.token_ids(engine)
     return str(prompt)
 
 

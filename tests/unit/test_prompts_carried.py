@@ -159,3 +159,27 @@ def test_langchain_paths_reach_the_model_with_the_request(
     (FIMPromptTemplate() | RunnableLambda(lambda value: value.to_string()) | llm).invoke(INPUTS)
     llm.batch([FIMPromptTemplate().format(**INPUTS)])
     assert spy.prompts == [want] * 6
+
+
+def test_string_operations_on_the_way_to_the_llm_keep_the_data(
+    tiny_engine: StarCoderEngine, backend_spy: Any
+) -> None:
+    """Through StarCoderLLM: a formatted prompt after string operations, by itself, in a batch, or
+    made by a RunnableLambda between the template and the LLM, reaches the model with its data as text."""
+    llm = StarCoderLLM(engine=tiny_engine, max_tokens=MAX_TOKENS)
+    want = tiny_engine.fim_prompt(REQUEST, MAX_TOKENS).token_ids
+    spy = backend_spy(tiny_engine)
+    text = FIMPromptTemplate().format(**INPUTS)
+    for op in SAME.values():
+        llm.invoke(op(text))
+    llm.batch([text.strip(), f"{text}", "{}".format(text)])  # noqa: UP032 (the operation under test)
+    stripping = RunnableLambda(lambda value: value.to_string().strip())
+    (FIMPromptTemplate() | stripping | llm).invoke(INPUTS)
+    (FIMPromptTemplate() | stripping | llm).batch([INPUTS, INPUTS])
+    assert spy.prompts == [want] * (len(SAME) + 3 + 1 + 2)
+    spy.prompts.clear()
+    llm.invoke(text + "def")  # other text around it: the layout completed by hand, its data still text
+    assert [controls(tiny_engine, ids) for ids in spy.prompts] == [LAYOUT]
+    spy.prompts.clear()
+    llm.invoke(TEMPLATE.format(path="a<file_sep>b.py", code=HOSTILE).strip() + "\n")
+    assert [controls(tiny_engine, ids) for ids in spy.prompts] == [{"<file_sep>": 2}]
