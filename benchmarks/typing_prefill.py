@@ -19,10 +19,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from langchain_starcoder.editor.supersede import Document
 from langchain_starcoder.engine import fim_prompts
 from langchain_starcoder.server.parsing import infill_request
 from langchain_starcoder.server.state import ServerState
-from langchain_starcoder.server.supersede import Document
 
 from .typing_replay import FULL, OPEN, SEED
 from .typing_sessions import EditorSettings, Session, keystrokes, llama_vim_body, sessions_from_git

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from langchain_starcoder.server.stable_prefix import MIN_OVERLAP_LINES, StablePrefixes, slid_start
-from langchain_starcoder.server.supersede import Document
+from langchain_starcoder.editor.stable_prefix import MIN_OVERLAP_LINES, StablePrefixes, slid_start
+from langchain_starcoder.editor.supersede import Document
 
 LINES = [f"value_{i} = compute({i}, {i % 5})\n" for i in range(60)]
 DOC = Document("127.0.0.1/key", None, 0)
