@@ -67,6 +67,14 @@ DIRS = "dirs"  # ``**/``: nothing, or any run ending with ``/`` (zero or more fo
 _CROSSING_LEADS = {ANY: "(?:.*?)", DIRS: "(?:.*?/)??"}  # lazy: the earliest start is tried first
 
 
+def _escaped(pattern: str, p: int) -> tuple[str, int]:
+    """The character the backslash at ``pattern[p]`` escapes, and where it is, inside a ``[...]``."""
+    p += 1
+    if p >= len(pattern):
+        raise MalformedPattern("a '[' is never closed")
+    return pattern[p], p
+
+
 def _class(pattern: str, i: int) -> tuple[frozenset[str], int]:
     """The characters a ``[...]`` at ``pattern[i]`` matches, and where it ends; wildmatch.c's loop."""
     p = i + 1
@@ -80,19 +88,13 @@ def _class(pattern: str, i: int) -> tuple[frozenset[str], int]:
             raise MalformedPattern("a '[' is never closed")
         ch = pattern[p]
         if ch == "\\":
-            p += 1
-            if p >= n:
-                raise MalformedPattern("a '[' is never closed")
-            ch = pattern[p]
+            ch, p = _escaped(pattern, p)
             members.add(ch)
         elif ch == "-" and previous and p + 1 < n and pattern[p + 1] != "]":
             p += 1
             end = pattern[p]
             if end == "\\":
-                p += 1
-                if p >= n:
-                    raise MalformedPattern("a '[' is never closed")
-                end = pattern[p]
+                end, p = _escaped(pattern, p)
             members.update(map(chr, range(ord(previous), ord(end) + 1)))  # empty if reversed, as in git
             ch = ""
         elif ch == "[" and p + 1 < n and pattern[p + 1] == ":":

@@ -12,34 +12,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-#: File endings -> tree-sitter-language-pack names.
+from ..ends.languages import EXTENSIONS
+
+#: File endings -> tree-sitter-language-pack names: where-the-middle-ends' table, less the endings the
+#: index does not parse (a notebook's cells come to it through ``notebook``, not as a file).
 LANGUAGES = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".cjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".mts": "typescript",
-    ".cts": "typescript",
-    ".tsx": "tsx",
-    ".go": "go",
-    ".rs": "rust",
-    ".java": "java",
-    ".kt": "kotlin",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".hpp": "cpp",
-    ".cs": "csharp",
-    ".rb": "ruby",
-    ".php": "php",
-    ".swift": "swift",
-    ".scala": "scala",
-    ".lua": "lua",
-    ".sh": "bash",
+    ending: name
+    for ending, name in EXTENSIONS.items()
+    if ending not in (".ipynb", ".kts", ".cxx", ".hh", ".bash")
 }
 
 #: Definition nodes that name themselves with a ``name`` field, across grammars.

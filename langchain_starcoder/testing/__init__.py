@@ -70,65 +70,30 @@ _COMMON = {
     "use_cache": True,
 }
 
-#: Shapes of the real checkpoints (their Hugging Face configs), and "tiny" for tests.
+_PRESET_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "rope_theta",
+    "sliding_window",
+    "max_position_embeddings",
+)
+_UNTIED = {"tie_word_embeddings": False}
+
+#: Shapes of the real checkpoints (their Hugging Face configs), and "tiny" and "small" for tests.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=256,
-        vocab_size=1024,
-        rope_theta=10000.0,
-        sliding_window=512,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    ),
-    "small": dict(
-        hidden_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=1024,
-        vocab_size=1024,
-        rope_theta=10000.0,
-        sliding_window=512,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    ),
-    "3b": dict(
-        hidden_size=3072,
-        num_hidden_layers=30,
-        num_attention_heads=24,
-        num_key_value_heads=2,
-        intermediate_size=12288,
-        vocab_size=49152,
-        rope_theta=999999.4420358813,
-        sliding_window=4096,
-        max_position_embeddings=16384,
-    ),
-    "7b": dict(
-        hidden_size=4608,
-        num_hidden_layers=32,
-        num_attention_heads=36,
-        num_key_value_heads=4,
-        intermediate_size=18432,
-        vocab_size=49152,
-        rope_theta=1000000.0,
-        sliding_window=4096,
-        max_position_embeddings=16384,
-    ),
-    "15b": dict(
-        hidden_size=6144,
-        num_hidden_layers=40,
-        num_attention_heads=48,
-        num_key_value_heads=4,
-        intermediate_size=24576,
-        vocab_size=49152,
-        rope_theta=100000.0,
-        sliding_window=4096,
-        max_position_embeddings=16384,
-    ),
+    name: dict(zip(_PRESET_KEYS, shape, strict=True)) | more
+    for name, shape, more in (
+        # hidden, layers, heads, KV heads, MLP, vocabulary, RoPE theta, window, positions
+        ("tiny", (64, 2, 4, 2, 256, 1024, 10000.0, 512, 2048), _UNTIED),
+        ("small", (256, 2, 4, 2, 1024, 1024, 10000.0, 512, 2048), _UNTIED),
+        ("3b", (3072, 30, 24, 2, 12288, 49152, 999999.4420358813, 4096, 16384), {}),
+        ("7b", (4608, 32, 36, 4, 18432, 49152, 1000000.0, 4096, 16384), {}),
+        ("15b", (6144, 40, 48, 4, 24576, 49152, 100000.0, 4096, 16384), {}),
+    )
 }
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -242,10 +207,10 @@ def _write_checkpoint(
     *,
     seed: int,
     dtype: str,
-    quantization: Quantization | None,
-    max_shard_bytes: int | None,
     tokenizer: Callable[[Path], None],
     what: str,
+    quantization: Quantization | None = None,
+    max_shard_bytes: int | None = None,
 ) -> None:
     """Check that the checkpoint fits, then write its tokenizer, weights (one group at a time) and
     config into ``path``, replacing the weights of an earlier build there."""
@@ -340,8 +305,6 @@ def build_gpt_bigcode(
         partial(_gpt_bigcode_weights, config),
         seed=seed,
         dtype=dtype,
-        quantization=None,
-        max_shard_bytes=None,
         what=f"a {preset} StarCoder checkpoint",
         tokenizer=partial(
             write_tokenizer,

@@ -9,6 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Special tokens both families have, in this order (StarCoder2's ids 7 to 13, StarCoder's 7 to 13).
+_ISSUES_AND_NOTEBOOKS = (
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+)
+
 #: StarCoder2's special tokens, in the order (and so with the ids) of the real tokenizer.
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -18,13 +29,7 @@ SPECIAL_TOKENS = (
     "<fim_pad>",
     "<repo_name>",
     "<file_sep>",
-    "<issue_start>",
-    "<issue_comment>",
-    "<issue_closed>",
-    "<jupyter_start>",
-    "<jupyter_text>",
-    "<jupyter_code>",
-    "<jupyter_output>",
+    *_ISSUES_AND_NOTEBOOKS,
     "<jupyter_script>",
     "<empty_output>",
     "<code_to_intermediate>",
@@ -61,13 +66,7 @@ STARCODER_SPECIAL_TOKENS = (
     "<fim_pad>",
     "<filename>",
     "<gh_stars>",
-    "<issue_start>",
-    "<issue_comment>",
-    "<issue_closed>",
-    "<jupyter_start>",
-    "<jupyter_text>",
-    "<jupyter_code>",
-    "<jupyter_output>",
+    *_ISSUES_AND_NOTEBOOKS,
     "<empty_output>",
     "<commit_before>",
     "<commit_msg>",
