@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,18 +163,17 @@ def language_of(path: str) -> str | None:
     return LANGUAGES.get(path[dot:].lower()) if dot >= 0 else None
 
 
-@functools.cache
-def _parser_and_queries(language: str, imports_only: bool = False) -> tuple[Any, list[Any]] | None:
+def parser_and_query(language: str, patterns: Sequence[str]) -> tuple[Any, Any] | None:
+    """The tree-sitter parser of ``language`` and one query of those ``patterns`` its grammar has (None
+    if it has none of them); None if the installed language pack has no such grammar."""
     try:
         import tree_sitter
         import tree_sitter_language_pack as pack
 
         grammar = pack.get_language(language)  # type: ignore[arg-type]
         parser = pack.get_parser(language)  # type: ignore[arg-type]
-    except Exception:  # a grammar the installed pack lacks: the file is indexed as plain lines
+    except Exception:  # a grammar the installed pack lacks
         return None
-    patterns = [] if imports_only else [f"({node} name: (_) @name) @def" for node in _NAMED]
-    patterns += [*([] if imports_only else _ASSIGNMENTS), *_IMPORTS]
     kept = []
     for pattern in patterns:
         try:
@@ -181,18 +181,26 @@ def _parser_and_queries(language: str, imports_only: bool = False) -> tuple[Any,
         except Exception:  # this grammar has no such node or field
             continue
         kept.append(pattern)
-    return parser, [tree_sitter.Query(grammar, "\n".join(kept))] if kept else []
+    return parser, tree_sitter.Query(grammar, "\n".join(kept)) if kept else None
+
+
+@functools.cache
+def _parser_and_query(language: str, imports_only: bool = False) -> tuple[Any, Any] | None:
+    """``language``'s parser and query of definitions and imports, or of imports only."""
+    patterns = [] if imports_only else [f"({node} name: (_) @name) @def" for node in _NAMED]
+    patterns += [*([] if imports_only else _ASSIGNMENTS), *_IMPORTS]
+    return parser_and_query(language, patterns)
 
 
 def parse(path: str, text: str, *, imports_only: bool = False) -> Symbols:
     """The definitions and imports of a file (none for a language without a grammar)."""
     language = language_of(path)
-    found = _parser_and_queries(language, imports_only) if language else None
-    if not found or not found[1]:
+    found = _parser_and_query(language, imports_only) if language else None
+    if not found or found[1] is None:  # no grammar, or none of the patterns: indexed as plain lines
         return Symbols((), ())
     import tree_sitter
 
-    parser, (query,) = found
+    parser, query = found
     source = text.encode("utf-8")
     tree = parser.parse(source)
     definitions: list[Definition] = []
