@@ -112,7 +112,7 @@ SYNTAXES = {
 }
 SYNTAXES["tsx"] = TYPESCRIPT
 
-#: File endings -> language names (``repo.symbols.LANGUAGES``'s, which this layer cannot import; a
+#: File endings -> language names, the one table (``repo.symbols.LANGUAGES`` is built from it; a
 #: notebook's cells are read as Python).
 EXTENSIONS = {
     ".py": "python",
