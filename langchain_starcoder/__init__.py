@@ -5,9 +5,9 @@ from ._blas import configure_from_env as _configure_blas
 
 _configure_blas()
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._lazy import lazy_exports as _lazy_exports
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:
@@ -104,16 +104,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        msg = f"module {__name__!r} has no attribute {name!r}"
-        raise AttributeError(msg)
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
 def load_ipython_extension(shell: Any) -> None:
     """``%load_ext langchain_starcoder``: the model's completions in IPython's completer (docs/jupyter.md)."""
     from .jupyter.ipython import load_ipython_extension as load
@@ -127,5 +117,4 @@ def unload_ipython_extension(shell: Any) -> None:
     unload(shell)
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
