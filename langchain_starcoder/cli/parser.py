@@ -61,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Complete a prompt, streaming the text to stdout; speeds go to stderr.",
     )
     _prompt_args(p)
-    _model_args(p)
-    _generation_args(p, max_tokens=256)
+    _generating_args(p, max_tokens=256)
 
     p = command(
         "infill",
@@ -72,8 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the middle only, or with --write fills the file in place, keeping F.bak.",
     )
     _infill_args(p)
-    _model_args(p)
-    _generation_args(p, max_tokens=128)
+    _generating_args(p, max_tokens=128)
 
     p = command(
         "quantize",
@@ -141,6 +139,12 @@ def _common_options() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
     )
     return common
+
+
+def _generating_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """The options of a command that loads a model and generates (generate, infill)."""
+    _model_args(p)
+    _generation_args(p, max_tokens=max_tokens)
 
 
 def _prompt_args(p: argparse.ArgumentParser) -> None:
