@@ -4,6 +4,7 @@ byte table the remote backend rebuilds withheld ids with."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -19,13 +20,14 @@ from .options import LlamaCppOptions, MLXOptions, RemoteOptions
 
 def open_checkpoint(
     model: str | os.PathLike[str],
-    gguf_file: str | None,
-    revision: str | None,
-    sliding_window: int | None,
     settings: dict[str, Any],
+    *,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    sliding_window: int | None = None,
 ) -> tuple[str, Path | None, dict[str, Any], Any, Any]:
     """A checkpoint's name, folder, config, tokenizer maker and weights loader (a GGUF file brings
-    its own config, tokenizer and loader)."""
+    its own config, tokenizer and loader); ``settings``: quantize, group_size, dtype."""
     from ..gguf_format import open_gguf
     from ..loading import load_model, load_tokenizer, read_config, resolve_model_path
 
@@ -145,19 +147,18 @@ def connect_backend(base_url: str, *, model: str, options: RemoteOptions) -> tup
         config = read_config(path)
         tokenizer_ = load_tokenizer(path, config)
     args = model_args(config)
+    # The options but the tokenizer are the backend's keywords, under the same names.
+    settings = {
+        f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name != "tokenizer"
+    }
     backend = RemoteBackend(
         base_url,
         model=model,
-        api_key=options.api_key,
-        timeout=options.timeout,
-        deadline=options.deadline,
-        max_retries=options.max_retries,
-        max_concurrency=options.max_concurrency,
         vocab_size=args.vocab_size,
         context_length=args.max_position_embeddings,
         token_bytes=_token_bytes(tokenizer_),
         sliding_window=getattr(args, "sliding_window", None),
-        inexact_past_window=options.inexact_past_window,
+        **settings,
     )
     return backend, tokenizer_
 
@@ -321,7 +322,11 @@ def mlx_backend(model: str | os.PathLike[str], options: MLXOptions) -> tuple[Bac
     cache_dir = _prompt_cache_dir(options.prompt_cache_dir)
     settings = {"quantize": options.quantize, "group_size": options.group_size, "dtype": options.dtype}
     name, path, config, make_tokenizer, loader = open_checkpoint(
-        model, options.gguf_file, options.revision, options.sliding_window, settings
+        model,
+        settings,
+        gguf_file=options.gguf_file,
+        revision=options.revision,
+        sliding_window=options.sliding_window,
     )
     kv_group_size(model_args(config), options.kv_bits)  # refuse a bad kv_bits before loading
     warn_if_slow_on_cpu(name, config)  # before the weights load: that alone takes a minute at 3B
@@ -331,7 +336,7 @@ def mlx_backend(model: str | os.PathLike[str], options: MLXOptions) -> tuple[Bac
     if options.draft_model is not None:
         draft_settings = {**settings, "quantize": None}
         draft_name, _, draft_config, make_draft_tokenizer, draft = open_checkpoint(
-            options.draft_model, None, None, None, draft_settings
+            options.draft_model, draft_settings
         )
         sizes = (model_args(config).vocab_size, model_args(draft_config).vocab_size)
         check_same_vocabulary((name, draft_name), (tokenizer, make_draft_tokenizer()), sizes)
