@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -242,17 +242,22 @@ def close_objects(schema: Mapping[str, Any]) -> dict[str, Any]:
     false where it is not set), as OpenAI's strict mode does: a tool takes the arguments it declares, and
     a model cannot invent properties without end."""
 
-    def close(node: Any) -> Any:
-        if isinstance(node, list):
-            return [close(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        out = {key: close(value) for key, value in node.items()}
+    def close(out: dict[str, Any]) -> dict[str, Any]:
         if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
             out["additionalProperties"] = False
         return out
 
-    return close(copy.deepcopy(dict(schema)))
+    return _each_object(copy.deepcopy(dict(schema)), close)
+
+
+def _each_object(node: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """``node`` with ``change`` applied to each object in it, inner ones first (a new object of the
+    rewritten values is what ``change`` gets; lists are walked, other values kept)."""
+    if isinstance(node, list):
+        return [_each_object(item, change) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return change({key: _each_object(value, change) for key, value in node.items()})
 
 
 def _hoisted(schema: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -262,12 +267,7 @@ def _hoisted(schema: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[
     defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     whole = f"{prefix}self"
 
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, list):
-            return [rewrite(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        out = {key: rewrite(value) for key, value in node.items()}
+    def rewrite(out: dict[str, Any]) -> dict[str, Any]:
         ref = out.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
             path = ref[1:].lstrip("/")
@@ -281,8 +281,8 @@ def _hoisted(schema: dict[str, Any], prefix: str) -> tuple[dict[str, Any], dict[
         return out
 
     needs_whole = [False]
-    new_body = rewrite(body)
-    hoisted = {f"{prefix}{name}": rewrite(value) for name, value in defs.items()}
+    new_body = _each_object(body, rewrite)
+    hoisted = {f"{prefix}{name}": _each_object(value, rewrite) for name, value in defs.items()}
     if needs_whole[0]:
         hoisted[whole] = new_body
     return new_body, hoisted
