@@ -114,6 +114,21 @@ def structured_value(output_cls: type[Model], response: ChatResponse | Completio
     return output_cls.model_validate_json(answer_text(response))
 
 
+def _predicted(output_cls: type[Model], response: ChatResponse | CompletionResponse) -> Model:
+    """The instance of a structured prediction's response, announced as its end."""
+    result = structured_value(output_cls, response)
+    dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+    return result
+
+
+def _streamed(output_cls: type[Model], response: Any, current: Any) -> tuple[Any, bool]:
+    """What one streamed response gives, and whether it is the last: the whole instance once the
+    answer is finished, else the partial one so far (``current``, the one before)."""
+    if response.additional_kwargs.get("finish_reason") is not None:
+        return structured_value(output_cls, response), True
+    return process_streaming_objects(response, output_cls, cur_objects=current and [current]), False
+
+
 class ToolsAndStructure:
     """``StarCoder``'s function calling (``chat_with_tools`` and the agents over it) and structured
     prediction. With the default program mode a structured answer is decoded under the output class's
@@ -156,14 +171,22 @@ class ToolsAndStructure:
         is never one: with ``error_on_no_tool_call`` the error says so."""
         return tool_selections(response, error_on_no_tool_call)
 
-    def _structured_kwargs(
-        self, output_cls: type[Model], prompt: BasePromptTemplate, llm_kwargs: dict | None, prompt_args: dict
-    ) -> tuple[bool, Any, dict[str, Any]]:
-        chat = self.metadata.is_chat_model
+    def _structured_call(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict | None,
+        prompt_args: dict,
+        methods: tuple[Any, Any],
+    ) -> Any:
+        """What ``methods`` (chat's and complete's kind: sync, async, streaming) give for the prompt,
+        decoded under ``output_cls``'s JSON schema: chat with a chat template, else completion."""
+        (chat, complete), is_chat = methods, self.metadata.is_chat_model
         formatted = (
-            self._get_messages(prompt, **prompt_args) if chat else self._get_prompt(prompt, **prompt_args)
+            self._get_messages(prompt, **prompt_args) if is_chat else self._get_prompt(prompt, **prompt_args)
         )
-        return chat, formatted, {**(llm_kwargs or {}), "json_schema": schema_of(output_cls)}
+        kwargs = {**(llm_kwargs or {}), "json_schema": schema_of(output_cls)}
+        return chat(formatted, **kwargs) if is_chat else complete(formatted, formatted=True, **kwargs)
 
     def structured_predict(
         self,
@@ -179,13 +202,9 @@ class ToolsAndStructure:
         dispatcher.event(
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
-        chat, formatted, kwargs = self._structured_kwargs(output_cls, prompt, llm_kwargs, prompt_args)
-        response = (
-            self.chat(formatted, **kwargs) if chat else self.complete(formatted, formatted=True, **kwargs)
-        )
-        result = structured_value(output_cls, response)
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
+        methods = (self.chat, self.complete)
+        response = self._structured_call(output_cls, prompt, llm_kwargs, prompt_args, methods)
+        return _predicted(output_cls, response)
 
     async def astructured_predict(
         self,
@@ -200,14 +219,9 @@ class ToolsAndStructure:
         dispatcher.event(
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
-        chat, formatted, kwargs = self._structured_kwargs(output_cls, prompt, llm_kwargs, prompt_args)
-        if chat:
-            response: Any = await self.achat(formatted, **kwargs)
-        else:
-            response = await self.acomplete(formatted, formatted=True, **kwargs)
-        result = structured_value(output_cls, response)
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
+        methods = (self.achat, self.acomplete)
+        response = await self._structured_call(output_cls, prompt, llm_kwargs, prompt_args, methods)
+        return _predicted(output_cls, response)
 
     def _structured_stream_call(
         self,
@@ -219,20 +233,16 @@ class ToolsAndStructure:
         """Partial instances as the answer streams (LlamaIndex's flexible models), then the whole one."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return super()._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args)
-        chat, formatted, kwargs = self._structured_kwargs(output_cls, prompt, llm_kwargs, prompt_args)
-        if chat:
-            responses: Any = self.stream_chat(formatted, **kwargs)
-        else:
-            responses = self.stream_complete(formatted, formatted=True, **kwargs)
+        methods = (self.stream_chat, self.stream_complete)
+        responses = self._structured_call(output_cls, prompt, llm_kwargs, prompt_args, methods)
 
         def values() -> Any:
             current = None
             for response in responses:
-                if response.additional_kwargs.get("finish_reason") is not None:
-                    yield structured_value(output_cls, response)
-                    return
-                current = process_streaming_objects(response, output_cls, cur_objects=current and [current])
+                current, last = _streamed(output_cls, response, current)
                 yield current
+                if last:
+                    return
 
         return values()
 
@@ -246,19 +256,15 @@ class ToolsAndStructure:
         """Async :meth:`_structured_stream_call`."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return await super()._structured_astream_call(output_cls, prompt, llm_kwargs, **prompt_args)
-        chat, formatted, kwargs = self._structured_kwargs(output_cls, prompt, llm_kwargs, prompt_args)
-        if chat:
-            responses: Any = await self.astream_chat(formatted, **kwargs)
-        else:
-            responses = await self.astream_complete(formatted, formatted=True, **kwargs)
+        methods = (self.astream_chat, self.astream_complete)
+        responses = await self._structured_call(output_cls, prompt, llm_kwargs, prompt_args, methods)
 
         async def values() -> Any:
             current = None
             async for response in responses:
-                if response.additional_kwargs.get("finish_reason") is not None:
-                    yield structured_value(output_cls, response)
-                    return
-                current = process_streaming_objects(response, output_cls, cur_objects=current and [current])
+                current, last = _streamed(output_cls, response, current)
                 yield current
+                if last:
+                    return
 
         return values()
