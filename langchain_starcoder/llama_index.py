@@ -364,8 +364,7 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
         ``<file_sep>`` in a file cannot reshape the prompt. The response carries the counts as
         :meth:`complete`'s does.
         """
-        request, settings = self._infill_args(prefix, suffix, kwargs)
-        return self._infill(request.prefix, request=request, settings=settings)
+        return self._call_infill(self._infill, prefix, suffix, kwargs)
 
     @llm_completion_callback()
     def _infill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponse:
@@ -376,8 +375,7 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
         self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any
     ) -> CompletionResponseGen:
         """Stream :meth:`infill`: each response has the middle so far and the new ``delta``."""
-        request, settings = self._infill_args(prefix, suffix, kwargs)
-        return self._stream_infill(request.prefix, request=request, settings=settings)
+        return self._call_infill(self._stream_infill, prefix, suffix, kwargs)
 
     @llm_completion_callback()
     def _stream_infill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponseGen:
@@ -386,8 +384,7 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
     @dispatcher.span
     async def ainfill(self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any) -> CompletionResponse:
         """Async :meth:`infill`; the event loop stays free while the model runs."""
-        request, settings = self._infill_args(prefix, suffix, kwargs)
-        return await self._ainfill(request.prefix, request=request, settings=settings)
+        return await self._call_infill(self._ainfill, prefix, suffix, kwargs)
 
     @llm_completion_callback()
     async def _ainfill(self, prefix: str, *, request: FIMRequest, settings: dict) -> CompletionResponse:
@@ -399,8 +396,7 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
         self, prefix: str | FIMRequest, suffix: str = "", **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_infill` (``async for r in await llm.astream_infill(...)``)."""
-        request, settings = self._infill_args(prefix, suffix, kwargs)
-        return await self._astream_infill(request.prefix, request=request, settings=settings)
+        return await self._call_infill(self._astream_infill, prefix, suffix, kwargs)
 
     @llm_completion_callback()
     async def _astream_infill(
@@ -409,12 +405,13 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
         engine = await self.aget_engine()
         return astream_responses(engine.astream_infill(request, **settings))
 
-    def _infill_args(
-        self, prefix: str | FIMRequest, suffix: str, kwargs: dict[str, Any]
-    ) -> tuple[FIMRequest, dict]:
+    def _call_infill(self, method: Any, prefix: str | FIMRequest, suffix: str, kwargs: dict[str, Any]) -> Any:
+        """``method`` (one of the callback-wrapped ``_infill``s) on the request and the generation
+        settings of an infill call; its prefix goes first, as the callbacks' prompt."""
         from .prompts import fim_value
 
         value, rest = fim_value(prefix, suffix, dict(kwargs))
         settings = self._generation(rest)
         settings.pop("parse_special_tokens")  # FIM parts are always data
-        return value.request(), settings
+        request = value.request()
+        return method(request.prefix, request=request, settings=settings)
