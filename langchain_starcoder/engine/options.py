@@ -18,12 +18,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..backends.llama_options import LlamaCppOptions as LlamaServerOptions
 from ..errors import InvalidParameterError
 from ..types import MAX_DRAFT_TOKENS, is_int
 
 
 @dataclass(frozen=True, kw_only=True)
-class MLXOptions:
+class _Checkpoint:
+    """The fields of the ways that load a checkpoint themselves: its hub revision and GGUF file."""
+
+    revision: str | None = None
+    gguf_file: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLXOptions(_Checkpoint):
     """How :meth:`~langchain_starcoder.StarCoderEngine.load` runs a checkpoint in this process, on
     MLX (the default backend): ``StarCoderEngine.load(model, options=MLXOptions(quantize=4))``.
 
@@ -66,8 +75,6 @@ class MLXOptions:
     backend: ClassVar[str] = "mlx"
     where: ClassVar[str] = 'the MLX backend (backend="mlx", MLXOptions)'
 
-    revision: str | None = None
-    gguf_file: str | None = None
     sliding_window: int | None = None
     quantize: int | None = None
     group_size: int = 64
@@ -106,7 +113,7 @@ class MLXOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LlamaCppOptions:
+class LlamaCppOptions(LlamaServerOptions, _Checkpoint):
     """How :meth:`~langchain_starcoder.StarCoderEngine.load` runs a checkpoint in a ``llama-server``
     child process (the ``llama-cpp`` extra): ``load(model, options=LlamaCppOptions(threads=8))``, the
     same as ``load(model, backend="llama.cpp", llama_cpp={"threads": 8})``.
@@ -122,30 +129,12 @@ class LlamaCppOptions:
         revision, gguf_file: As :class:`MLXOptions`'s: the hub revision, and the GGUF file to serve
             from the folder or hub repo ``model``.
         threads, slots, context, outtype, inexact_past_window, server_args, startup_timeout,
-            cache_dir: The managed server's settings, documented and checked by
-            :class:`langchain_starcoder.backends.managed_llama.LlamaCppOptions`.
+            cache_dir: The managed server's settings, fields (and checks) of the base class
+            :class:`langchain_starcoder.backends.managed_llama.LlamaCppOptions`, which documents them.
     """
 
     backend: ClassVar[str] = "llama.cpp"
     where: ClassVar[str] = 'the llama.cpp backend (backend="llama.cpp", LlamaCppOptions)'
-
-    revision: str | None = None
-    gguf_file: str | None = None
-    threads: int | None = None
-    slots: int | None = None
-    context: int | None = None
-    outtype: str = "auto"
-    inexact_past_window: bool = False
-    server_args: tuple[str, ...] = ()
-    startup_timeout: float = 300.0
-    cache_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        # The server's own settings check these (imported here: only a llama.cpp engine needs httpx).
-        from ..backends.managed_llama import LlamaCppOptions as LlamaServerOptions
-
-        server = LlamaServerOptions(**{name: getattr(self, name) for name in _defaults(LlamaServerOptions)})
-        object.__setattr__(self, "server_args", server.server_args)  # a tuple: hashable
 
 
 @dataclass(frozen=True, kw_only=True)
