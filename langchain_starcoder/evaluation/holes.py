@@ -125,7 +125,9 @@ def cut_holes(
     return holes
 
 
-def _check(kinds: Iterable[str] | str, n: int, seed: int, languages: Iterable[str] | str | None):
+def _check(
+    kinds: Iterable[str] | str, n: int, seed: int, languages: Iterable[str] | str | None
+) -> tuple[list[str], int, set[str]]:
     """The kinds asked in :data:`KINDS` order, ``n`` and the languages, checked."""
     names = [k.strip() for k in kinds.split(",")] if isinstance(kinds, str) else list(kinds)
     unknown = [k for k in names if k not in KINDS]

@@ -120,6 +120,7 @@ def _complete(
     fields = dict(task_id=hole.task_id, file=hole.file, kind=hole.kind, config=config.name, line=hole.line)
     fields.update(identifier=hole.identifier, settings=settings)
     try:
+        started = time.perf_counter()  # the context lookup is part of what an editor waits for
         context = _context(target, hole, config, index)
         settings["context_files"] = [c.path for c in context]
         request = FIMRequest(
@@ -129,8 +130,8 @@ def _complete(
             file_path=hole.file,
             mode=config.mode,
             end=config.end,
+            max_prompt_tokens=budgets["max_prompt_tokens"],
         )
-        started = time.perf_counter()
         first: float | None = None
         texts, last = [], None
         for chunk in target.stream_infill(request, max_tokens=budgets["max_tokens"], cache_salt=config.name):

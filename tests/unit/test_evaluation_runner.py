@@ -19,6 +19,8 @@ APP = (
     "from pkg.util import scale, LIMIT\n\n\ndef run(values):\n    total = 0\n    for v in values:\n"
     "        total += scale(v)\n    return min(total, LIMIT)\n"
 )
+# Longer than the prompt budget the tests give (192 tokens): the budget has to cut the prompt.
+FILLER = "".join(f"\n\ndef step_{k}(x):\n    return x + {k}\n" for k in range(40))
 FAST = {"max_tokens": 12, "max_prompt_tokens": 192}
 
 
@@ -26,7 +28,7 @@ FAST = {"max_tokens": 12, "max_prompt_tokens": 192}
 def repo(tmp_path: Path) -> Path:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "util.py").write_text(UTIL)
-    (tmp_path / "pkg" / "app.py").write_text(APP)
+    (tmp_path / "pkg" / "app.py").write_text(APP + FILLER)
     return tmp_path
 
 
@@ -64,6 +66,7 @@ def test_every_hole_under_every_configuration(tiny_engine: StarCoderEngine, repo
         }
         assert 0 < r.first_token_s <= r.total_s if r.prediction else r.total_s > 0
         assert 0 < r.prompt_tokens <= 192 and r.completion_tokens <= 12 and isinstance(r.ended, bool)
+        assert r.prompt_tokens > 150 or r.file != "pkg/app.py"  # cut to the budget, not under it
         assert r.settings["mode"] == r.config[:3] and r.settings["max_prompt_tokens"] == 192
     by = {(r.task_id, r.config): r for r in report.records}
     for h in holes:
