@@ -26,7 +26,6 @@ from ..loading import QUANTIZE_BITS, check_choice, resolve_model_path
 from .tokenizer import SPECIAL_TOKENS, STARCODER_SPECIAL_TOKENS, write_tokenizer
 from .weights import (
     Draw,
-    Groups,
     Quantization,
     ResourceError,
     check_room,
@@ -162,18 +161,17 @@ def build_starcoder2(
         config["quantization_config"] = config["quantization"]
         config["torch_dtype"] = "float16"
     stored = f"{quantize}-bit" if quantize else dtype
-    _write_checkpoint(
-        Path(path),
+    return _write_checkpoint(
+        path,
         config,
-        partial(_starcoder2_weights, config),
+        _starcoder2_weights,
+        {"chat_template": chat_template},
         seed=seed,
         dtype=dtype,
         quantization=quantization,
         max_shard_bytes=max_shard_bytes,
-        tokenizer=partial(write_tokenizer, vocab_size=config["vocab_size"], chat_template=chat_template),
         what=f"a {preset} StarCoder2 checkpoint ({config['num_hidden_layers']} layers, {stored})",
     )
-    return Path(path)
 
 
 def _starcoder2_weights(config: dict[str, Any], draw: Draw) -> Iterator[dict[str, np.ndarray]]:
@@ -201,29 +199,32 @@ def _starcoder2_weights(config: dict[str, Any], draw: Draw) -> Iterator[dict[str
 
 
 def _write_checkpoint(
-    path: Path,
+    folder: str | os.PathLike[str],
     config: dict[str, Any],
-    weights: Groups,
+    family_weights: Callable[[dict[str, Any], Draw], Iterator[dict[str, np.ndarray]]],
+    tokenizer: dict[str, Any],
     *,
     seed: int,
     dtype: str,
-    tokenizer: Callable[[Path], None],
     what: str,
     quantization: Quantization | None = None,
     max_shard_bytes: int | None = None,
-) -> None:
-    """Check that the checkpoint fits, then write its tokenizer, weights (one group at a time) and
-    config into ``path``, replacing the weights of an earlier build there."""
+) -> Path:
+    """Check that the checkpoint fits, then write its tokenizer (``write_tokenizer`` with these
+    keywords, at the config's vocabulary size), weights (``family_weights`` of ``config``, one group at
+    a time) and config into ``folder``, replacing the weights of an earlier build there; the folder."""
+    path, weights = Path(folder), partial(family_weights, config)
     path.mkdir(parents=True, exist_ok=True)
     plan = plan_weights(weights, dtype, quantization, max_shard_bytes)
     check_room(path, plan, what)
     for old in path.glob("model*.safetensors*"):
         old.unlink()
-    tokenizer(path)
+    write_tokenizer(path, vocab_size=config["vocab_size"], **tokenizer)
     write_weights(path, weights, seed, plan, dtype, quantization)
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2))
     # Last: a folder with config.json holds a whole checkpoint (model_or_offline relies on it).
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return path
 
 
 # --- StarCoder (v1, GPTBigCode) ---------------------------------------------------------------
@@ -299,22 +300,16 @@ def build_gpt_bigcode(
     starchat = chat_template == STARCHAT_CHAT_TEMPLATE
     specials = STARCODER_SPECIAL_TOKENS + (STARCHAT_TOKENS if starchat else ())
     eos = "<|end|>" if starchat else "<|endoftext|>"
-    _write_checkpoint(
-        Path(path),
+    tokenizer = {"chat_template": chat_template, "special_tokens": specials, "eos_token": eos}
+    return _write_checkpoint(
+        path,
         config,
-        partial(_gpt_bigcode_weights, config),
+        _gpt_bigcode_weights,
+        tokenizer,
         seed=seed,
         dtype=dtype,
         what=f"a {preset} StarCoder checkpoint",
-        tokenizer=partial(
-            write_tokenizer,
-            vocab_size=config["vocab_size"],
-            chat_template=chat_template,
-            special_tokens=specials,
-            eos_token=eos,
-        ),
     )
-    return Path(path)
 
 
 def _gpt_bigcode_weights(config: dict[str, Any], draw: Draw) -> Iterator[dict[str, np.ndarray]]:
