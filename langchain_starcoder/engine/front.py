@@ -313,7 +313,7 @@ class StarCoderEngine:
         ``max_prompt_tokens``, ``trim_suffix_overlap``, ``end``, ``min_indent``, ``notebook``), the
         settings of :meth:`generate`, and ``repo``: a :class:`~langchain_starcoder.RepoIndex` that picks
         context files for ``file_path`` within the budget the hole leaves (given files win). The prompt
-        is built by :func:`langchain_starcoder.fim_fim_prompt` (PSM or SPM; StarCoder2's repository
+        is built by :func:`langchain_starcoder.fim.build_fim_prompt` (PSM or SPM; StarCoder2's repository
         layout with context files, a repo name or a file path) within ``max_prompt_tokens`` (default:
         the context window minus ``max_tokens``). Generation stops at ``<|endoftext|>``, ``<file_sep>``,
         ``<repo_name>`` and the ``<fim_*>`` tokens, at any ``stop`` string, and with ``end="auto"``
