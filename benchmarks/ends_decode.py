@@ -5,7 +5,8 @@ times the decode time per token measured on the speculative benchmark's copier c
   overrun`` tokenized with the copier's tokenizer (a byte-level BPE of 1,024 tokens trained on Python
   code, so other languages take more tokens per line). ``overrun`` tokens: those of ``middle + overrun``
   minus those of ``middle``. Decoded with ``end="auto"``: the tokens fed one by one (each token's text)
-  through :class:`~langchain_starcoder.decoding.middle.MiddleGate` as the engine's sink feeds them, up to the one
+  through :class:`~langchain_starcoder.decoding.middle.MiddleGate` as the
+  engine's sink feeds them, up to the one
   after which the gate says the middle ended (it decides at newlines, so the first line past the end is
   often decoded before it knows); the rest are not decoded. A pair whose end is never found decodes all.
 - ms/token: greedy infills of ``GENERATE_TOKENS`` tokens with ``end="none"`` and no speculation on the
