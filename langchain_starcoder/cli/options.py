@@ -175,12 +175,17 @@ def _generation_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     _speculation_args(parser)
 
 
+def picked(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The parsed options ``names``, as keywords of the same names."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _generation(args: argparse.Namespace) -> dict[str, Any]:
     """The generation settings, validated before any model is loaded."""
     from ..types import GenerationParams
 
     names = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
-    settings = {name: getattr(args, name) for name in names}
+    settings = picked(args, *names)
     settings["stop"] = [_unescape(s) for s in args.stop]
     settings["prompt_lookup_num_tokens"] = args.prompt_lookup
     GenerationParams.create(**settings)

@@ -8,7 +8,7 @@ import socket
 from typing import Any
 
 from .model import _load_engine, _repo_index
-from .options import default_prompt_cache_dir
+from .options import default_prompt_cache_dir, picked
 from .output import CommandError, _err
 from .serve_checks import api_keys, check_model_reachable, say_what_is_shared
 
@@ -72,15 +72,8 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
         fim_mode=args.fim_mode,
         stable_prefix=not args.no_stable_prefix,
     )
-    config = BoundedConfig(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        max_connections=args.max_connections,
-        request_timeout=args.request_timeout,
-        keep_alive_timeout=args.keep_alive_timeout,
-    )
+    limits = ("max_connections", "request_timeout", "keep_alive_timeout")
+    config = BoundedConfig(app, **picked(args, "host", "port", "log_level", *limits))
     server = uvicorn.Server(config)
     port = listening[0].getsockname()[1]
     _err(f"Serving {args.model} on http://{args.host}:{port} (/v1/completions, /infill, /health).")

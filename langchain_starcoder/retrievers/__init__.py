@@ -74,6 +74,19 @@ def search(
     return [Excerpt(f.path, f.text, _kind(index, f), rank) for rank, f in enumerate(best_first)]
 
 
+def search_by(retriever: Any, query: str, k: int | None = None) -> list[Excerpt]:
+    """:func:`search` with a retriever's settings (``index``, ``k``, ``max_tokens``, ``count_tokens``,
+    ``file_path``: the LangChain and LlamaIndex retrievers have the same), ``k`` overriding its own."""
+    return search(
+        retriever.index,
+        query,
+        k=retriever.k if k is None else k,
+        max_tokens=retriever.max_tokens,
+        count_tokens=retriever.count_tokens,
+        file_path=retriever.file_path,
+    )
+
+
 def check_search(index: Any, k: Any, max_tokens: Any, file_path: str | None) -> str:
     """Refuse bad search arguments; the file's path relative to the index ("" for none)."""
     if not isinstance(index, RepoIndex):
@@ -146,14 +159,7 @@ class RepoRetriever(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
-        found = search(
-            self.index,
-            query,
-            k=self.k if k is None else k,
-            max_tokens=self.max_tokens,
-            count_tokens=self.count_tokens,
-            file_path=self.file_path,
-        )
+        found = search_by(self, query, k)
         return [Document(page_content=e.text, metadata=metadata(e)) for e in found]
 
 

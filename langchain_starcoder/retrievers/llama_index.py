@@ -16,7 +16,7 @@ except ImportError as err:
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
-from . import check_search, estimate_tokens, metadata, search
+from . import check_search, estimate_tokens, metadata, search_by
 
 
 class RepoNodeRetriever(BaseRetriever):
@@ -48,14 +48,7 @@ class RepoNodeRetriever(BaseRetriever):
         self.count_tokens, self.file_path = count_tokens or estimate_tokens, file_path
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        found = search(
-            self.index,
-            query_bundle.query_str,
-            k=self.k,
-            max_tokens=self.max_tokens,
-            count_tokens=self.count_tokens,
-            file_path=self.file_path,
-        )
+        found = search_by(self, query_bundle.query_str)
         return [
             NodeWithScore(
                 node=TextNode(text=e.text, id_=f"{e.path}#{e.rank}", metadata=metadata(e)), score=None
