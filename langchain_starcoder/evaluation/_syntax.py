@@ -10,6 +10,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..repo.symbols import parser_and_query
+
 #: Nodes whose named children are a statement block's body (SAFIM's block holes).
 BLOCKS = ("block", "statement_block", "compound_statement", "body_statement", "do_group")
 #: Nodes whose ``arguments`` field is a call's parenthesized arguments (SAFIM's API-call holes).
@@ -104,25 +106,10 @@ class Spots:
 @functools.cache
 def _grammar(language: str) -> tuple[Any, Any] | None:
     """The parser and the one query of every pattern this grammar has (None: no grammar)."""
-    try:
-        import tree_sitter
-        import tree_sitter_language_pack as pack
-
-        grammar = pack.get_language(language)  # type: ignore[arg-type]
-        parser = pack.get_parser(language)  # type: ignore[arg-type]
-    except Exception:  # a language the installed pack lacks: no holes in its files
-        return None
     patterns = [f"({k}) @comment" for k in COMMENTS] + [f"({k}) @string" for k in STRINGS]
     patterns += [f"({k}) @block" for k in BLOCKS] + [f"({k}) @name" for k in NAMES]
     patterns += [f"({k} arguments: (_) @arguments)" for k in CALLS] + list(BOUND) + list(LABELS)
-    kept = []
-    for pattern in patterns:
-        try:
-            tree_sitter.Query(grammar, pattern)
-        except Exception:  # this grammar has no such node or field
-            continue
-        kept.append(pattern)
-    return parser, tree_sitter.Query(grammar, "\n".join(kept)) if kept else None
+    return parser_and_query(language, patterns)  # None: a language the installed pack lacks
 
 
 def spots(language: str, text: str) -> Spots | None:
