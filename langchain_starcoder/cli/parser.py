@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
+from .evaluate import _cmd_eval, _eval_args
 from .model import _cmd_generate, _cmd_infill, _cmd_info
 from .options import (
     API_KEY_ENV,
@@ -125,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_args(p)
     _speculation_args(p)
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+    p = command(
+        "eval",
+        _cmd_eval,
+        "evaluate completions on holes cut from a repository, per configuration",
+        "Cut holes from a repository's own files (the rest of a line, a span, a block's body, a call's "
+        "arguments, a name defined in another file), complete each under each configuration, score "
+        "them as CrossCodeEval does and print each configuration's means, and each later one's paired "
+        "difference against the first with its bootstrap 95%% interval (docs/cli.md).",
+    )
+    _eval_args(p)
 
     # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
     sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)

@@ -1,0 +1,198 @@
+"""``eval``: how well a model completes holes cut from a repository's own code, per configuration.
+
+Holes are cut (``evaluation.cut_holes``) before the model loads, so a bad argument costs nothing; the
+completions run through the in-process engine, or a server's with ``--base-url``; the table of means and
+paired differences goes to stdout, the report to ``--out``. Ctrl-C keeps the completions done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from .options import _model_args
+from .output import PROG, CommandError, _err, _notes
+
+#: The configurations compared unless --configs names others.
+DEFAULT_CONFIGS = "psm,spm,psm+repo"
+#: Generated tokens per hole unless --max-tokens says (a hole is a line, a block's body, a call's arguments).
+DEFAULT_EVAL_TOKENS = 128
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        msg = f"must be a positive integer, not {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    """eval's options: the repository, the holes, the configurations, the report; the model's."""
+    p.add_argument(
+        "repo", metavar="REPO", type=Path, help="the repository's folder (its files are the holes)"
+    )
+    p.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help="comma-separated configurations: psm or spm, with +repo for repository context (+repo=N: "
+        f"within N tokens) and +noend for the middle-end rule off (default {DEFAULT_CONFIGS}); each "
+        "after the first is compared with the first",
+    )
+    p.add_argument("--holes", type=_positive, default=200, metavar="N", help="how many holes (default 200)")
+    p.add_argument(
+        "--kinds",
+        default="line,span,block,call,cross_file",
+        help="comma-separated hole kinds: line, span, block, call, cross_file (default: all)",
+    )
+    p.add_argument("--since", metavar="REV", help="only holes in lines added after this git revision")
+    p.add_argument(
+        "--seed", type=int, default=0, help="which holes are cut (default 0; the same seed, the same)"
+    )
+    p.add_argument("--out", type=Path, metavar="FILE", help="write the report (every hole's record) as JSON")
+    p.add_argument(
+        "--max-tokens",
+        type=_positive,
+        default=DEFAULT_EVAL_TOKENS,
+        help=f"per hole (default {DEFAULT_EVAL_TOKENS})",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=_positive,
+        help="the prompt's budget, context included (default: the window)",
+    )
+    _model_args(p)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """Cut, complete, score; print the table and write the report. Exit 2 for a bad argument, 130 for
+    Ctrl-C (after printing and writing what was done)."""
+    try:
+        holes, index = _holes(args)
+    except CommandError as e:
+        _err(f"{PROG}: error: {e}")
+        return 2
+    from ..evaluation import evaluate
+    from .model import _load_engine
+
+    engine = _load_engine(args)
+    try:
+        with _notes():
+            report = evaluate(
+                engine,
+                holes,
+                args.configs,
+                repo=index,
+                max_tokens=args.max_tokens,
+                max_prompt_tokens=args.max_prompt_tokens,
+            )
+    finally:
+        engine.close()
+    report.metadata.update(kinds=args.kinds, seed=args.seed, since=args.since, base_url=args.base_url)
+    print(format_table(report), flush=True)
+    if args.out is not None:
+        _save(report, args.out)
+        _err(f"Wrote {len(report.records)} records to {args.out}.")
+    if report.metadata.get("interrupted"):
+        done, total = len(report.records), len(holes) * len(report.metadata["configs"])
+        _err(f"{PROG}: interrupted after {done} of {total} completions; the figures are of those.")
+        return 130
+    return 0
+
+
+def _holes(args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """The holes and the repository index, every argument checked before the model loads."""
+    from ..errors import InvalidParameterError
+    from ..evaluation import cut_holes, parse_configs
+    from ..repo import RepoIndex
+
+    if not args.repo.is_dir():
+        msg = f"{args.repo} is not a folder: give the repository's root folder."
+        raise CommandError(msg)
+    if args.out is not None and not args.out.parent.is_dir():
+        msg = f"--out {args.out}: the folder {args.out.parent} does not exist."
+        raise CommandError(msg)
+    try:
+        parse_configs(args.configs)
+        index = RepoIndex(args.repo)
+        holes = cut_holes(index, kinds=args.kinds, n=args.holes, seed=args.seed, since=args.since)
+    except InvalidParameterError as e:
+        raise CommandError(str(e)) from e
+    if not holes:
+        since = f" in lines added since {args.since}" if args.since else ""
+        msg = f"{args.repo} has no holes of the kinds {args.kinds}{since} (no code of them to cut)."
+        raise CommandError(msg)
+    _err(f"Cut {len(holes)} holes from {len(index.files)} files of {args.repo} (seed {args.seed}).")
+    return holes, index
+
+
+def _save(report: Any, out: Path) -> None:
+    """``report.save`` to a file beside ``out``, then renamed over it: never a half-written report."""
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        report.save(partial)
+        os.replace(partial, out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        msg = f"Cannot write the report to {out}: {e.strerror or e}."
+        raise CommandError(msg) from e
+
+
+def format_table(report: Any) -> str:
+    """Each configuration's mean of every metric, then each later one's paired difference against the
+    first with its bootstrap 95% interval (``*``: the interval leaves out 0)."""
+    from ..errors import InvalidParameterError
+    from ..evaluation.report import METRICS
+
+    rows = report.summary("config")
+    head = ["config", "n", "errors", *METRICS]
+    lines = [head] + [
+        [r["config"], str(r["n"]), str(r["errors"]), *(_shown(m, r[m]) for m in METRICS)] for r in rows
+    ]
+    text = [_aligned(lines)]
+    configs = report.configs
+    if len(configs) > 1:
+        first = configs[0]
+        diffs = [["config", "pairs", *METRICS]]
+        for other in configs[1:]:
+            try:
+                c = report.compare(other, first)
+            except InvalidParameterError:
+                diffs.append([other, "0", *("–" for _ in METRICS)])
+                continue
+            cells = []
+            for m in METRICS:
+                d = c[m]
+                star = "*" if d.significant else ""
+                cells.append(
+                    f"{_shown(m, d.diff, True)} [{_shown(m, d.low, True)}, {_shown(m, d.high, True)}]{star}"
+                )
+            diffs.append([other, str(c.rows[0].n if c.rows else 0), *cells])
+        text.append(
+            f"\nAgainst {first}: the paired difference and its bootstrap 95% interval (* leaves out 0)"
+        )
+        text.append(_aligned(diffs))
+    return "\n".join(text)
+
+
+def _shown(metric: str, value: float | None, signed: bool = False) -> str:
+    """EM and the identifier scores as percentages; ES as CrossCodeEval gives it, out of 100."""
+    if value is None:
+        return "–"
+    sign = "+" if signed else ""
+    return f"{100 * value:{sign}.1f}%" if metric != "es" else f"{value:{sign}.1f}"
+
+
+def _aligned(rows: list[list[str]]) -> str:
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if k == 0 else cell.rjust(w)
+            for k, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    )

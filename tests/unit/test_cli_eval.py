@@ -1,0 +1,148 @@
+"""``langchain-starcoder eval``, run in-process on the tiny checkpoint and a small repository: a record per
+hole and configuration in the JSON, the same holes for the same seed, the table, Ctrl-C, the errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from langchain_starcoder import StarCoderEngine, cli
+from langchain_starcoder.evaluation import EvalReport
+
+UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
+APP = (
+    "from pkg.util import scale, LIMIT\n\n\ndef run(values):\n    total = 0\n    for v in values:\n"
+    "        total += scale(v)\n    return min(total, LIMIT)\n"
+)
+SHAPES = (
+    "class Box:\n    def __init__(self, width, height):\n        self.width = width\n"
+    "        self.height = height\n\n    def area(self):\n        return self.width * self.height\n"
+)
+FIELDS = {"file", "kind", "config", "truth", "prediction", "em", "es", "id_em", "id_f1"}
+FAST = ("--max-tokens", "6", "--max-prompt-tokens", "256")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "util.py").write_text(UTIL)
+    (root / "pkg" / "app.py").write_text(APP)
+    (root / "pkg" / "shapes.py").write_text(SHAPES)
+    return root
+
+
+def records(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["records"]
+
+
+def test_a_record_per_hole_and_configuration_and_the_table(capsys, tiny_path, repo, tmp_path):
+    out = tmp_path / "report.json"
+    argv = ("eval", repo, "--model", tiny_path, "--holes", 5, "--configs", "psm,spm+repo", "--out", out)
+    code, stdout, err = run(capsys, *argv, *FAST)
+    assert code == 0, err
+    got = records(out)
+    assert len(got) == 5 * 2
+    assert all(set(r) >= FIELDS and r["error"] is None for r in got)
+    assert [r["config"] for r in got] == ["psm", "spm+repo"] * 5  # holes one at a time, every config
+    for r in got:  # each hole is a span of its own file
+        assert r["truth"] and r["truth"] in (repo / r["file"]).read_text()
+    assert "Evaluating" in err  # the progress bar
+    report = EvalReport.load(out)
+    lines = stdout.splitlines()
+    assert lines[0].split() == ["config", "n", "errors", "em", "es", "id_em", "id_f1"]
+    means = {row["config"]: row for row in report.summary()}
+    psm = next(line for line in lines if line.startswith("psm "))
+    assert psm.split()[1:4] == ["5", "0", f"{100 * means['psm']['em']:.1f}%"]
+    assert psm.split()[4] == f"{means['psm']['es']:.1f}"
+    # The second configuration's paired difference against the first, with its bootstrap interval.
+    es = report.compare("spm+repo", "psm")["es"]
+    paired = next(line for line in lines[2:] if line.startswith("spm+repo") and "[" in line)
+    assert f"{es.diff:+.1f} [{es.low:+.1f}, {es.high:+.1f}]" in paired
+    assert any(line.startswith("Against psm") for line in lines)
+
+
+def test_the_same_seed_cuts_the_same_holes(capsys, tiny_path, repo, tmp_path):
+    def holes(seed: int, name: str) -> list[tuple]:
+        out = tmp_path / name
+        argv = ("eval", repo, "--model", tiny_path, "--holes", 4, "--configs", "psm", "--seed", seed)
+        code, _, err = run(capsys, *argv, "--out", out, *FAST)
+        assert code == 0, err
+        return [(r["file"], r["kind"], r["line"], r["truth"]) for r in records(out)]
+
+    first = holes(7, "a.json")
+    assert len(first) == 4
+    assert holes(7, "b.json") == first
+    assert holes(8, "c.json") != first
+
+
+def test_ctrl_c_keeps_what_is_done(capsys, tiny_path, repo, tmp_path, monkeypatch):
+    calls = []
+    original = StarCoderEngine.stream_infill
+
+    def interrupted(self, *args, **settings):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return original(self, *args, **settings)
+
+    monkeypatch.setattr(StarCoderEngine, "stream_infill", interrupted)
+    out = tmp_path / "report.json"
+    argv = ("eval", repo, "--model", tiny_path, "--holes", 4, "--configs", "psm,spm", "--out", out)
+    code, stdout, err = run(capsys, *argv, *FAST)
+    assert code == 130
+    assert "interrupted after 3 of 8 completions" in err
+    data = json.loads(out.read_text())
+    assert data["metadata"]["interrupted"] is True
+    assert [r["config"] for r in data["records"]] == ["psm", "spm", "psm"]
+    assert stdout.splitlines()[0].startswith("config")  # the table of what was done still prints
+
+
+def _git_repo(root: Path) -> None:
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "first"]):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root), *argv], check=True
+        )
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing", "is not a folder"),
+        ("since", "is not a revision of the git repository"),
+        ("config", "must start with its FIM order"),
+        ("kinds", "has no holes of the kinds call"),
+        ("out", "does not exist"),
+    ],
+)
+def test_errors_are_one_line_exit_2_and_write_nothing(capsys, repo, tmp_path, case, expected):
+    # The model is never loaded (it does not exist): every argument is checked before it.
+    argv: list[object] = ["eval", repo, "--model", tmp_path / "no-model", "--out", tmp_path / "r.json"]
+    if case == "missing":
+        argv[1] = tmp_path / "nowhere"
+    elif case == "since":
+        _git_repo(repo)
+        argv += ["--since", "no-such-rev"]
+    elif case == "config":
+        argv += ["--configs", "psm,fim+repo"]
+    elif case == "kinds":
+        (repo / "pkg" / "app.py").unlink()  # the only file with calls
+        argv += ["--kinds", "call"]
+    else:
+        argv[-1] = tmp_path / "missing-folder" / "r.json"
+    before = sorted(tmp_path.iterdir())
+    code, stdout, err = run(capsys, *argv)
+    assert code == 2
+    assert stdout == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("langchain-starcoder: error: ")
+    assert expected in err
+    assert sorted(tmp_path.iterdir()) == before  # no report, no partial file
