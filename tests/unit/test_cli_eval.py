@@ -11,6 +11,8 @@ import pytest
 
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.evaluation import EvalReport
+from langchain_starcoder.server import create_app
+from langchain_starcoder.testing.servers import ServerThread
 
 UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
 APP = (
@@ -83,6 +85,26 @@ def test_the_same_seed_cuts_the_same_holes(capsys, tiny_path, repo, tmp_path):
     assert len(first) == 4
     assert holes(7, "b.json") == first
     assert holes(8, "c.json") != first
+
+
+def test_base_url_evaluates_through_a_server_as_in_process(capsys, tiny_path, tiny_engine, repo, tmp_path):
+    """--base-url: the same holes through this package's server over HTTP, the same greedy predictions."""
+    argv = ("eval", repo, "--holes", 3, "--configs", "psm,spm", *FAST)
+    code, _, err = run(capsys, *argv, "--model", tiny_path, "--out", tmp_path / "here.json")
+    assert code == 0, err
+    running = ServerThread(create_app(tiny_engine, model_name="tiny"))
+    try:
+        remote = ("--base-url", running.url, "--model", "tiny", "--tokenizer", tiny_path)
+        code, _, err = run(capsys, *argv, *remote, "--out", tmp_path / "there.json")
+    finally:
+        running.stop()
+    assert code == 0, err
+    assert f"Connected to {running.url}" in err
+    here, there = records(tmp_path / "here.json"), records(tmp_path / "there.json")
+    assert all(r["error"] is None for r in there)
+    assert [(r["task_id"], r["config"], r["prediction"]) for r in there] == [
+        (r["task_id"], r["config"], r["prediction"]) for r in here
+    ]
 
 
 def test_ctrl_c_keeps_what_is_done(capsys, tiny_path, repo, tmp_path, monkeypatch):
