@@ -218,7 +218,11 @@ class EvalReport:
             "metadata": self.metadata,
             "records": [dataclasses.asdict(r) for r in self.records],
         }
-        Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        # Written beside and renamed over: an interrupted save never leaves half a report.
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(partial, target)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> EvalReport:

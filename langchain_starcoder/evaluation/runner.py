@@ -134,12 +134,18 @@ def _complete(
         )
         first: float | None = None
         texts, last = [], None
-        for chunk in target.stream_infill(request, max_tokens=budgets["max_tokens"], cache_salt=config.name):
-            if chunk.text and first is None:
-                first = time.perf_counter() - started
-            texts.append(chunk.text)
-            if chunk.finish_reason is not None:
-                last = chunk
+        stream = target.stream_infill(request, max_tokens=budgets["max_tokens"], cache_salt=config.name)
+        try:
+            for chunk in stream:
+                if chunk.text and first is None:
+                    first = time.perf_counter() - started
+                texts.append(chunk.text)
+                if chunk.finish_reason is not None:
+                    last = chunk
+        finally:  # Ctrl-C mid-stream cancels the generation at once, not when it is collected
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
         total = time.perf_counter() - started
     except Exception as exc:  # this hole's failure: recorded, and the evaluation goes on
         return HoleRecord(

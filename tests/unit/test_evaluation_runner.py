@@ -146,3 +146,31 @@ def test_bad_arguments_are_clear_errors(tiny_engine: StarCoderEngine, repo: Path
         evaluate(tiny_engine, ["x"], "psm")
     with pytest.raises(InvalidParameterError, match="max_prompt_tokens must be"):
         evaluate(tiny_engine, holes, "psm", max_prompt_tokens=0)
+
+
+def test_ctrl_c_mid_stream_closes_the_stream(tiny_engine: StarCoderEngine, repo: Path) -> None:
+    """A stream left by Ctrl-C is closed at once (its generation cancelled), not when it is collected."""
+    holes = cut_holes(repo, kinds=["line"], n=1, seed=3)
+    streams = []
+
+    class _Interrupted:
+        def __init__(self, stream: Any) -> None:
+            self.stream, self.closed = stream, False
+
+        def __iter__(self) -> Any:
+            yield next(iter(self.stream))
+            raise KeyboardInterrupt
+
+        def close(self) -> None:
+            self.closed = True
+            self.stream.close()
+
+    class _Engine(_Failing):
+        def stream_infill(self, request: Any, suffix: str = "", **settings: Any) -> Any:
+            streams.append(_Interrupted(self.engine.stream_infill(request, suffix, **settings)))
+            return streams[-1]
+
+    report = evaluate(_Engine(tiny_engine), holes, "psm", **FAST)
+    assert report.metadata["interrupted"] is True
+    assert [s.closed for s in streams] == [True]
+    assert tiny_engine.infill("x = ", max_tokens=2).finish_reason  # the engine is still usable
