@@ -123,7 +123,7 @@ def mask_cost(engine: Any) -> dict[str, float]:
 
     from langchain_starcoder.types import GenerationParams
 
-    grammar = engine._grammars.compile(GenerationParams.create(json_schema=SCHEMA).constraint)
+    grammar = engine._parts.grammars.compile(GenerationParams.create(json_schema=SCHEMA).constraint)
     ids = engine.encode(json.dumps(INSTANCE), special_tokens=False)
     words = allocate_token_bitmask(1, engine.vocab_size)
     per_token = []
@@ -168,7 +168,7 @@ def bench_structured(ctx: Any) -> Section:
         return (done.completion_tokens - 1) / max(done.generation_seconds, 1e-9)
 
     start = time.perf_counter()
-    engine._grammars.compile(("regex", "[0-9]+"))  # llguidance's copy of the tokenizer: once per engine
+    engine._parts.grammars.compile(("regex", "[0-9]+"))  # llguidance's copy of the tokenizer: once per engine
     tokenizer_seconds = time.perf_counter() - start
     start = time.perf_counter()
     engine.generate(ids, max_tokens=1, json_schema=SCHEMA, **plain)  # a schema not seen before
