@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from langchain_starcoder import StarCoderEngine
-from langchain_starcoder._progress import show_progress
+from langchain_starcoder import StarCoderEngine, show_progress
 from langchain_starcoder.testing import model_or_offline
 
 DEFAULT_MODEL = "mlx-community/starcoder2-3b-4bit"
