@@ -39,6 +39,19 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(self.prog, message)
 
 
+def _info_args(p: argparse.ArgumentParser) -> None:
+    _model_option(p, gguf=True)
+    _gguf_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _serve_command_args(p: argparse.ArgumentParser) -> None:
+    _model_args(p)
+    _serve_args(p)
+    _speculation_args(p)
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     parser = _Parser(
@@ -109,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
         "(a folder, hub id or .gguf file; the weights are not loaded).",
     )
-    _model_option(p, gguf=True)
-    _gguf_options(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _info_args(p)
 
     p = command(
         "serve",
@@ -122,10 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/v1/models, /tokenize and /detokenize. Each --api-key is a tenant whose documents and prompt "
         "cache are its own; without a key the server has one tenant, shared by every client.",
     )
-    _model_args(p)
-    _serve_args(p)
-    _speculation_args(p)
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    _serve_command_args(p)
 
     p = command(
         "eval",
