@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from langchain_starcoder.fim.request import ContextFile, FIMRequest
 
 from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
 from langchain_starcoder.errors import GrammarError
+from langchain_starcoder.fim.request import ContextFile, FIMRequest
 from langchain_starcoder.testing.gguf import LlamaServer, free_port, write_gguf
 from langchain_starcoder.testing.vllm_server import VLLMServer
 

@@ -9,9 +9,9 @@ import asyncio
 import dataclasses
 
 import pytest
-from langchain_starcoder.fim.request import FIMRequest
 
 from langchain_starcoder import InvalidParameterError, StarCoderEngine, middle_end
+from langchain_starcoder.fim.request import FIMRequest
 
 PREFIX = "def total(items):\n    result = 0\n    "
 SUFFIX = "\n    return result\n\n\ndef main():\n    print(total([1, 2]))\n"
