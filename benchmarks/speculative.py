@@ -391,80 +391,24 @@ TRAINING_NEEDS = ("torch", "transformers")
 def section(results: dict[str, Any], shape: str) -> Section:
     s = Section("speculative", 17, TITLE)
     edits, open_ = results["sets"]["edits"], results["sets"]["open"]
+
+    def rate(
+        title: str, a: str, prompts: dict[str, Any], variant: str, goal: Any = None, note: str = ""
+    ) -> Row:
+        """A decode-speed row: the ``variant`` against plain decoding, on one prompt set's rates."""
+        rates_a, rates_b = prompts["rates"][variant], prompts["rates"]["plain"]
+        return Row(17, title, "decode tok/s", a, "plain", rates_a, rates_b, "tok/s", shape, goal, note)
+
+    history = f"{results['edits']} edits from this repository's history"
     s.rows = [
-        Row(
-            17,
-            "prompt lookup on code edits",
-            "decode tok/s",
-            "prompt lookup (default)",
-            "plain",
-            edits["rates"]["lookup"],
-            edits["rates"]["plain"],
-            "tok/s",
-            shape,
-            (">=", 2.0),
-            f"{results['edits']} edits from this repository's history",
+        rate("prompt lookup on code edits", "prompt lookup (default)", edits, "lookup", (">=", 2.0), history),
+        rate("prompt lookup on open-ended prompts", "prompt lookup (default)", open_, "lookup", (">=", 0.95)),
+        rate(
+            "prompt lookup, always up to 10 drafted, on code edits", "prompt lookup (10)", edits, "lookup10"
         ),
-        Row(
-            17,
-            "prompt lookup on open-ended prompts",
-            "decode tok/s",
-            "prompt lookup (default)",
-            "plain",
-            open_["rates"]["lookup"],
-            open_["rates"]["plain"],
-            "tok/s",
-            shape,
-            (">=", 0.95),
-        ),
-        Row(
-            17,
-            "prompt lookup, always up to 10 drafted, on code edits",
-            "decode tok/s",
-            "prompt lookup (10)",
-            "plain",
-            edits["rates"]["lookup10"],
-            edits["rates"]["plain"],
-            "tok/s",
-            shape,
-            None,
-        ),
-        Row(
-            17,
-            "8-bit draft model on code edits",
-            "decode tok/s",
-            "draft model (default)",
-            "plain",
-            edits["rates"]["draft"],
-            edits["rates"]["plain"],
-            "tok/s",
-            shape,
-            None,
-        ),
-        Row(
-            17,
-            "8-bit draft model on open-ended prompts",
-            "decode tok/s",
-            "draft model (default)",
-            "plain",
-            open_["rates"]["draft"],
-            open_["rates"]["plain"],
-            "tok/s",
-            shape,
-            None,
-        ),
-        Row(
-            17,
-            "8-bit draft model, always 4 drafted, on code edits",
-            "decode tok/s",
-            "draft model (4)",
-            "plain",
-            edits["rates"]["draft4"],
-            edits["rates"]["plain"],
-            "tok/s",
-            shape,
-            None,
-        ),
+        rate("8-bit draft model on code edits", "draft model (default)", edits, "draft"),
+        rate("8-bit draft model on open-ended prompts", "draft model (default)", open_, "draft"),
+        rate("8-bit draft model, always 4 drafted, on code edits", "draft model (4)", edits, "draft4"),
     ]
     o, t = results["oracle"], results["training"]
     s.notes = [
