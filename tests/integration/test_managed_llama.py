@@ -131,6 +131,7 @@ def test_converted_once_and_served_on_loopback_with_a_key(
     assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401  # no key: refused
     assert _get(remote, "/v1/models").status_code == 200
     assert str(server.api_key) not in " ".join(server.proc.args)  # the key is in a private file
+    assert re.fullmatch("[0-9a-f]{64}", server.api_key)  # never '-...', which argv reads as an option
     again = StarCoderEngine.load(full_path, backend="llama.cpp")
     try:
         assert again.backend.server.gguf == files[0] and list((cache / "gguf").glob("*.gguf")) == files
