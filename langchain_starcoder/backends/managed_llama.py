@@ -143,7 +143,7 @@ class LlamaServerProcess:
     def start(self) -> None:
         """Start the child and wait until it listens and answers ``/health``; on failure say why,
         from its log."""
-        # hex: a url-safe key may begin with '-', which a command line (--remote-api-key KEY) reads as an option
+        # hex: a url-safe key may begin with '-', which a command line reads as a flag
         self.api_key = secrets.token_hex(32)
         with self._log_lock:
             if self._log is not None:
