@@ -33,16 +33,15 @@ _BRACKET_LANGUAGES = ("java", "csharp", "typescript")
 
 @dataclass(frozen=True)
 class Scores:
-    """One completion's scores, on CrossCodeEval's scales."""
+    """One completion's scores, on CrossCodeEval's scales: ``em`` 1 if the non-blank lines, comments cut
+    and stripped, are the same, else 0; ``es`` the edit similarity, 0 to 100 (an integer value); ``id_em``
+    1 if the identifiers are the same, in the same order, else 0; ``id_f1`` the F1 of the sets of
+    identifiers, 0 to 1 (0 when neither has any)."""
 
     em: int
-    """1 if the non-blank lines, comments cut and stripped, are the same, else 0."""
     es: float
-    """Edit similarity, 0 to 100 (an integer value)."""
     id_em: int
-    """1 if the identifiers are the same, in the same order, else 0."""
     id_f1: float
-    """F1 of the sets of identifiers, 0 to 1 (0 when neither has any)."""
 
 
 def remove_comments(code: str) -> str:
