@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from .options import _model_args
 from .output import PROG, CommandError, _err, _notes
 
+#: Seconds --exec's command may run per prediction unless --exec-timeout says (the library's default).
+DEFAULT_EXEC_TIMEOUT = 60.0
 #: The configurations compared unless --configs names others.
 DEFAULT_CONFIGS = "psm,spm,psm+repo"
 #: Generated tokens per hole unless --max-tokens says (a hole is a line, a block's body, a call's arguments).
@@ -26,6 +29,14 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         msg = f"must be a positive integer, not {text}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        msg = f"must be a positive number of seconds, not {text}"
         raise argparse.ArgumentTypeError(msg)
     return value
 
@@ -48,11 +59,30 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         default="line,span,block,call,cross_file",
         help="comma-separated hole kinds: line, span, block, call, cross_file (default: all)",
     )
+    p.add_argument(
+        "--languages",
+        metavar="LANGS",
+        help="comma-separated tree-sitter languages whose files are cut (python,go...; default: all)",
+    )
     p.add_argument("--since", metavar="REV", help="only holes in lines added after this git revision")
     p.add_argument(
         "--seed", type=int, default=0, help="which holes are cut (default 0; the same seed, the same)"
     )
     p.add_argument("--out", type=Path, metavar="FILE", help="write the report (every hole's record) as JSON")
+    p.add_argument(
+        "--exec",
+        dest="exec_command",
+        metavar="CMD",
+        help="a shell command that runs the repository's tests: each prediction is run with it in place, "
+        "in a temporary copy, without the network where the platform allows, and pass@1 reported",
+    )
+    p.add_argument(
+        "--exec-timeout",
+        type=_seconds,
+        default=DEFAULT_EXEC_TIMEOUT,
+        metavar="S",
+        help=f"seconds --exec's command may run per prediction (default {DEFAULT_EXEC_TIMEOUT:g})",
+    )
     p.add_argument(
         "--max-tokens",
         type=_positive,
@@ -88,10 +118,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 repo=index,
                 max_tokens=args.max_tokens,
                 max_prompt_tokens=args.max_prompt_tokens,
+                exec_command=args.exec_command,
+                exec_timeout=args.exec_timeout,
             )
     finally:
         engine.close()
     report.metadata.update(kinds=args.kinds, seed=args.seed, since=args.since, base_url=args.base_url)
+    report.metadata.update(languages=args.languages)
     print(format_table(report), flush=True)
     if args.out is not None:
         _save(report, args.out)
@@ -107,6 +140,7 @@ def _holes(args: argparse.Namespace) -> tuple[list[Any], Any]:
     """The holes and the repository index, every argument checked before the model loads."""
     from ..errors import InvalidParameterError
     from ..evaluation import cut_holes, parse_configs
+    from ..evaluation.holes import HoleNotice
     from ..repo import RepoIndex
 
     if not args.repo.is_dir():
@@ -118,13 +152,24 @@ def _holes(args: argparse.Namespace) -> tuple[list[Any], Any]:
     try:
         parse_configs(args.configs)
         index = RepoIndex(args.repo)
-        holes = cut_holes(index, kinds=args.kinds, n=args.holes, seed=args.seed, since=args.since)
+        languages = None if args.languages is None else [x.strip() for x in args.languages.split(",")]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", HoleNotice)
+            holes = cut_holes(
+                index, kinds=args.kinds, n=args.holes, seed=args.seed, since=args.since, languages=languages
+            )
     except InvalidParameterError as e:
         raise CommandError(str(e)) from e
+    if args.exec_command is not None and not args.exec_command.strip():
+        msg = "--exec needs a command that runs the repository's tests ('pytest -x -q'), not an empty one."
+        raise CommandError(msg)
     if not holes:
         since = f" in lines added since {args.since}" if args.since else ""
         msg = f"{args.repo} has no holes of the kinds {args.kinds}{since} (no code of them to cut)."
         raise CommandError(msg)
+    for w in caught:  # a kind with no place in the repository: the others took its share
+        if issubclass(w.category, HoleNotice):
+            _err(f"{PROG}: note: {w.message}")
     _err(f"Cut {len(holes)} holes from {len(index.files)} files of {args.repo} (seed {args.seed}).")
     return holes, index
 
@@ -146,26 +191,31 @@ def format_table(report: Any) -> str:
     """Each configuration's mean of every metric, then each later one's paired difference against the
     first with its bootstrap 95% interval (``*``: the interval leaves out 0)."""
     from ..errors import InvalidParameterError
-    from ..evaluation.report import METRICS
+    from ..evaluation.report import METRICS, PASS_AT_1
 
     rows = report.summary("config")
-    head = ["config", "n", "errors", *METRICS]
+    # pass@1 where --exec judged some prediction (the same holes' pairs, as the other metrics)
+    shown = (*METRICS, PASS_AT_1) if any(r.passed is not None for r in report.records) else METRICS
+    head = ["config", "n", "errors", *shown]
     lines = [head] + [
-        [r["config"], str(r["n"]), str(r["errors"]), *(_shown(m, r[m]) for m in METRICS)] for r in rows
+        [r["config"], str(r["n"]), str(r["errors"]), *(_shown(m, r[m]) for m in shown)] for r in rows
     ]
     text = [_aligned(lines)]
     configs = report.configs
     if len(configs) > 1:
         first = configs[0]
-        diffs = [["config", "pairs", *METRICS]]
+        diffs = [["config", "pairs", *shown]]
         for other in configs[1:]:
             try:
                 c = report.compare(other, first)
             except InvalidParameterError:
-                diffs.append([other, "0", *("–" for _ in METRICS)])
+                diffs.append([other, "0", *("–" for _ in shown)])
                 continue
             cells = []
-            for m in METRICS:
+            for m in shown:
+                if m not in {d.metric for d in c.rows}:  # no hole judged under both
+                    cells.append("–")
+                    continue
                 d = c[m]
                 star = "*" if d.significant else ""
                 cells.append(
@@ -180,7 +230,7 @@ def format_table(report: Any) -> str:
 
 
 def _shown(metric: str, value: float | None, signed: bool = False) -> str:
-    """EM and the identifier scores as percentages; ES as CrossCodeEval gives it, out of 100."""
+    """EM, the identifier scores and pass@1 as percentages; ES as CrossCodeEval gives it, out of 100."""
     if value is None:
         return "–"
     sign = "+" if signed else ""

@@ -2,7 +2,7 @@
 scores them, per configuration, hole kind and language (issue 40)."""
 
 from .configs import Config, parse_configs
-from .holes import KINDS, Hole, cut_holes
+from .holes import KINDS, Hole, HoleNotice, cut_holes
 from .metrics import Scores, cceval_truncate, score
 from .report import Comparison, Difference, EvalReport, HoleRecord
 from .runner import evaluate
@@ -14,6 +14,7 @@ __all__ = [
     "Difference",
     "EvalReport",
     "Hole",
+    "HoleNotice",
     "HoleRecord",
     "Scores",
     "cceval_truncate",

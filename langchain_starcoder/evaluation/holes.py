@@ -14,6 +14,7 @@ import dataclasses
 import os
 import random
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -34,6 +35,10 @@ MAX_CALL_LINES, MAX_CALL_CHARS = 8, 400
 FAMILIES = {"javascript": "js", "typescript": "js", "tsx": "js", "c": "c", "cpp": "c"}
 _CODE = re.compile(r"\w")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+class HoleNotice(UserWarning):
+    """A kind asked for that the repository has no place for (its share went to the other kinds)."""
 
 
 @dataclass(frozen=True)
@@ -116,13 +121,30 @@ def cut_holes(
             places[kind] += _FINDERS[kind](rel, language, found, definitions)
     if added is not None:
         places = {k: [c for c in found if _all_added(c, added[c.file])] for k, found in places.items()}
-    quotas = _quotas({kind: len(found) for kind, found in places.items()}, n)
+    counts = {kind: len(found) for kind, found in places.items()}
+    if n:
+        _no_place(index, counts, since, None if languages is None else sorted(wanted))
+    quotas = _quotas(counts, n)
     holes = []
     for kind in kinds:
         rng = random.Random(f"{seed}/{kind}")  # a kind's holes do not depend on the other kinds asked
         picked = sorted(rng.sample(range(len(places[kind])), quotas[kind]))
         holes += [_cut(places[kind][i], rng) for i in picked]
     return holes
+
+
+def _no_place(
+    index: RepoIndex, counts: dict[str, int], since: str | None, languages: list[str] | None
+) -> None:
+    """A :class:`HoleNotice` naming the kinds asked that the repository has no place for."""
+    none = [kind for kind, count in counts.items() if not count]
+    if not none:
+        return
+    where = f" in its {', '.join(languages)} files" if languages is not None else ""
+    where += f" in lines added since {since}" if since is not None else ""
+    rest = ": the other kinds take their share." if len(none) < len(counts) else "."
+    msg = f"{index.root} has no place for {', '.join(none)} holes{where}{rest}"
+    warnings.warn(msg, HoleNotice, stacklevel=3)
 
 
 def _check(

@@ -24,8 +24,10 @@ METRICS = ("em", "es", "id_em", "id_f1")
 #: What the runner measures besides: whether the completion ended where the true middle ends, time to
 #: the first token and to the end, tokens of the prompt, of it served from cache, and generated.
 MEASURES = ("ended", "first_token_s", "total_s", "prompt_tokens", "cached_tokens", "completion_tokens")
+#: The share of judged predictions that pass ``--exec``'s command (the mean of the records' ``passed``).
+PASS_AT_1 = "pass@1"
 #: Shown as percentages (0 to 1 in the records).
-PERCENT = frozenset({"em", "id_em", "id_f1", "ended"})
+PERCENT = frozenset({"em", "id_em", "id_f1", "ended", PASS_AT_1})
 FORMAT = "langchain-starcoder-eval/1"
 #: Bootstrap resamples drawn at a time (memory: this many times the holes, in int64).
 _BATCH = 1000
@@ -42,7 +44,7 @@ class HoleRecord:
     config: str
     truth: str
     prediction: str
-    """The text scored (after any post-processing)."""
+    """The text scored (after any post-processing: CrossCodeEval's, for ``line`` and ``cross_file``)."""
     em: int = 0
     es: float = 0.0
     id_em: int = 0
@@ -56,6 +58,15 @@ class HoleRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    raw: str | None = None
+    """The completion as generated, before post-processing (None: not kept)."""
+    passed: bool | None = None
+    """Whether ``--exec``'s command passed with the prediction in place (None: not judged)."""
+    exec_status: str | None = None
+    """How that run ended: ``passed``, ``failed``, ``timed out``, or why the hole was not judged
+    (``truth fails``, ``truth timed out``: the command does not pass with the true middle either)."""
+    exec_s: float | None = None
+    """Seconds the command ran with the prediction in place."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The prompt settings it was completed with (FIM mode, end rule, context budget...)."""
     error: str | None = None
@@ -132,7 +143,8 @@ class EvalReport:
 
     def summary(self, by: Sequence[str] | str = ("config",)) -> list[dict[str, Any]]:
         """Per group of records (by ``config``, ``kind``, ``language``, ``file``: any record field), the
-        number of holes, of errors, and the mean of every metric and measure (None where none has one)."""
+        number of holes, of errors, the mean of every metric and measure (None where none has one), and
+        ``pass@1``: the share of the judged predictions that pass ``--exec``'s command."""
         keys = (by,) if isinstance(by, str) else tuple(by)
         known = {f.name for f in dataclasses.fields(HoleRecord)}
         if not keys or any(k not in known for k in keys):
@@ -148,43 +160,30 @@ class EvalReport:
             row.update(n=len(done), errors=len(records) - len(done))
             for name in METRICS + MEASURES:
                 row[name] = _mean(getattr(r, name) for r in done)
+            row[PASS_AT_1] = _mean(r.passed for r in done)
             rows.append(row)
         return rows
 
     def compare(self, a: str, b: str, *, samples: int = 10_000, seed: int = 0) -> Comparison:
         """``a`` against ``b`` on the holes both completed: per metric and measure, the mean
         difference ``a - b`` and its paired bootstrap 95% interval (``samples`` resamples of the holes,
-        the same for every metric; deterministic for ``seed``)."""
+        the same for every metric; deterministic for ``seed``); ``pass@1`` on the holes judged under both
+        (with its own resamples: fewer holes)."""
         pairs = self._pairs(a, b)
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
             msg = f"samples must be a positive integer, not {samples!r}."
             raise InvalidParameterError(msg)
-        rng = np.random.default_rng(seed)
-        picks = [
-            rng.integers(0, len(pairs), size=(min(_BATCH, samples - k), len(pairs)))
-            for k in range(0, samples, _BATCH)
-        ]
+        picks = _resamples(len(pairs), samples, seed)
         rows = []
         for name in METRICS + MEASURES:
             both = [(getattr(x, name), getattr(y, name)) for x, y in pairs]
             if any(u is None or v is None for u, v in both):
                 continue  # measured for some holes only: a pairing of those would mislead
-            values = np.array(both, dtype=float)
-            diffs = values[:, 0] - values[:, 1]
-            means = np.concatenate([diffs[p].mean(axis=1) for p in picks])
-            low, high = np.percentile(means, [2.5, 97.5])
-            mean_a, mean_b = values.mean(axis=0)
-            rows.append(
-                Difference(
-                    name,
-                    len(pairs),
-                    float(mean_a),
-                    float(mean_b),
-                    float(diffs.mean()),
-                    float(low),
-                    float(high),
-                )
-            )
+            rows.append(_difference(name, np.array(both, dtype=float), picks))
+        judged = [(x.passed, y.passed) for x, y in pairs if x.passed is not None and y.passed is not None]
+        if judged:
+            values = np.array(judged, dtype=float)
+            rows.append(_difference(PASS_AT_1, values, _resamples(len(judged), samples, seed)))
         return Comparison(a, b, tuple(rows))
 
     def _pairs(self, a: str, b: str) -> list[tuple[HoleRecord, HoleRecord]]:
@@ -245,6 +244,8 @@ class EvalReport:
 
     def _repr_html_(self) -> str:
         names = [m for m in METRICS + MEASURES if any(getattr(r, m) is not None for r in self.records)]
+        if any(r.passed is not None for r in self.records):
+            names.append(PASS_AT_1)
         parts = []
         for by in (("config",), ("config", "kind"), ("config", "language")):
             rows = self.summary(by)
@@ -257,6 +258,23 @@ class EvalReport:
             ]
             parts.append(_table(head, cells))
         return "\n".join(parts)
+
+
+def _resamples(n: int, samples: int, seed: int) -> list[np.ndarray]:
+    """``samples`` draws of ``n`` indices with replacement, in batches (deterministic for ``seed``)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, n, size=(min(_BATCH, samples - k), n)) for k in range(0, samples, _BATCH)]
+
+
+def _difference(name: str, values: np.ndarray, picks: list[np.ndarray]) -> Difference:
+    """The mean of ``values[:, 0] - values[:, 1]`` and its bootstrap 95% interval over ``picks``."""
+    diffs = values[:, 0] - values[:, 1]
+    means = np.concatenate([diffs[p].mean(axis=1) for p in picks])
+    low, high = np.percentile(means, [2.5, 97.5])
+    mean_a, mean_b = values.mean(axis=0)
+    return Difference(
+        name, len(values), float(mean_a), float(mean_b), float(diffs.mean()), float(low), float(high)
+    )
 
 
 def _with_scores(record: HoleRecord, scores: Any) -> HoleRecord:

@@ -5,10 +5,17 @@ A target is what completes a :class:`~langchain_starcoder.fim.request.FIMRequest
 ``count_tokens``). Holes go one at a time through all configurations, so an evaluation stopped early
 (Ctrl-C) holds complete pairs; each configuration caches prompts apart (``cache_salt``), so none is timed
 on another's prefill.
+
+What is scored is what CrossCodeEval scores: a ``line`` or ``cross_file`` hole's completion (the rest of a
+statement, their holes' shape) cut by their post-processing (:func:`~.metrics.cceval_truncate`: the first
+statement in Python, up to the first ``;``, ``{`` or ``}`` in Java, C# and TypeScript); ``block``,
+``call`` and ``span`` holes' (SAFIM's and santacoder-fim's shapes, which score the middle as generated)
+as generated. The record keeps both: ``raw`` and ``prediction``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -21,8 +28,13 @@ from ..fim.request import ContextFile, FIMRequest
 from ..repo import RepoIndex
 from ..types import DEFAULT_MAX_TOKENS, is_int
 from .configs import Config, parse_configs
+from .execution import DEFAULT_EXEC_TIMEOUT, TIMED_OUT, TRUTH_FAILS, TRUTH_TIMED_OUT, Executor
 from .holes import Hole
+from .metrics import cceval_truncate
 from .report import EvalReport, HoleRecord
+
+#: The hole kinds CrossCodeEval's post-processing applies to: the rest of a statement, as its holes.
+POSTPROCESSED = frozenset({"line", "cross_file"})
 
 
 @runtime_checkable
@@ -43,6 +55,8 @@ def evaluate(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     max_prompt_tokens: int | None = None,
     on_record: Callable[[HoleRecord], None] | None = None,
+    exec_command: str | None = None,
+    exec_timeout: float = DEFAULT_EXEC_TIMEOUT,
 ) -> EvalReport:
     """Complete each of ``holes`` under each of ``configs`` (names: ``psm``, ``spm+repo``,
     ``psm+noend``...) with ``target``, greedily, up to ``max_tokens``; score each completion.
@@ -53,6 +67,12 @@ def evaluate(
     evaluation goes on; Ctrl-C stops it, and the report holds what was done (``metadata["interrupted"]``).
     ``max_prompt_tokens``: the prompt's budget (default: the context window less ``max_tokens``), the
     repository context's included. ``on_record`` sees each record as it is made (to save progress).
+
+    ``exec_command``: a shell command that runs the repository's tests (``pytest -x -q``); each scored
+    prediction is run with it in place, in a temporary copy of ``repo``, within ``exec_timeout`` seconds
+    and without the network where the platform allows (``metadata["exec"]`` says), and the record's
+    ``passed`` says whether it passed (pass@1 in the summary). A hole whose true middle does not pass is
+    not judged (``passed`` None, ``exec_status`` why).
     """
     chosen = parse_configs(configs)
     holes = list(holes)
@@ -66,14 +86,19 @@ def evaluate(
         if (value is not None or name == "max_tokens") and (not is_int(value) or value < 1):
             msg = f"{name} must be a positive integer, not {value!r}."
             raise InvalidParameterError(msg)
-    index = _index(repo, chosen, holes)
+    index = _index(repo, chosen, holes, exec_command)
+    executor = None if exec_command is None else _executor(index, exec_command, exec_timeout)
     budgets = {"max_tokens": max_tokens, "max_prompt_tokens": max_prompt_tokens}
     report = EvalReport(metadata=_metadata(target, chosen, holes, index, budgets))
+    if executor is not None:
+        report.metadata["exec"] = executor.describe()
     bar = progress_bar(len(holes) * len(chosen), "Evaluating", "completion")
     try:
         for hole in holes:
             for config in chosen:
                 record = _complete(target, hole, config, index, budgets)
+                if executor is not None and record.error is None:
+                    record = _executed(executor, hole, record)
                 report.records.append(record)
                 if on_record is not None:
                     on_record(record)
@@ -82,11 +107,31 @@ def evaluate(
         report.metadata["interrupted"] = True
     finally:
         bar.close()
+        if executor is not None:
+            executor.close()
     return report
 
 
-def _index(repo: Any, configs: list[Config], holes: list[Hole]) -> RepoIndex | None:
+def _executor(index: RepoIndex | None, command: str, timeout: float) -> Executor:
+    assert index is not None  # _index asked for repo=
+    return Executor(index.root, command, timeout=timeout)
+
+
+def _executed(executor: Executor, hole: Hole, record: HoleRecord) -> HoleRecord:
+    """``record`` with whether its prediction passes CMD, if its hole's true middle does."""
+    truth = executor.baseline(hole)
+    if not truth.passed:
+        status = TRUTH_TIMED_OUT if truth.status == TIMED_OUT else TRUTH_FAILS
+        return dataclasses.replace(record, exec_status=status)
+    run = executor.run(hole, record.prediction)
+    return dataclasses.replace(record, passed=run.passed, exec_status=run.status, exec_s=run.seconds)
+
+
+def _index(repo: Any, configs: list[Config], holes: list[Hole], command: str | None) -> RepoIndex | None:
     needs = [c.name for c in configs if c.repo_tokens is not None]
+    if repo is None and command is not None:
+        msg = "exec_command needs repo= (the repository's folder: its tests are run in a copy of it)."
+        raise InvalidParameterError(msg)
     if repo is None:
         if needs and any(not h.context for h in holes):
             msg = (
@@ -155,13 +200,15 @@ def _complete(
             prediction="",
             error=f"{type(exc).__name__}: {exc}",
         )
-    prediction = "".join(texts)
+    raw = "".join(texts)
+    prediction = cceval_truncate(hole.prefix, raw, hole.language) if hole.kind in POSTPROCESSED else raw
     return HoleRecord.scored(
         prediction,
         hole.truth,
         hole.language,
         **fields,
-        ended=_ended(prediction, hole.truth, last),
+        raw=raw,
+        ended=_ended(raw, hole.truth, last),
         first_token_s=first,
         total_s=total,
         prompt_tokens=getattr(last, "prompt_tokens", None),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from langchain_starcoder.errors import InvalidParameterError
-from langchain_starcoder.evaluation import Hole, cut_holes
+from langchain_starcoder.evaluation import Hole, HoleNotice, cut_holes
 from langchain_starcoder.repo import RepoIndex
 from langchain_starcoder.repo.symbols import parse
 
@@ -182,7 +182,8 @@ def test_the_same_seed_cuts_the_same_holes(repo: Path) -> None:
 
 def test_a_kind_without_places_gives_its_share_to_the_others(repo: Path) -> None:
     # The Go file has no cross-file names: its holes of that kind are none, and line takes all.
-    holes = cut_holes(repo, kinds="line,cross_file", n=10, languages=["go"])
+    with pytest.warns(HoleNotice, match="no place for cross_file holes in its go files: the other kinds"):
+        holes = cut_holes(repo, kinds="line,cross_file", n=10, languages=["go"])
     assert Counter(h.kind for h in holes) == {"line": 5}  # the Go file has 5 lines with a word
     holes = cut_holes(repo, kinds=["line", "cross_file"], n=10, languages=["python", "typescript"])
     assert Counter(h.kind for h in holes) == {"cross_file": 5, "line": 5}
@@ -226,7 +227,8 @@ def test_since_keeps_only_lines_added_after_the_revision(repo: Path) -> None:
     )
     (repo / "pkg" / "app.py").write_text(app)
     (repo / "pkg" / "new.py").write_text("from pkg.util import scale\n\nDOUBLE = scale(2, factor=4)\n")
-    holes = cut_holes(repo, n=50, since=first)
+    with pytest.warns(HoleNotice, match=f"no place for block holes in lines added since {first}"):
+        holes = cut_holes(repo, n=50, since=first)
     assert holes
     added = {("pkg/app.py", 9), ("pkg/app.py", 10), ("pkg/new.py", 0), ("pkg/new.py", 2)}
     assert {(h.file, h.line) for h in holes} <= added
@@ -234,7 +236,8 @@ def test_since_keeps_only_lines_added_after_the_revision(repo: Path) -> None:
         ("pkg/app.py", "RATE"),
         ("pkg/new.py", "scale"),
     }
-    assert cut_holes(repo, n=50, since="HEAD~0") == holes  # the same revision by another name
+    with pytest.warns(HoleNotice):
+        assert cut_holes(repo, n=50, since="HEAD~0") == holes  # the same revision by another name
 
 
 @pytest.mark.parametrize("since", ["no-such-branch", "--output={out}", "", "HEAD~5"])
