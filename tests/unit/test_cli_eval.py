@@ -4,7 +4,9 @@ hole and configuration in the JSON, the same holes for the same seed, the table,
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,8 @@ def _git_repo(root: Path) -> None:
         ("config", "must start with its FIM order"),
         ("kinds", "has no holes of the kinds call"),
         ("out", "does not exist"),
+        ("languages", "languages must be some of bash, c, cpp, csharp, go"),
+        ("exec", "--exec needs a command"),
     ],
 )
 def test_errors_are_one_line_exit_2_and_write_nothing(capsys, repo, tmp_path, case, expected):
@@ -159,6 +163,10 @@ def test_errors_are_one_line_exit_2_and_write_nothing(capsys, repo, tmp_path, ca
     elif case == "kinds":
         (repo / "pkg" / "app.py").unlink()  # the only file with calls
         argv += ["--kinds", "call"]
+    elif case == "languages":
+        argv += ["--languages", "python,cobol"]
+    elif case == "exec":
+        argv += ["--exec", " "]
     else:
         argv[-1] = tmp_path / "missing-folder" / "r.json"
     before = sorted(tmp_path.iterdir())
@@ -168,3 +176,43 @@ def test_errors_are_one_line_exit_2_and_write_nothing(capsys, repo, tmp_path, ca
     assert len(err.strip().splitlines()) == 1 and err.startswith("langchain-starcoder: error: ")
     assert expected in err
     assert sorted(tmp_path.iterdir()) == before  # no report, no partial file
+
+
+def test_languages_choose_the_files_and_a_kind_with_no_place_is_named(capsys, tiny_path, tmp_path):
+    root = tmp_path / "repo"
+    (root / "web").mkdir(parents=True)
+    (root / "util.py").write_text(UTIL)
+    (root / "web" / "lib.ts").write_text("export const TAX = 0.2;\nexport const RATE = TAX * 2;\n")
+    out = tmp_path / "report.json"
+    argv = ("eval", root, "--model", tiny_path, "--holes", 4, "--configs", "psm", "--out", out, *FAST)
+    code, _, err = run(capsys, *argv, "--languages", "typescript", "--kinds", "line,block")
+    assert code == 0, err
+    assert {r["file"] for r in records(out)} == {"web/lib.ts"} and len(records(out)) == 2  # its 2 lines
+    assert {r["kind"] for r in records(out)} == {"line"}
+    # The TypeScript file has no statement block: said, and its share went to the lines.
+    assert "note: " in err and "has no place for block holes in its typescript files" in err
+    assert json.loads(out.read_text())["metadata"]["languages"] == "typescript"
+
+
+CHECK = "from pkg.util import scale\n\nassert scale(2) == 4 and scale(1, 3) == 3\n"
+
+
+def test_exec_judges_each_prediction_and_the_table_has_pass_at_1(capsys, tiny_path, repo, tmp_path):
+    (repo / "check.py").write_text(CHECK)
+    out = tmp_path / "report.json"
+    command = f"{shlex.quote(sys.executable)} check.py"
+    argv = ("eval", repo, "--model", tiny_path, "--holes", 3, "--configs", "psm,spm", "--out", out, *FAST)
+    code, stdout, err = run(capsys, *argv, "--kinds", "line", "--exec", command, "--exec-timeout", 30)
+    assert code == 0, err
+    data = json.loads(out.read_text())
+    assert data["metadata"]["exec"]["command"] == command and data["metadata"]["exec"]["timeout_s"] == 30
+    got = data["records"]
+    assert len(got) == 6 and all(isinstance(r["passed"], bool) and r["exec_s"] > 0 for r in got)
+    lines = stdout.splitlines()
+    assert lines[0].split() == ["config", "n", "errors", "em", "es", "id_em", "id_f1", "pass@1"]
+    means = {row["config"]: row for row in EvalReport.load(out).summary()}
+    psm = next(line for line in lines if line.startswith("psm "))
+    assert psm.split()[-1] == f"{100 * means['psm']['pass@1']:.1f}%"
+    paired = next(line for line in lines[2:] if line.startswith("spm") and "[" in line)
+    assert paired.count("[") == 5  # four metrics and pass@1, each with its interval
+    assert (repo / "pkg" / "util.py").read_text() == UTIL  # the repository itself is never touched

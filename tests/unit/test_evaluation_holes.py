@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -254,3 +258,45 @@ def test_a_bad_since_is_a_clear_error(repo: Path, tmp_path: Path, since: str) ->
 def test_since_outside_git_is_a_clear_error(repo: Path) -> None:
     with pytest.raises(InvalidParameterError, match="not in one"):
         cut_holes(repo, since="HEAD")
+
+
+def _without_read_override(argv: list[str]) -> list[str]:
+    """``argv`` run without the power to read what file modes forbid: as root (where chmod 000 stops
+    nothing), with CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH dropped by setpriv."""
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("setpriv") is None:
+        pytest.skip("root can read a chmod 000 file, and setpriv is not here to drop that power")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *argv]
+
+
+CUT = (
+    "import json, sys\nfrom langchain_starcoder.evaluation import cut_holes\n"
+    "holes = cut_holes(sys.argv[1], n=200, seed=0)\n"
+    "print(json.dumps(sorted({h.file for h in holes})))\n"
+)
+
+
+def test_an_unreadable_file_is_left_out_and_the_rest_cut(repo: Path) -> None:
+    secret = repo / "pkg" / "locked.py"
+    secret.write_text("from pkg.util import scale\n\nLOCKED = scale(3)\n")
+    secret.chmod(0)
+    try:
+        argv = _without_read_override([sys.executable, "-c", CUT, str(repo)])
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+        # The check is real: the same process could not read it.
+        check = _without_read_override([sys.executable, "-c", f"open({str(secret)!r}).read()"])
+        assert "PermissionError" in subprocess.run(check, capture_output=True, text=True, check=False).stderr
+    finally:
+        secret.chmod(0o644)
+    assert done.returncode == 0, done.stderr
+    files = json.loads(done.stdout)
+    assert "pkg/locked.py" not in files
+    assert {"pkg/util.py", "pkg/app.py", "web/main.ts", "cmd/main.go"} <= set(files)
+
+
+def test_a_binary_file_is_left_out_and_the_rest_cut(repo: Path) -> None:
+    (repo / "pkg" / "data.py").write_bytes(b"LIMIT = 3\x00\x01\x02" + bytes(range(256)))
+    holes = cut_holes(repo, n=200, seed=0)
+    assert holes and "pkg/data.py" not in {h.file for h in holes} and "blob.py" not in {h.file for h in holes}
+    assert {h.file for h in holes} >= {"pkg/util.py", "pkg/app.py"}

@@ -261,3 +261,27 @@ def test_their_script_scores_our_files_as_we_do(cceval_reference: Any, tmp_path:
         for name in ("em", "es", "id_em", "id_f1"):
             assert abs(getattr(r, name) - theirs[r.task_id][name]) <= 1e-9
     assert {r.em for r in records} == {0, 1}
+
+
+def test_pass_at_1_on_the_judged_holes_only(tmp_path: Path) -> None:
+    """pass@1: the mean of ``passed`` over the judged predictions; compared on the holes judged under
+    both (a hole whose true middle fails is judged under neither), with the bootstrap of the others."""
+    report = _paired([0.0] * 5, [0.0] * 5)
+    verdicts = {"a": [True, False, True, None, None], "b": [False, False, True, None, None]}
+    for r in report.records:
+        r.passed = verdicts[r.config][int(r.task_id[1:])]
+        r.exec_status = {True: "passed", False: "failed", None: "truth fails"}[r.passed]
+    means = {row["config"]: row["pass@1"] for row in report.summary()}
+    assert means == {"a": pytest.approx(2 / 3), "b": pytest.approx(1 / 3)}
+    # 3 judged pairs, differences [1, 0, 0]: as the known case [0, 0, 3] above, divided by 3.
+    row = report.compare("a", "b", samples=20_000)["pass@1"]
+    assert (row.n, row.diff, row.low, row.high) == pytest.approx((3, 1 / 3, 0.0, 1.0))
+    assert report.compare("a", "b")["es"].n == 5  # the other metrics pair every hole
+    report.save(tmp_path / "r.json")
+    loaded = EvalReport.load(tmp_path / "r.json")
+    assert loaded == report and loaded.compare("a", "b", samples=20_000)["pass@1"] == row
+    assert "<th>pass@1</th>" in report._repr_html_() and "66.7%" in report._repr_html_()
+    unjudged = _paired([0.0], [0.0])
+    assert unjudged.summary()[0]["pass@1"] is None
+    assert "pass@1" not in {d.metric for d in unjudged.compare("a", "b").rows}
+    assert "pass@1" not in unjudged._repr_html_()

@@ -12,7 +12,7 @@ import pytest
 from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.evaluation import Config, EvalReport, cut_holes, evaluate, parse_configs
-from langchain_starcoder.evaluation.metrics import score
+from langchain_starcoder.evaluation.metrics import cceval_truncate, score
 
 UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
 APP = (
@@ -174,3 +174,52 @@ def test_ctrl_c_mid_stream_closes_the_stream(tiny_engine: StarCoderEngine, repo:
     assert report.metadata["interrupted"] is True
     assert [s.closed for s in streams] == [True]
     assert tiny_engine.infill("x = ", max_tokens=2).finish_reason  # the engine is still usable
+
+
+class _Saying(_Failing):
+    """The engine's stream (its timing, its token counts), but its text the completion given per file:
+    the model's own words cannot be chosen, and post-processing is about what they are."""
+
+    def __init__(self, engine: StarCoderEngine, says: dict[str, str]) -> None:
+        super().__init__(engine)
+        self.says = says
+
+    def stream_infill(self, request: Any, suffix: str = "", **settings: Any) -> Any:
+        chunks = list(self.engine.stream_infill(request, suffix, **settings))
+        text = self.says[request.file_path]
+        return [dataclasses.replace(chunks[-1], text=text)]
+
+
+TS = "export function total(xs: number[]): number {\n  let sum = 0;\n  return sum;\n}\n"
+
+
+def test_line_holes_are_scored_after_crosscodeevals_post_processing(
+    tiny_engine: StarCoderEngine, repo: Path
+) -> None:
+    """What CrossCodeEval scores: a line or cross-file hole's completion cut to its first statement
+    (Python: where the code parses; TypeScript: at the first ``;``, ``{`` or ``}``); other kinds whole.
+    The record keeps the completion as generated (``raw``)."""
+    (repo / "web").mkdir()
+    (repo / "web" / "total.ts").write_text(TS)
+    holes = cut_holes(repo, kinds=["line", "block", "cross_file"], n=12, seed=0)
+    assert {h.kind for h in holes} == {"line", "block", "cross_file"}
+    says = {
+        "pkg/util.py": "x\n    y = 2\n",
+        "pkg/app.py": "x\n    y = 2\n",
+        "web/total.ts": "x; y = 2; }\n",
+    }
+    report = evaluate(_Saying(tiny_engine, says), holes, "psm", repo=repo, **FAST)
+    assert len(report.records) == len(holes)
+    for hole, r in zip(holes, report.records, strict=True):
+        assert r.error is None and r.raw == says[hole.file]
+        if hole.kind == "block":
+            assert r.prediction == r.raw
+        elif hole.language == "typescript":
+            assert r.prediction == "x;"
+        else:  # the first statement of the Python completion, where prefix + it parses
+            assert r.prediction == cceval_truncate(hole.prefix, r.raw, "python")
+        assert dataclasses.asdict(score(r.prediction, r.truth, r.language)) == {
+            k: getattr(r, k) for k in ("em", "es", "id_em", "id_f1")
+        }
+    cut = [r for r in report.records if r.language == "python" and r.kind != "block"]
+    assert any(r.prediction == "x" for r in cut)  # the second line cut
