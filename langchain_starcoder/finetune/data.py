@@ -38,6 +38,7 @@ Where we differ, and why:
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
 from array import array
@@ -150,12 +151,13 @@ def build_dataset(
     name = root.name if repo_name is None else repo_name
     layout = _layout(codec, fim_rate, name)
     pool = [_read(codec, root, rel) for rel in (files if context is None else context)]
+    read = {file.path: file for file in pool}
     builder = _Builder(codec, layout, name, max_tokens, pool, seed)
     examples: list[tuple[array[int], int]] = []
     kinds: list[str] = []
     paths: list[str] = []
     for rel in files:
-        target = _read(codec, root, rel)
+        target = read[rel] if rel in read else _read(codec, root, rel)
         for k, piece in enumerate(builder.pieces(target)):
             rng = random.Random(f"{seed}\0{rel}\0{k}")
             kind = ("spm" if rng.random() < spm_rate else "psm") if rng.random() < fim_rate else "plain"
@@ -245,8 +247,28 @@ class _Builder:
             raise InvalidParameterError(msg)
         if len(file.ids) <= limit:
             return [file.text]
-        pieces, pending = [], [file.text]
-        while pending:  # halve at a line end until each piece fits
+        text, h = file.text, len(head)
+        _, offsets = self.codec.encode(head + text)
+        if offsets is None:  # a tokenizer without offsets: halve until each piece fits
+            return self._halves(head, text, limit)
+        starts = [start for start, _ in offsets]
+        room = max(1, limit - len(self.codec.encode_data(head)) - 2)  # a cut may add a token at either end
+        pieces: list[str] = []
+        at = 0
+        while at < len(text):  # as much as fits, cut after its last line end, checked by encoding
+            stop = bisect.bisect_left(starts, h + at) + room  # the first token that does not fit
+            end = len(text) if stop >= len(starts) else max(starts[stop] - h, at + 1)
+            if end < len(text):
+                end = text.rfind("\n", at, end) + 1 or end  # none: cut inside the line
+            pieces += self._halves(head, text[at:end], limit)
+            at = end
+        return pieces
+
+    def _halves(self, head: str, text: str, limit: int) -> list[str]:
+        """``text`` whole if it fits with ``head`` in ``limit`` tokens, else halved at line ends until
+        each piece does."""
+        pieces, pending = [], [text]
+        while pending:
             text = pending.pop()
             if len(text) <= 1 or len(self.codec.encode_data(head + text)) <= limit:
                 pieces.append(text)

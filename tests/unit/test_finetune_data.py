@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,8 +15,10 @@ from mlx_lm.tuner.trainer import default_loss, iterate_batches
 from mlx_lm.utils import load_tokenizer
 from transformers import AutoTokenizer
 
+from langchain_starcoder._tokens import codec_for
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.finetune import FileSplit, TooLittleCodeError, build_dataset, split_files
+from langchain_starcoder.finetune import data as data_module
 from langchain_starcoder.testing import build_gpt_bigcode
 
 A = "TAX = 0.07\n"
@@ -263,7 +266,15 @@ def test_control_token_text_in_a_file_stays_text(tmp_path: Path, tok) -> None:
     assert seen == {"plain", "psm", "spm"}
 
 
-def test_a_long_file_is_cut_into_pieces_that_fit(tmp_path: Path, tok) -> None:
+@pytest.mark.parametrize("offsets", [True, False], ids=["offsets", "no-offsets"])
+def test_a_long_file_is_cut_into_pieces_that_fit(
+    tmp_path: Path, tok, offsets: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut where the encoding's offsets say, or (a tokenizer without offsets) halved at line ends."""
+    if not offsets:
+        codec = codec_for(tok)
+        blind = replace(codec, encode=lambda text: (codec.encode_data(text), None))
+        monkeypatch.setattr(data_module, "codec_for", lambda _tokenizer: blind)
     text = "".join(f"value_{i} = compute({i}, {i * 7})\n" for i in range(300))
     (tmp_path / "long.py").write_text(text)
     dataset = build_dataset(tmp_path, ["long.py"], tok, fim_rate=0, max_tokens=128, repo_name="")
