@@ -5,7 +5,8 @@ The repository is copied once per evaluation into a temporary folder; for each r
 copy gets the text in place of the true middle, CMD runs through the shell in the copy, and the file is
 restored after (what CMD itself writes elsewhere, caches say, stays, as it would between two test runs).
 The true middle is run first, once per file: a hole whose truth fails CMD is not judged.
-CMD runs in a session of its own, killed whole at the time limit and after it exits (no child left), and
+CMD runs in a session of its own, killed whole at the time limit and after it exits (no child left: one
+that starts a session of its own, as a daemon does, is out of reach), and
 in a network namespace of its own where ``unshare --net`` works (Linux, as root or with user namespaces);
 where it does not, :attr:`Executor.network` says the network was not cut.
 """
@@ -32,6 +33,8 @@ DEFAULT_EXEC_TIMEOUT = 60.0
 PASSED, FAILED, TIMED_OUT = "passed", "failed", "timed out"
 #: A hole whose true middle does not pass is not scored for pass@1 (its status says why).
 TRUTH_FAILS, TRUTH_TIMED_OUT = "truth fails", "truth timed out"
+#: The status of a hole that cannot be run at all (its file is not in the repository: "not run: why").
+NOT_RUN = "not run"
 #: The commands that put CMD in a network namespace of its own, tried in this order.
 _UNSHARE = (("unshare", "--net", "--"), ("unshare", "--net", "--map-root-user", "--"))
 
@@ -87,7 +90,12 @@ class Executor:
 
     def run(self, hole: Hole, middle: str) -> Run:
         """CMD's run with ``middle`` in place of ``hole``'s true middle; the file is restored after."""
-        path = self.copy / hole.file
+        path = (self.copy / hole.file).resolve()
+        if not path.is_relative_to(self.copy.resolve()) or not path.is_file():
+            msg = (
+                f"{hole.file!r} is not a file of the repository at {str(self.root)!r}: nothing to run it in."
+            )
+            raise InvalidParameterError(msg)
         original = path.read_bytes()
         try:
             path.write_bytes((hole.prefix + middle + hole.suffix).encode("utf-8"))

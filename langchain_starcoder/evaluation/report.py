@@ -64,7 +64,8 @@ class HoleRecord:
     """Whether ``--exec``'s command passed with the prediction in place (None: not judged)."""
     exec_status: str | None = None
     """How that run ended: ``passed``, ``failed``, ``timed out``, or why the hole was not judged
-    (``truth fails``, ``truth timed out``: the command does not pass with the true middle either)."""
+    (``truth fails``, ``truth timed out``: the command does not pass with the true middle either;
+    ``not run: ...``: its file is not in the repository)."""
     exec_s: float | None = None
     """Seconds the command ran with the prediction in place."""
     settings: dict[str, Any] = field(default_factory=dict)

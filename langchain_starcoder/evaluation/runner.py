@@ -28,7 +28,7 @@ from ..fim.request import ContextFile, FIMRequest
 from ..repo import RepoIndex
 from ..types import DEFAULT_MAX_TOKENS, is_int
 from .configs import Config, parse_configs
-from .execution import DEFAULT_EXEC_TIMEOUT, TIMED_OUT, TRUTH_FAILS, TRUTH_TIMED_OUT, Executor
+from .execution import DEFAULT_EXEC_TIMEOUT, NOT_RUN, TIMED_OUT, TRUTH_FAILS, TRUTH_TIMED_OUT, Executor
 from .holes import Hole
 from .metrics import cceval_truncate
 from .report import EvalReport, HoleRecord
@@ -119,11 +119,14 @@ def _executor(index: RepoIndex | None, command: str, timeout: float) -> Executor
 
 def _executed(executor: Executor, hole: Hole, record: HoleRecord) -> HoleRecord:
     """``record`` with whether its prediction passes CMD, if its hole's true middle does."""
-    truth = executor.baseline(hole)
-    if not truth.passed:
-        status = TRUTH_TIMED_OUT if truth.status == TIMED_OUT else TRUTH_FAILS
-        return dataclasses.replace(record, exec_status=status)
-    run = executor.run(hole, record.prediction)
+    try:
+        truth = executor.baseline(hole)
+        if not truth.passed:
+            status = TRUTH_TIMED_OUT if truth.status == TIMED_OUT else TRUTH_FAILS
+            return dataclasses.replace(record, exec_status=status)
+        run = executor.run(hole, record.prediction)
+    except (InvalidParameterError, OSError) as exc:  # this hole's: recorded, the others still run
+        return dataclasses.replace(record, exec_status=f"{NOT_RUN}: {exc}")
     return dataclasses.replace(record, passed=run.passed, exec_status=run.status, exec_s=run.seconds)
 
 

@@ -191,3 +191,19 @@ def test_exec_needs_the_repository(tiny_engine: StarCoderEngine, repo: Path) -> 
     holes = cut_holes(repo, kinds=["line"], n=1)
     with pytest.raises(InvalidParameterError, match="exec_command needs repo="):
         evaluate(tiny_engine, holes, "psm", exec_command="true", **FAST)
+
+
+def test_a_hole_outside_the_repository_is_not_run_and_the_rest_are(
+    tiny_engine: StarCoderEngine, repo: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "outside.py").write_text(CALC)
+    inside = _hole(repo)
+    outside = Hole(
+        "../outside.py", "line", "python", inside.prefix, inside.suffix, "a + b", line=1, column=11
+    )
+    command = f"{shlex.quote(sys.executable)} check.py /dev/null"
+    report = evaluate(tiny_engine, [outside, inside], "psm", repo=repo, exec_command=command, **FAST)
+    first, second = report.records
+    assert first.passed is None and first.exec_status.startswith("not run: '../outside.py' is not a file")
+    assert isinstance(second.passed, bool) and second.exec_status in (PASSED, FAILED)
+    assert (tmp_path / "outside.py").read_text() == CALC  # never written
