@@ -78,6 +78,11 @@ class StarCoderSettings(BaseModel):
     kv_bits: Literal[4, 8] | None = None
     """4 or 8 to keep the KV cache quantized (smaller, slightly less exact)."""
 
+    adapter_path: str | None = None
+    """A fine-tuning adapter's folder (LoRA, DoRA or full weights, as ``langchain-starcoder finetune``
+    or ``mlx_lm.lora`` writes it), applied when the model loads (``StarCoderEngine.load``'s
+    ``adapter_path``). Wrappers with different adapters use different engines."""
+
     prompt_cache_dir: str | None = None
     """A folder that keeps long prompt caches across processes, so a restarted notebook or editor
     reuses a repository context prefilled before (``StarCoderEngine.load``'s ``prompt_cache_dir``)."""
@@ -202,7 +207,7 @@ class StarCoderSettings(BaseModel):
             params["ls_stop"] = stops
         return params
 
-    @field_validator("model", "prompt_cache_dir", mode="before")
+    @field_validator("model", "prompt_cache_dir", "adapter_path", mode="before")
     @classmethod
     def _model_path_to_str(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -223,6 +228,13 @@ class StarCoderSettings(BaseModel):
         GenerationParams.create(**self._default_generation())
         # Set away from its default (LangChain's serialization sets every truthy field, defaults too).
         changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
+        if self.base_url is not None and self.adapter_path is not None:
+            msg = (
+                "adapter_path is not yet supported with base_url (a model served elsewhere): load the model "
+                "here with it, or serve the adapter merged into the weights (langchain-starcoder "
+                "export-adapter --fused OUT) and name that model."
+            )
+            raise ValueError(msg)
         remote_only = changed & {"tokenizer", *_CONNECTION} if self.base_url is None else set()
         local = {"quantize", "dtype", "kv_bits", "gguf_file", "prompt_cache_dir", "backend"}
         local_only = changed & local if self.base_url else set()
@@ -286,6 +298,7 @@ class StarCoderSettings(BaseModel):
             "kv_bits": self.kv_bits,
             "gguf_file": self.gguf_file,
             "prompt_cache_dir": self.prompt_cache_dir,
+            "adapter_path": self.adapter_path,
         }
         return settings if self.backend == "mlx" else {**settings, "backend": self.backend}
 

@@ -80,7 +80,7 @@ class ChatStarCoder(StarCoderSettings, BaseChatModel):
             A Jinja chat template, for checkpoints that lack one or to override it. It must insert
             each message's content unchanged (no ``| trim``); roles must be ones it knows.
         max_tokens, temperature, top_p, top_k, min_p, repetition_penalty, stop, seed, streaming,
-        prompt_lookup_num_tokens, quantize, dtype, kv_bits, prompt_cache_dir, engine:
+        prompt_lookup_num_tokens, quantize, dtype, kv_bits, prompt_cache_dir, adapter_path, engine:
             As for :class:`~langchain_starcoder.StarCoderLLM` (message contents are always data).
 
     Instantiate:

@@ -66,6 +66,8 @@ class StarCoder(StarCoderSettings, ToolsAndStructure, FunctionCallingLLM):
             4 or 8 to keep the KV cache quantized.
         prompt_cache_dir: str | None
             A folder that keeps long prompt caches across restarts (docs/prompt-cache.md).
+        adapter_path: str | None
+            A fine-tuning adapter's folder (``langchain-starcoder finetune``'s), applied on load.
         engine: StarCoderEngine | None
             An engine you loaded yourself; by default the shared engine for these settings is
             loaded on first use (never on construction).

@@ -85,6 +85,8 @@ class StarCoderLLM(StarCoderSettings, BaseLLM):
             Quantize the KV cache.
         prompt_cache_dir: str | None
             A folder that keeps long prompt caches across restarts (docs/prompt-cache.md).
+        adapter_path: str | None
+            A fine-tuning adapter's folder (``langchain-starcoder finetune``'s), applied on load.
         engine: StarCoderEngine | None
             An already loaded engine to use.
 

@@ -259,12 +259,14 @@ class GenerationParams:
 @dataclass(frozen=True)
 class CachePartition:
     """What keeps one request's prompt cache apart from another's: KV computed under one partition
-    is never handed to a request of another, in memory or on disk (a LoRA adapter will join it).
+    is never handed to a request of another, in memory or on disk. ``salt``: the request's
+    ``cache_salt``; ``adapter``: the digest of the fine-tuning adapter the model runs with.
 
-    The default partition (no salt) is the cache every request shared before partitions existed.
+    The default partition (no salt, no adapter) is the cache every request shared before partitions existed.
     """
 
     salt: str | None = None
+    adapter: str | None = None
 
     @property
     def is_default(self) -> bool:
@@ -273,7 +275,9 @@ class CachePartition:
     @property
     def digest(self) -> str:
         """A hex digest that names the partition without showing its salt (what files record)."""
-        text = json.dumps({"salt": self.salt}, separators=(",", ":"))
+        # (the adapter only when there is one: a salt's files written before adapters existed stay its own)
+        named = {"salt": self.salt} if self.adapter is None else {"salt": self.salt, "adapter": self.adapter}
+        text = json.dumps(named, separators=(",", ":"))
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 

@@ -7,6 +7,7 @@ callers reach it through a job queue (see :mod:`langchain_starcoder.backends` fo
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import queue
 import threading
@@ -25,6 +26,7 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache, trim_prompt
 from .._progress import advance_to, prefill_bar, prefill_steps
 from ..errors import EngineClosedError, InvalidParameterError
 from ..loading import LoadedModel
+from ..loading.adapter import Adapter
 from ..types import CachePartition, is_int
 from . import Generation
 from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, hash_weights_aside
@@ -80,6 +82,8 @@ class MLXBackend:
         draft: Builds a draft model of the same vocabulary (on the worker), for speculative decoding.
         num_draft_tokens: The draft model's draft length: always this many, or None: up to
             :data:`DEFAULT_DRAFT_TOKENS`, where the measured costs say a draft pays.
+        adapter: The fine-tuning adapter ``load`` applies (None: the base): its digest joins every
+            request's cache partition, so KV of one adapter (or none) never serves another.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class MLXBackend:
         prompt_cache_key: Mapping[str, Any] | None = None,
         draft: Callable[[], LoadedModel] | None = None,
         num_draft_tokens: int | None = None,
+        adapter: Adapter | None = None,
     ):
         check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
@@ -105,6 +110,7 @@ class MLXBackend:
         self.name = name
         self.path = path
         self.kv_bits = kv_bits
+        self.adapter = adapter
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         start_worker(self._jobs)
         self._closed = False
@@ -263,7 +269,8 @@ class MLXBackend:
         """Prefill what the prompt cache lacks (in chunks, cancellable), then decode."""
         if gen.cancelled.is_set():  # its caller left while it waited in the queue
             return
-        cache, cached = self._take_cache(gen.prompt, gen.params.partition)
+        partition = self._partition(gen)
+        cache, cached = self._take_cache(gen.prompt, partition)
         gen.sink.start(cached)
         speculation = self._speculation(gen)
         if speculation is None:
@@ -272,10 +279,17 @@ class MLXBackend:
             held = self._decode_speculative(gen, cache, cached, *speculation)
         if self._disk is not None:  # before finish: a script that exits right after still writes it
             layers = cache[: len(self.model.layers)]  # (a draft model's layers are not kept on disk)
-            self._disk.offer(held[: layers[0].offset], layers, gen.params.partition)
+            self._disk.offer(held[: layers[0].offset], layers, partition)
         if not gen.cancelled.is_set():
             gen.sink.finish()
-        self._store(held, cache, gen.params.partition)  # after finish: a draft's catching up delays no caller
+        self._store(held, cache, partition)  # after finish: a draft's catching up delays no caller
+
+    def _partition(self, gen: Generation) -> CachePartition:
+        """``gen``'s cache partition under this model's adapter (the base's: the request's own)."""
+        partition = gen.params.partition
+        if self.adapter is None:
+            return partition
+        return dataclasses.replace(partition, adapter=self.adapter.digest)
 
     def _speculation(self, gen: Generation) -> tuple[str, int, PassCosts | None] | None:
         """How to draft (a set length always drafts; None: where the measured costs say it pays), or None:

@@ -33,6 +33,8 @@ def _load_engine(args: argparse.Namespace) -> Any:
     with contextlib.redirect_stdout(sys.stderr), _notes():
         engine = StarCoderEngine.load(args.model, options=options)
     on = " on llama.cpp" if args.backend == "llama.cpp" else ""
+    if engine.adapter is not None:
+        on += f" with the {engine.adapter.fine_tune_type} adapter {engine.adapter.path}"
     _err(f"Loaded {args.model}{on} in {time.perf_counter() - started:.1f} s.")
     return engine
 

@@ -72,6 +72,12 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--kv-bits", type=int, choices=(4, 8), help="quantize the KV cache")
     group.add_argument(
+        "--adapter",
+        type=Path,
+        metavar="DIR",
+        help="a fine-tuning adapter's folder (from langchain-starcoder finetune or mlx_lm.lora)",
+    )
+    group.add_argument(
         "--prompt-cache-dir",
         type=Path,
         metavar="DIR",
@@ -123,6 +129,7 @@ LOAD_FLAGS = {
     "dtype": "--dtype",
     "kv_bits": "--kv-bits",
     "prompt_cache_dir": "--prompt-cache-dir",
+    "adapter_path": "--adapter",
     "threads": "--llama-threads",
     "slots": "--llama-slots",
     "context": "--llama-context",

@@ -9,13 +9,18 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._tokens import codec_for
 from ..backends import Backend
 from ..errors import InvalidParameterError
 from .options import LlamaCppOptions, MLXOptions, RemoteOptions
+
+if TYPE_CHECKING:
+    from ..loading.adapter import Adapter
 
 
 def open_checkpoint(
@@ -171,6 +176,13 @@ def llama_cpp_backend(model: str | os.PathLike[str], options: LlamaCppOptions) -
     from ..gguf_format.cache import cached_gguf
     from ..loading import model_args, read_config, resolve_model_path
 
+    if options.adapter_path is not None:
+        msg = (
+            'adapter_path is not yet supported on backend="llama.cpp": load the model on MLX with it (the '
+            "default backend), or merge the adapter into the weights (langchain-starcoder export-adapter "
+            "--fused OUT) and load OUT."
+        )
+        raise InvalidParameterError(msg)
     binary = llama_binary("llama-server")  # missing: say how to install it, before converting
     if is_gguf(model, options.gguf_file):
         gguf = Path(resolve_gguf_file(model, options.gguf_file, options.revision))
@@ -318,6 +330,7 @@ def mlx_backend(model: str | os.PathLike[str], options: MLXOptions) -> tuple[Bac
     """The in-process MLX backend of a checkpoint (and of its draft model) and its tokenizer."""
     from ..backends.mlx import MLXBackend, kv_group_size
     from ..loading import model_args
+    from ..loading.adapter import read_adapter
 
     cache_dir = _prompt_cache_dir(options.prompt_cache_dir)
     settings = {"quantize": options.quantize, "group_size": options.group_size, "dtype": options.dtype}
@@ -329,6 +342,10 @@ def mlx_backend(model: str | os.PathLike[str], options: MLXOptions) -> tuple[Bac
         sliding_window=options.sliding_window,
     )
     kv_group_size(model_args(config), options.kv_bits)  # refuse a bad kv_bits before loading
+    adapter = None
+    if options.adapter_path is not None:
+        adapter = read_adapter(options.adapter_path)  # a missing or damaged one fails before the weights load
+        loader = partial(_adapted, loader, adapter, name)
     warn_if_slow_on_cpu(name, config)  # before the weights load: that alone takes a minute at 3B
     tokenizer = make_tokenizer()  # before the weights: a broken tokenizer fails fast
     front_key = {"tokenizer": _tokenizer_fingerprint(tokenizer), **settings} if cache_dir else None
@@ -353,8 +370,18 @@ def mlx_backend(model: str | os.PathLike[str], options: MLXOptions) -> tuple[Bac
         prompt_cache_key=front_key,
         draft=draft,
         num_draft_tokens=options.num_draft_tokens,
+        adapter=adapter,
     )
     return backend, tokenizer
+
+
+def _adapted(load: Callable[[], Any], adapter: Adapter, name: str) -> Any:
+    """The model ``load`` loads, with ``adapter`` applied (on the backend's worker, as the load is)."""
+    from ..loading.adapter import apply_adapter
+
+    loaded = load()
+    apply_adapter(loaded.model, loaded.args, adapter, name)
+    return loaded
 
 
 def _prompt_cache_dir(folder: str | os.PathLike[str] | None) -> Path | None:

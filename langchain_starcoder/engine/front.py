@@ -60,6 +60,9 @@ class StarCoderEngine:
             "float16" or "bfloat16".
         kv_bits: int | None
             4 or 8 to keep the KV cache quantized (about 4x / 2x smaller than float16).
+        adapter_path: str | None
+            A fine-tuning adapter's folder (LoRA, DoRA or full; ``langchain-starcoder finetune``'s or
+            ``mlx_lm.lora``'s), applied on load; :attr:`adapter` says which.
         max_prompt_caches: int
             How many recent requests' KV caches to keep for prefix reuse (default 4).
         max_prompt_cache_bytes: int | None
@@ -202,6 +205,12 @@ class StarCoderEngine:
     @property
     def kv_bits(self) -> int | None:
         return getattr(self.backend, "kv_bits", None)
+
+    @property
+    def adapter(self) -> Any:
+        """The fine-tuning adapter the model runs with (:class:`~langchain_starcoder.loading.adapter.Adapter`:
+        its ``path``, ``fine_tune_type``, ``rank`` and ``digest``), or None."""
+        return getattr(self.backend, "adapter", None)
 
     @property
     def path(self) -> Any:

@@ -25,10 +25,11 @@ from ..types import MAX_DRAFT_TOKENS, is_int
 
 @dataclass(frozen=True, kw_only=True)
 class _Checkpoint:
-    """The fields of the ways that load a checkpoint themselves: its hub revision and GGUF file."""
+    """The fields of the ways that load a checkpoint themselves: its hub revision, GGUF file and adapter."""
 
     revision: str | None = None
     gguf_file: str | None = None
+    adapter_path: str | os.PathLike[str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,11 @@ class MLXOptions(_Checkpoint):
             fetches that one file; ``revision`` pins it). Config and tokenizer come from the file.
             Q4_0, Q4_1 and Q8_0 stay quantized; Q2_K, Q4_K and Q6_K are dequantized (a notice says
             what memory that costs); other types are refused.
+        adapter_path: A fine-tuning adapter's folder (``adapters.safetensors`` and ``adapter_config.json``,
+            as ``langchain-starcoder finetune`` and ``mlx_lm.lora`` write them: LoRA, DoRA or full
+            weights), applied unfused with mlx-lm's ``load_adapters``. One trained on another base, or
+            whose files disagree (rank, target modules), or a damaged one is refused. Prompt caches
+            are kept apart per adapter (its digest is part of every key, in memory and on disk).
         sliding_window: StarCoder2 GGUF files only (they do not record it): the attention window, 0
             for full attention. By default StarCoder2's published 4096, with a notice.
         quantize: None, 4 or 8: quantize a full-precision checkpoint on load. A checkpoint that is
@@ -128,6 +134,7 @@ class LlamaCppOptions(LlamaServerOptions, _Checkpoint):
     Args:
         revision, gguf_file: As :class:`MLXOptions`'s: the hub revision, and the GGUF file to serve
             from the folder or hub repo ``model``.
+        adapter_path: Not yet supported here (an error says what to do instead).
         threads, slots, context, outtype, inexact_past_window, server_args, startup_timeout,
             cache_dir: The managed server's settings, fields (and checks) of the base class
             :class:`langchain_starcoder.backends.managed_llama.LlamaCppOptions`, which documents them.
@@ -229,6 +236,13 @@ def load_options(
 
 def remote_options(options: RemoteOptions | None = None, **settings: Any) -> RemoteOptions:
     """``options`` as given, or the options of ``connect``'s keyword form (``timeout=120``...)."""
+    if settings.get("adapter_path") is not None:
+        msg = (
+            "adapter_path is not yet supported for a model served elsewhere (StarCoderEngine.connect, "
+            "base_url): load the model here with it, or serve the adapter merged into the weights "
+            "(langchain-starcoder export-adapter --fused OUT) and connect to that."
+        )
+        raise InvalidParameterError(msg)
     if options is not None:
         return _given(options, (RemoteOptions,), settings)
     return _build(RemoteOptions, settings, "StarCoderEngine.connect")

@@ -103,7 +103,7 @@ def test_the_server_settings_are_the_managed_servers() -> None:
     server = {f.name: f.default for f in dataclasses.fields(managed_llama.LlamaCppOptions)}
     ours = {f.name: f.default for f in dataclasses.fields(LlamaCppOptions)}
     assert server.items() <= ours.items()
-    assert set(ours) - set(server) == {"revision", "gguf_file"}
+    assert set(ours) - set(server) == {"revision", "gguf_file", "adapter_path"}
 
 
 # --- the keyword form builds the same options ----------------------------------------------------
