@@ -6,7 +6,7 @@ What we follow:
 - StarCoder2 (Lozhkov et al. 2024, "StarCoder 2 and The Stack v2: The Next Generation",
   arXiv:2402.19173, section 5, repository context): a repository is one document,
   ``<repo_name>NAME<file_sep>PATH\\nCODE<file_sep>PATH\\nCODE...<|endoftext|>``, its files in random
-  order; half the documents get FIM, applied to one of its files, which reads
+  order; FIM at a rate of 0.5, a FIM'd file of a repository document reading
   ``<file_sep><fim_prefix>PATH\\nPREFIX<fim_suffix>SUFFIX<fim_middle>MIDDLE``.
 - FIM as Bavarian et al. 2022 ("Efficient Training of Language Models to Fill in the Middle",
   arXiv:2207.14255) define it and StarCoder and StarCoder2 used it: the text is cut at two character
@@ -14,7 +14,8 @@ What we follow:
   and prefix, middle and suffix are tokenized apart. PSM, and SPM in the form bigcode's Megatron-LM
   writes (``<fim_prefix><fim_suffix>SUFFIX<fim_middle>PREFIX MIDDLE``: the prefix runs on into the
   middle), which is what our ``fim/`` layouts send for ``mode="spm"``. ``fim_rate`` of the examples
-  get FIM (StarCoder2: 0.5), ``spm_rate`` of those SPM (Bavarian et al. train both, half each).
+  get FIM (StarCoder2: 0.5), ``spm_rate`` of those SPM (Bavarian et al. recommend training PSM and
+  SPM jointly; 0.5 mixes them evenly).
 - StarCoder (v1) vocabularies (``<filename>``, no ``<file_sep>``) get StarCoder's layout, each file a
   document of its own with its metadata first, as ``fim/layout.py`` describes.
 
@@ -32,8 +33,8 @@ Where we differ, and why:
   Our prompts always carry it.
 - A file longer than ``max_tokens`` allows is cut at line ends into pieces, each an example of its own
   with the path at its head (as a prompt whose prefix was cut has), and FIM cuts a piece, not the
-  whole file (what Bavarian et al. call context-level FIM). StarCoder2 packs documents into
-  fixed-length sequences across their ends instead.
+  whole file (close to what Bavarian et al. call context-level FIM: FIM after chunking). Pretraining
+  packs documents into fixed-length sequences across their ends instead.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class RepoDataset(Sequence[tuple[list[int], int]]):
     """Training examples of a repository: ``dataset[i]`` is ``(tokens, offset)`` as mlx-lm's trainer
     takes them (``iterate_batches``: the loss is on the tokens from ``offset`` on), ``len()`` counts
     them. Pass it to mlx-lm's ``train``/``evaluate`` as it is (not wrapped in ``CacheDataset``, which
-    measures an item's length as that of the pair)."""
+    measures an item's length as that of the pair). Note: mlx-lm's ``default_loss`` also counts the
+    first padding position after an example (its mask is ``steps <= length``)."""
 
     def __init__(self, examples: list[tuple[array[int], int]], kinds: list[str], paths: list[str]) -> None:
         self._examples = examples
