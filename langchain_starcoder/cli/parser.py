@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
 from .evaluate import _cmd_eval, _eval_args
+from .finetune import _cmd_finetune, _finetune_args
 from .model import _cmd_generate, _cmd_infill, _cmd_info
 from .options import (
     API_KEY_ENV,
@@ -135,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _serve_command_args(p)
 
+    _repository_commands(command)
+
+    # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
+    sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
+    return parser
+
+
+def _repository_commands(command: Callable[..., Any]) -> None:
+    """The commands over a repository's own code: eval, finetune (``command`` adds one to the parser)."""
     p = command(
         "eval",
         _cmd_eval,
@@ -146,9 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _eval_args(p)
 
-    # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
-    sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
-    return parser
+    p = command(
+        "finetune",
+        _cmd_finetune,
+        "train an adapter on a repository's own code",
+        "Fine-tune a model on a repository's code in StarCoder2's training layout (FIM at --fim-rate), "
+        "files held out to measure on, through mlx-lm's trainer (LoRA, DoRA or all weights); writes "
+        "mlx-lm's adapter files, finetune.json and loss.png to --out (docs/cli.md).",
+    )
+    _finetune_args(p)
 
 
 def _common_options() -> argparse.ArgumentParser:

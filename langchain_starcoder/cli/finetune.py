@@ -1,0 +1,95 @@
+"""``finetune``: train an adapter on a repository's own code (``langchain_starcoder.finetune``).
+
+Every setting is checked before the model loads; the progress bar shows the loss; the held-out loss
+before and after, and where the files went, go to stderr. Ctrl-C saves a checkpoint that ``--resume``
+continues from, and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .output import PROG, _err, _notes
+
+#: finetune()'s defaults, shown in --help.
+DEFAULTS = {"steps": 200, "rank": 8, "held_out": 0.1, "fim_rate": 0.5, "spm_rate": 0.5, "batch_size": 4}
+DEFAULTS |= {"learning_rate": 1e-5, "max_tokens": 2048, "save_every": 50, "eval_every": 50, "seed": 0}
+
+
+def _finetune_args(p: argparse.ArgumentParser) -> None:
+    """finetune's options, named as ``finetune()``'s keywords."""
+    p.add_argument("repo", metavar="REPO", type=Path, help="the repository's folder (its code is trained on)")
+    p.add_argument("--model", required=True, metavar="M", help="the base checkpoint: folder or hub id")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the adapter's folder")
+    p.add_argument(
+        "--method",
+        choices=("lora", "dora", "full"),
+        default="lora",
+        help="LoRA, DoRA (mlx-lm's layers; over a quantized model: QLoRA) or all weights (default lora)",
+    )
+    numbers = (
+        ("--steps", int, "N", "training steps (batches)"),
+        ("--rank", int, "R", "the LoRA/DoRA rank"),
+        ("--held-out", float, "FRACTION", "the share of files kept out of training to measure on"),
+        ("--fim-rate", float, "F", "the share of examples with fill in the middle"),
+        ("--spm-rate", float, "F", "the share of FIM examples in SPM order (the rest PSM)"),
+        ("--batch-size", int, "N", "examples per step"),
+        ("--learning-rate", float, "LR", "Adam's learning rate"),
+        ("--max-tokens", int, "N", "tokens per example at most"),
+        ("--save-every", int, "N", "a checkpoint every N steps"),
+        ("--eval-every", int, "N", "the held-out loss every N steps"),
+        ("--seed", int, "N", "the split, the examples and the data order"),
+    )
+    for flag, kind, metavar, text in numbers:
+        default = DEFAULTS[flag[2:].replace("-", "_")]
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=f"{text} (default {default})")
+    p.add_argument(
+        "--since", metavar="REV", help="hold out the files with code added after this git revision instead"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the last checkpoint in DIR (the same settings)"
+    )
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Train; say the held-out loss before and after and where the files are. Exit 2 for a bad setting,
+    130 on Ctrl-C (after the checkpoint is saved)."""
+    from ..errors import InvalidParameterError
+    from ..finetune.train import finetune
+
+    keywords = {name: getattr(args, name) for name in DEFAULTS}
+    try:
+        with _notes():
+            result = finetune(
+                args.repo,
+                model=args.model,
+                out=args.out,
+                method=args.method,
+                since=args.since,
+                resume=args.resume,
+                **keywords,
+            )
+    except InvalidParameterError as e:  # a bad setting or repository: nothing was trained
+        _err(f"{PROG}: error: {e}")
+        return 2
+    except KeyboardInterrupt:
+        from ..finetune.checkpoints import has_checkpoint
+
+        kept = (
+            f"the checkpoint in {args.out} continues with --resume"
+            if has_checkpoint(args.out)
+            else "no checkpoint yet"
+        )
+        _err(f"{PROG}: interrupted; {kept}.")
+        return 130
+    _err(
+        f"Held-out loss {result.held_out_loss_before:.3f} -> {result.held_out_loss_after:.3f} after "
+        f"{result.steps} steps ({len(result.train_files)} files trained on, {len(result.held_out_files)} "
+        f"held out; {result.tokens_per_second:.0f} tokens/s)."
+    )
+    plot = f", {result.plot.name}" if result.plot is not None else ""
+    _err(
+        f"Wrote the adapter to {result.out} (adapters.safetensors, adapter_config.json, finetune.json{plot})."
+    )
+    return 0
