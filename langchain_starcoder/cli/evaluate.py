@@ -1,7 +1,8 @@
 """``eval``: how well a model completes holes cut from a repository's own code, per configuration.
 
 Holes are cut (``evaluation.cut_holes``) before the model loads, so a bad argument costs nothing; the
-completions run through the in-process engine, or a server's with ``--base-url``; the table of means and
+completions run through the in-process engine, or a server's with ``--base-url`` (``--endpoint``: its
+/infill or /v1/completions, as editors send holes); the table of means and
 paired differences goes to stdout, the report to ``--out``. Ctrl-C keeps the completions done.
 """
 
@@ -21,6 +22,8 @@ from .output import PROG, CommandError, _err, _notes
 DEFAULT_EXEC_TIMEOUT = 60.0
 #: The configurations compared unless --configs names others.
 DEFAULT_CONFIGS = "psm,spm,psm+repo"
+#: What completes the holes: the engine (here or over --base-url), or a --base-url server's endpoint.
+ENDPOINTS = ("engine", "infill", "completions")
 #: Generated tokens per hole unless --max-tokens says (a hole is a line, a block's body, a call's arguments).
 DEFAULT_EVAL_TOKENS = 128
 
@@ -95,6 +98,26 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         help="the prompt's budget, context included (default: the window)",
     )
     _model_args(p)
+    _endpoint_args(p)
+
+
+def _endpoint_args(p: argparse.ArgumentParser) -> None:
+    """Which of a --base-url server's endpoints completes the holes (evaluation.targets)."""
+    p.add_argument(
+        "--endpoint",
+        choices=ENDPOINTS,
+        default="engine",
+        help="with --base-url: engine (default: prompts built here, sent as token ids), infill (the "
+        "server's /infill, as llama.vim sends it: +repo context as input_extra) or completions "
+        "(/v1/completions with suffix, as Continue sends it: no +repo)",
+    )
+    p.add_argument(
+        "--server-fim-mode",
+        choices=("psm", "spm"),
+        default="psm",
+        help="with --endpoint infill or completions: the server's FIM layout (serve --fim-mode); "
+        "configurations in the other one are recorded as errors (default psm)",
+    )
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -106,9 +129,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         _err(f"{PROG}: error: {e}")
         return 2
     from ..evaluation import evaluate
-    from .model import _load_engine
 
-    engine = _load_engine(args)
+    try:
+        engine = _target(args)
+    except CommandError as e:
+        _err(f"{PROG}: error: {e}")
+        return 2
     try:
         with _notes():
             report = evaluate(
@@ -124,7 +150,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     report.metadata.update(kinds=args.kinds, seed=args.seed, since=args.since, base_url=args.base_url)
-    report.metadata.update(languages=args.languages)
+    report.metadata.update(languages=args.languages, endpoint=args.endpoint)
     print(format_table(report), flush=True)
     if args.out is not None:
         _save(report, args.out)
@@ -134,6 +160,43 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         _err(f"{PROG}: interrupted after {done} of {total} completions; the figures are of those.")
         return 130
     return 0
+
+
+def _target(args: argparse.Namespace) -> Any:
+    """The engine (here, or over --base-url), or the --base-url server's /infill or /v1/completions."""
+    from .model import _load_engine
+
+    if args.endpoint == "engine":
+        return _load_engine(args)
+    from ..evaluation import CompletionsEndpoint, InfillEndpoint
+    from .options import DEFAULT_MODEL, LOAD_FLAGS, MODEL_ENV, load_settings
+
+    if args.base_url is None:
+        msg = f"--endpoint {args.endpoint} is a server's: give its --base-url URL."
+        raise CommandError(msg)
+    given = [
+        LOAD_FLAGS[name] for name, value in load_settings(args).items() if value not in (None, False, "auto")
+    ]
+    given += ["--backend"] if args.backend != "mlx" else []
+    given += [
+        flag for flag in ("--max-prompt-tokens", "--tokenizer") if getattr(args, flag[2:].replace("-", "_"))
+    ]
+    if given:
+        msg = (
+            f"{', '.join(given)} cannot go to --endpoint {args.endpoint}: the server loads the model, fits "
+            "the prompt to its window and counts tokens with its /tokenize."
+        )
+        raise CommandError(msg)
+    kind = InfillEndpoint if args.endpoint == "infill" else CompletionsEndpoint
+    named = args.model != os.environ.get(MODEL_ENV, DEFAULT_MODEL)  # else the served model's own name
+    target = kind(
+        args.base_url,
+        api_key=args.remote_api_key,
+        model=args.model if named else None,
+        fim_mode=args.server_fim_mode,
+    )
+    _err(f"Completing through {args.base_url}{kind.path} (its FIM layout: {args.server_fim_mode}).")
+    return target
 
 
 def _holes(args: argparse.Namespace) -> tuple[list[Any], Any]:

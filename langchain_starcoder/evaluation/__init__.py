@@ -6,16 +6,19 @@ from .holes import KINDS, Hole, HoleNotice, cut_holes
 from .metrics import Scores, cceval_truncate, score
 from .report import Comparison, Difference, EvalReport, HoleRecord
 from .runner import evaluate
+from .targets import CompletionsEndpoint, InfillEndpoint
 
 __all__ = [
     "KINDS",
     "Comparison",
+    "CompletionsEndpoint",
     "Config",
     "Difference",
     "EvalReport",
     "Hole",
     "HoleNotice",
     "HoleRecord",
+    "InfillEndpoint",
     "Scores",
     "cceval_truncate",
     "cut_holes",
