@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from .. import disk_cache, jupyter, llama_cpp_managed, speculative, structured, typing_replay, vllm_server
 from ..common import Context, prefill_rate
+from ..evaluation import bench_evaluation
 from ..harness import Section
 from .blas import bench_blas
 from .engine import batch_variants, bench_batch, bench_cache, bench_dtype, bench_overhead
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, Callable[[Context], Section]] = {
     "typing": typing_replay.bench_typing,
     "ends": bench_ends,
     "structured": structured.bench_structured,
+    "evaluation": bench_evaluation,
 }
 #: Left out of the default run: ``--baselines`` adds the baselines, ``--only fullmodel`` or ``--only remote``
 #: runs the others (``remote`` starts a llama-server, ``jupyter`` a jupyter lab and a browser; ``ends`` is
@@ -67,6 +69,7 @@ OPTIONAL = (
     "typing",
     "ends",
     "structured",
+    "evaluation",
 )
 
 __all__ = ["BENCHMARKS", "OPTIONAL", "Context", "batch_variants", "prefill_rate"]
