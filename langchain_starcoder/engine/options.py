@@ -66,7 +66,7 @@ class MLXOptions(_Checkpoint):
         prompt_cache_dir: A folder (made if missing) where prompt caches of at least 256 new tokens
             are kept, so a request in this or a later process whose prompt shares a prefix with one
             loads it instead of prefilling (``cached_tokens`` counts it). A file is used only by the
-            same weights (by content), dtype, quantization, ``kv_bits``, window and tokenizer; a
+            same weights (by content), dtype, quantization, ``kv_bits``, window, tokenizer and adapter; a
             damaged one is removed with a ``PromptCacheNotice``. A folder that cannot be written
             gives one notice.
         max_prompt_cache_dir_bytes: The folder's byte limit; least recently used files go first.

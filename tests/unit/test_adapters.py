@@ -16,6 +16,8 @@ from langchain_starcoder import ChatStarCoder, StarCoderEngine, StarCoderLLM
 from langchain_starcoder._registry import release_engines
 from langchain_starcoder.backends.prompt_cache.disk import MIN_NEW_TOKENS
 from langchain_starcoder.cli import main
+from langchain_starcoder.cli.options import load_settings
+from langchain_starcoder.cli.parser import build_parser
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError, ModelNotFoundError
 from langchain_starcoder.loading.adapter import BASE_KEY, CONFIG_FILE, WEIGHTS_FILE
 from langchain_starcoder.testing import build_starcoder2
@@ -170,6 +172,8 @@ def test_the_command_line_takes_an_adapter(
     hole = ["--prefix", "def f(x):\\n    ", "--suffix", "\\n    return y\\n", "--no-repo"]
     assert main(["infill", *hole, *load]) == 0
     assert capsys.readouterr().out.startswith(middle)
+    serve = build_parser().parse_args(["serve", "--adapter", str(adapters["lora"])])
+    assert load_settings(serve)["adapter_path"] == adapters["lora"]  # (serve loads through the same path)
 
 
 def test_engines_elsewhere_say_adapters_are_not_yet_supported(
