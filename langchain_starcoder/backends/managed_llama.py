@@ -128,8 +128,10 @@ class LlamaServerProcess:
         context: int,
         server_args: Sequence[str],
         startup_timeout: float,
+        lora: Sequence[Path] = (),
     ) -> None:
         self.binary, self.gguf, self.alias = binary, gguf, alias
+        self.lora = tuple(lora)  # GGUF adapters applied at scale 1 (a request's ``lora`` field may change it)
         self.threads, self.slots, self.context = threads, slots, context
         self.server_args, self.startup_timeout = tuple(server_args), startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
@@ -172,6 +174,7 @@ class LlamaServerProcess:
             str(self.slots * self.context),
             "--no-webui",
             "--metrics",
+            *(arg for path in self.lora for arg in ("--lora", str(path))),
             *self.server_args,
         ]
         try:

@@ -21,44 +21,17 @@ import numpy as np
 
 from ..checkpoints.folders import staged_folder
 from ..errors import CheckpointError, InvalidParameterError
-from ..loading.adapter import CONFIG_FILE, WEIGHTS_FILE, Adapter, read_adapter
+from ..gguf_format.lora import LEAF, adapter_tensors, lora_alpha, write_adapter_gguf
+from ..loading.adapter import CONFIG_FILE, Adapter, read_adapter
 
 __all__ = ["fuse_adapter", "to_gguf_lora", "to_peft"]
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
-#: mlx-lm's names of one low-rank module's leaves: ``model.layers.N.self_attn.q_proj.lora_a``.
-_LEAF = re.compile(r"^(?P<module>.+)\.(?P<leaf>lora_a|lora_b|m)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 #: PEFT prefixes module names with its wrappers' attributes (PeftModel.base_model.model).
 PEFT_PREFIX = "base_model.model."
 _COPIED = ("*.json", "*.txt", "*.jinja", "tokenizer.model")
 _NOT_COPIED = {"config.json", "model.safetensors.index.json", "langchain-starcoder.json"}
-
-
-def adapter_tensors(adapter: Adapter) -> dict[str, np.ndarray]:
-    """The adapter's tensors in float32 (numpy has no bfloat16), each checked against its rank."""
-    import mlx.core as mx
-
-    file = adapter.path / WEIGHTS_FILE
-    try:
-        arrays = mx.load(str(file))
-    except Exception as e:  # mlx raises bare RuntimeError/ValueError for a garbled file
-        msg = f"The adapter's {WEIGHTS_FILE} in {adapter.path} is damaged ({e}). Copy it again or retrain it."
-        raise CheckpointError(msg) from None
-    assert isinstance(arrays, dict)
-    for name, array in arrays.items():
-        match = _LEAF.match(name)
-        if adapter.fine_tune_type != "full" and match is None:
-            msg = f"{file} holds {name}, not a {adapter.fine_tune_type} tensor (lora_a, lora_b or m)."
-            raise CheckpointError(msg)
-        axis = {"lora_a": 1, "lora_b": 0}.get(match["leaf"]) if match else None
-        if axis is not None and (array.ndim != 2 or array.shape[axis] != adapter.rank):
-            msg = (
-                f"The adapter {adapter.path}'s {CONFIG_FILE} says rank {adapter.rank}, but {name} has shape "
-                f"{tuple(array.shape)}: the two files do not belong together. Retrain it."
-            )
-            raise CheckpointError(msg)
-    return {name: np.array(a.astype(mx.float32)) for name, a in arrays.items()}
 
 
 def check_adapter_fits(adapter: Adapter, model_dir: Path, config: dict[str, Any]) -> None:
@@ -164,7 +137,7 @@ def peft_tensors(adapter: Adapter) -> dict[str, np.ndarray]:
     names = {"lora_a": "lora_A.weight", "lora_b": "lora_B.weight", "m": "lora_magnitude_vector"}
     out = {}
     for name, array in adapter_tensors(adapter).items():
-        match = _LEAF.match(name)
+        match = LEAF.match(name)
         assert match is not None  # adapter_tensors checked every name
         value = array.T if array.ndim == 2 else array
         out[f"{PEFT_PREFIX}{match['module']}.{names[match['leaf']]}"] = np.ascontiguousarray(value)
@@ -175,7 +148,6 @@ def peft_config(adapter: Adapter, *, base_model_name_or_path: str | None = None)
     """PEFT's ``adapter_config.json`` for ``adapter``: ``lora_alpha = scale * r`` (PEFT scales by
     alpha / r), the modules' last names as ``target_modules``, and the layers it holds."""
     lora = adapter.config["lora_parameters"]
-    rank, scale = int(lora["rank"]), float(lora["scale"])
     modules = list(dict.fromkeys(name.rpartition(".")[0] for name in adapter.shapes))
     layers = sorted({int(m[1]) for name in modules if (m := _LAYER.match(name))})
     targets = sorted({name.rpartition(".")[2] for name in modules})
@@ -183,8 +155,8 @@ def peft_config(adapter: Adapter, *, base_model_name_or_path: str | None = None)
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model_name_or_path or adapter.config.get("model"),
-        "r": rank,
-        "lora_alpha": scale * rank,
+        "r": int(lora["rank"]),
+        "lora_alpha": lora_alpha(adapter),
         "lora_dropout": float(lora["dropout"]),
         "target_modules": targets,
         # exact: PEFT would otherwise add (zero) factors to every layer mlx-lm's num_layers left out
@@ -226,15 +198,13 @@ def to_peft(
     return Path(out)
 
 
-def to_gguf_lora(adapter_dir: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
-    """Write the adapter as llama.cpp's GGUF LoRA adapter file ``out`` (for ``llama-server --lora``),
-    from its PEFT tensors, as llama.cpp's ``convert_lora_to_gguf.py`` writes them (float32)."""
-    from ..gguf_format.lora import write_lora_gguf
-
-    adapter = read_adapter(adapter_dir)
-    if adapter.fine_tune_type == "dora":
-        msg = f"{adapter.path} is a DoRA adapter, which llama.cpp cannot apply; export it with --fused."
-        raise InvalidParameterError(msg)
-    tensors = peft_tensors(adapter)
-    config = peft_config(adapter)
-    return write_lora_gguf(tensors, Path(out), alpha=float(config["lora_alpha"]), architecture="starcoder2")
+def to_gguf_lora(
+    adapter_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    base: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Write the LoRA adapter as llama.cpp's GGUF adapter file ``out`` (``llama-server -m BASE.gguf --lora
+    OUT``), as llama.cpp's ``convert_lora_to_gguf.py`` writes its PEFT layout; with ``base`` (a GGUF
+    file) checked against that base first."""
+    return write_adapter_gguf(read_adapter(adapter_dir), out, base=base)

@@ -171,3 +171,31 @@ def test_a_full_fine_tune_has_no_peft_layout(tiny_path: Path, tmp_path: Path) ->
     made = adapter(tiny_path, tmp_path / "full", "full")
     with pytest.raises(ValueError, match=r"full fine-tune.*--fused"):
         to_peft(made, tmp_path / "peft")
+
+
+def test_the_gguf_adapter_is_checked_against_the_base_gguf(
+    tiny_path: Path, lora: Path, dora: Path, tmp_path: Path
+) -> None:
+    from langchain_starcoder.gguf_format import convert_to_gguf
+
+    wider = convert_to_gguf(build_starcoder2(tmp_path / "small", preset="small"), tmp_path / "small.gguf")
+    with pytest.raises(CheckpointError, match=r"trained on another base \(.*tiny\) than small\.gguf"):
+        to_gguf_lora(lora, tmp_path / "a.gguf", base=wider)
+    with pytest.raises(ValueError, match=r"DoRA adapter, which llama\.cpp cannot apply.*--fused"):
+        to_gguf_lora(dora, tmp_path / "b.gguf")
+    assert not (tmp_path / "a.gguf").exists()
+    assert not (tmp_path / "b.gguf").exists()
+
+
+def test_cached_gguf_adapters_are_named_by_the_adapters_bytes(tiny_path: Path, tmp_path: Path) -> None:
+    from langchain_starcoder.gguf_format import convert_to_gguf
+    from langchain_starcoder.gguf_format.lora import cached_adapter_gguf
+
+    base = convert_to_gguf(tiny_path, tmp_path / "tiny.gguf", outtype="f32")
+    made = adapter(tiny_path, tmp_path / "a")
+    first = cached_adapter_gguf(read_adapter(made), base, tmp_path / "cache")
+    assert cached_adapter_gguf(read_adapter(made), base, tmp_path / "cache") == first
+    adapter(tiny_path, made, seed=1)  # retrained in place: another file, never the stale one
+    second = cached_adapter_gguf(read_adapter(made), base, tmp_path / "cache")
+    assert second != first
+    assert second.read_bytes() != first.read_bytes()
