@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
 from .evaluate import _cmd_eval, _eval_args
+from .export_adapter import _cmd_export_adapter, _export_adapter_args
 from .finetune import _cmd_finetune, _finetune_args
 from .model import _cmd_generate, _cmd_infill, _cmd_info
 from .options import (
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_command_args(p)
 
     _repository_commands(command)
+    _adapter_commands(command)
 
     # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
     sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
@@ -165,6 +167,20 @@ def _repository_commands(command: Callable[..., Any]) -> None:
         "mlx-lm's adapter files, finetune.json and loss.png to --out (docs/cli.md).",
     )
     _finetune_args(p)
+
+
+def _adapter_commands(command: Callable[..., Any]) -> None:
+    """The commands over a trained adapter: export-adapter."""
+    p = command(
+        "export-adapter",
+        _cmd_export_adapter,
+        "merge an adapter into its base, or write it for PEFT or llama.cpp",
+        "Export an mlx-lm adapter (finetune's or mlx_lm.lora's): --fused OUT writes the base with it "
+        "merged (a checkpoint this package, mlx-lm, transformers and `convert` take); --peft OUT its PEFT "
+        "layout; --gguf OUT llama.cpp's GGUF adapter (llama-server --lora). It is checked against --model "
+        "first (docs/cli.md).",
+    )
+    _export_adapter_args(p)
 
 
 def _common_options() -> argparse.ArgumentParser:

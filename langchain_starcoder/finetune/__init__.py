@@ -3,9 +3,11 @@
 - :mod:`.split`: which files are trained on and which held out, by whole file.
 - :mod:`.data`: the training examples, in StarCoder2's repository layout with FIM, masked for
   mlx-lm's trainer.
+- :mod:`.export`: an adapter merged into its base, in PEFT's layout, or as llama.cpp's GGUF adapter.
 """
 
 from .data import RepoDataset, build_dataset
+from .export import fuse_adapter, to_gguf_lora, to_peft
 from .split import FileSplit, TooLittleCodeError, split_files
 
 __all__ = [
@@ -13,5 +15,8 @@ __all__ = [
     "RepoDataset",
     "TooLittleCodeError",
     "build_dataset",
+    "fuse_adapter",
     "split_files",
+    "to_gguf_lora",
+    "to_peft",
 ]

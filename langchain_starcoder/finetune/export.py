@@ -205,6 +205,26 @@ def to_gguf_lora(
     base: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write the LoRA adapter as llama.cpp's GGUF adapter file ``out`` (``llama-server -m BASE.gguf --lora
-    OUT``), as llama.cpp's ``convert_lora_to_gguf.py`` writes its PEFT layout; with ``base`` (a GGUF
-    file) checked against that base first."""
-    return write_adapter_gguf(read_adapter(adapter_dir), out, base=base)
+    OUT``), as llama.cpp's ``convert_lora_to_gguf.py`` writes its PEFT layout; with ``base`` (a GGUF file,
+    or a checkpoint folder or hub id) checked against that base first. ``out`` must not exist."""
+    from ..checkpoints.folders import DestinationError
+    from ..gguf_format import is_gguf, resolve_gguf_file
+
+    adapter = read_adapter(adapter_dir)
+    out = Path(out).expanduser()
+    if out.exists() or out.is_symlink():
+        msg = f"{out} already exists; choose another file, or remove it first."
+        raise DestinationError(msg)
+    base_gguf = None
+    if base is not None and is_gguf(base, None):
+        base_gguf = resolve_gguf_file(base, None, None)
+    elif base is not None:
+        folder, config = _load_base(base)
+        check_adapter_fits(adapter, folder, config)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        write_adapter_gguf(adapter, partial, base=base_gguf)
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return out

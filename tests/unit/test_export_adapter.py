@@ -199,3 +199,43 @@ def test_cached_gguf_adapters_are_named_by_the_adapters_bytes(tiny_path: Path, t
     second = cached_adapter_gguf(read_adapter(made), base, tmp_path / "cache")
     assert second != first
     assert second.read_bytes() != first.read_bytes()
+
+
+def test_cli_export_adapter_writes_each_kind(
+    tiny_path: Path, lora: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langchain_starcoder import cli
+
+    for flag, out in (
+        ("--fused", tmp_path / "fused"),
+        ("--peft", tmp_path / "peft"),
+        ("--gguf", tmp_path / "a.gguf"),
+    ):
+        assert (
+            cli.main(["export-adapter", "--model", str(tiny_path), "--adapter", str(lora), flag, str(out)])
+            == 0
+        )
+        assert capsys.readouterr().out.strip() == str(out)
+    np.testing.assert_allclose(mlx_logits(tmp_path / "fused"), mlx_logits(tiny_path, lora), atol=1e-4)
+    assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "a.gguf").stat().st_size > 0
+
+
+def test_cli_export_adapter_bad_input_is_said_and_keeps_everything(
+    tiny_path: Path, lora: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langchain_starcoder import cli
+
+    wider = build_starcoder2(tmp_path / "small-base", preset="small")
+    base = ["export-adapter", "--adapter", str(lora)]
+    assert cli.main([*base, "--model", str(wider), "--gguf", str(tmp_path / "x.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert "another base" in err and "small-base" in err and str(lora) in err
+    existing = tmp_path / "taken.gguf"
+    existing.write_bytes(b"mine")
+    assert cli.main([*base, "--model", str(tiny_path), "--gguf", str(existing)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert existing.read_bytes() == b"mine"
+    assert cli.main([*base, "--model", str(tiny_path)]) == 2  # one of --fused, --peft, --gguf
+    assert "one of the arguments --fused --peft --gguf is required" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
