@@ -250,6 +250,7 @@ class _Run:
         self.settings, self.data, self.out = settings, data, out
         self.model, self.optimizer = model, optimizer
         self.start_step, self.step = 0, 0
+        self.saved: int | None = None  # the step of the last checkpoint this run wrote
         self.history: dict[str, Any] = {
             "losses": [],
             "held_out": [],
@@ -285,21 +286,21 @@ class _Run:
         """Held-out loss before; mlx-lm's ``train`` to ``steps``; held-out loss after; the files."""
         from .._progress import progress_bar
 
-        s = self.settings
         if not self.history["held_out"]:
             self.history["held_out"].append({"step": 0, "loss": self.held_out_loss()})
-        self.bar = progress_bar(s["steps"], "Fine-tuning", "step")
+        self.bar = progress_bar(self.settings["steps"], "Fine-tuning", "step")
         self.bar.update(self.step)
         try:
             self._train()
+            self.bar.close()
+            if self.history["held_out"][-1]["step"] != self.step:
+                self.history["held_out"].append({"step": self.step, "loss": self.held_out_loss()})
+            self.checkpoint()
         except KeyboardInterrupt:
             self._save_interrupted()
             raise
         finally:
             self.bar.close()
-        if self.history["held_out"][-1]["step"] != self.step:
-            self.history["held_out"].append({"step": self.step, "loss": self.held_out_loss()})
-        self.checkpoint()
         return self.finish()
 
     def _train(self) -> None:
@@ -381,6 +382,7 @@ class _Run:
         """The resume state and the adapter at this step, and the log to match."""
         save_checkpoint(self.out, self.step, self.model, self.optimizer, self.settings, self.history)
         write_log(self.out, self.record())
+        self.saved = self.step
 
     def _save_interrupted(self) -> None:
         """Ctrl-C: a checkpoint of the last step done (the optimizer's count: a step is whole once
@@ -390,7 +392,8 @@ class _Run:
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = int(self.optimizer.step.item())  # restored on resume: the run's count
         self.history["losses"] = [r for r in self.history["losses"] if r["step"] <= self.step]
-        self.checkpoint()
+        if self.saved != self.step:
+            self.checkpoint()
 
     def record(self) -> dict[str, Any]:
         """finetune.json: the settings, the files, the losses, the speed."""
@@ -410,6 +413,7 @@ class _Run:
             "losses": h["losses"],
             "held_out_losses": h["held_out"],
             "trained_tokens": h["trained_tokens"],
+            "train_seconds": seconds,
             "tokens_per_second": h["trained_tokens"] / seconds if seconds > 0 else None,
         }
 

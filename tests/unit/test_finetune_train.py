@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx_lm.tuner.callbacks import TrainingCallback
@@ -171,3 +172,47 @@ def test_a_damaged_or_missing_checkpoint_and_a_finished_folder(trained, tiny_pat
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(CheckpointError, match="is damaged"):
         finetune(repo, model=tiny_path, out=out, resume=True, **{**FAST, "steps": 8})
+
+
+@pytest.fixture(scope="module")
+def tiny_4bit(checkpoints: Path) -> Path:
+    from langchain_starcoder.testing import build_starcoder2
+
+    return build_starcoder2(checkpoints / "tiny-4bit", quantize=4)
+
+
+def test_full_fine_tuning_and_qlora_write_adapters_mlx_lm_loads(tiny_path, tiny_4bit, repo, tmp_path):
+    few = {**FAST, "steps": 2, "save_every": 2, "eval_every": 2}
+    full = finetune(repo, model=tiny_path, out=tmp_path / "full", method="full", **few)
+    weights = mx.load(str(full.out / "adapters.safetensors"))
+    assert "model.layers.1.mlp.c_fc.weight" in weights and "model.embed_tokens.weight" not in weights
+    base = dict(mx.load(str(tiny_path / "model.safetensors")))
+    name = "model.layers.1.mlp.c_fc.weight"
+    assert not np.allclose(np.array(weights[name]), np.array(base[name]))
+    assert json.loads((full.out / "adapter_config.json").read_text())["fine_tune_type"] == "full"
+    load_adapters(load_model(tiny_path, quantize=None, group_size=64, dtype="auto").model, str(full.out))
+
+    qlora = finetune(repo, model=tiny_4bit, out=tmp_path / "qlora", **few)
+    assert qlora.held_out_loss_after < qlora.held_out_loss_before
+    names = set(mx.load(str(qlora.out / "adapters.safetensors")))
+    assert names and all(n.endswith((".lora_a", ".lora_b")) for n in names)
+    tuned = load_adapters(
+        load_model(tiny_4bit, quantize=None, group_size=64, dtype="auto").model, str(qlora.out)
+    )
+    assert isinstance(
+        tuned.layers[0].self_attn.q_proj.linear, nn.QuantizedLinear
+    )  # QLoRA: the base stays 4-bit
+
+    with pytest.raises(InvalidParameterError, match="is quantized: its weights cannot be trained"):
+        finetune(repo, model=tiny_4bit, out=tmp_path / "full-4bit", method="full", **few)
+
+
+def test_without_matplotlib_a_notice_and_no_picture(tmp_path, monkeypatch):
+    import sys
+
+    from langchain_starcoder.finetune.log import NoLossPlotNotice, plot_losses
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    with pytest.warns(NoLossPlotNotice, match=r"pip install 'langchain-starcoder\[finetune\]'"):
+        assert plot_losses(tmp_path, [{"step": 1, "loss": 2.0}], [{"step": 0, "loss": 3.0}]) is None
+    assert not list(tmp_path.iterdir())
