@@ -109,7 +109,8 @@ def _endpoint_args(p: argparse.ArgumentParser) -> None:
         default="engine",
         help="with --base-url: engine (default: prompts built here, sent as token ids), infill (the "
         "server's /infill, as llama.vim sends it: +repo context as input_extra) or completions "
-        "(/v1/completions with suffix, as Continue sends it: no +repo)",
+        "(/v1/completions with suffix, as Continue sends it: no +repo); --tokenizer FOLDER counts the "
+        "context's tokens here, else the server's /tokenize does (a request per count)",
     )
     p.add_argument(
         "--server-fim-mode",
@@ -178,13 +179,11 @@ def _target(args: argparse.Namespace) -> Any:
         LOAD_FLAGS[name] for name, value in load_settings(args).items() if value not in (None, False, "auto")
     ]
     given += ["--backend"] if args.backend != "mlx" else []
-    given += [
-        flag for flag in ("--max-prompt-tokens", "--tokenizer") if getattr(args, flag[2:].replace("-", "_"))
-    ]
+    given += ["--max-prompt-tokens"] if args.max_prompt_tokens is not None else []
     if given:
         msg = (
-            f"{', '.join(given)} cannot go to --endpoint {args.endpoint}: the server loads the model, fits "
-            "the prompt to its window and counts tokens with its /tokenize."
+            f"{', '.join(given)} cannot go to --endpoint {args.endpoint}: the server loads the model and "
+            "fits the prompt to its window."
         )
         raise CommandError(msg)
     kind = InfillEndpoint if args.endpoint == "infill" else CompletionsEndpoint
@@ -194,9 +193,24 @@ def _target(args: argparse.Namespace) -> Any:
         api_key=args.remote_api_key,
         model=args.model if named else None,
         fim_mode=args.server_fim_mode,
+        count_tokens=_local_count(args.tokenizer) if args.tokenizer is not None else None,
     )
     _err(f"Completing through {args.base_url}{kind.path} (its FIM layout: {args.server_fim_mode}).")
     return target
+
+
+def _local_count(folder: str) -> Any:
+    """Token counts by the --tokenizer checkpoint's tokenizer, here (as the engine counts: control
+    tokens parsed): the repository context's budget without a /tokenize request per count."""
+    from .._tokens import parsing_encoder
+    from ..loading import load_tokenizer, read_config
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        msg = f"--tokenizer {folder}: with --endpoint, give the served model's checkpoint folder."
+        raise CommandError(msg)
+    encode = parsing_encoder(load_tokenizer(path, read_config(path)))
+    return lambda text: len(encode(text))
 
 
 def _holes(args: argparse.Namespace) -> tuple[list[Any], Any]:

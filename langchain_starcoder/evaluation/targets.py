@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,8 @@ from ..errors import InvalidParameterError
 from ..fim.request import FIM_MODES, FIMRequest
 from ..types import DEFAULT_MAX_TOKENS, CompletionChunk
 
+#: Seconds before a loading server (503) is asked again; doubled each time, to 2 s.
+_FIRST_PAUSE = 0.25
 #: Token counts remembered per target (the repository index counts the same files for every hole).
 _MAX_COUNTS = 4096
 
@@ -153,15 +156,7 @@ class _Endpoint:
         leaves behind unless sent as a document of its own), and the served model's name."""
         if self._probed:
             return
-        try:
-            response = self._client.get("/v1/models")
-        except httpx.ConnectError as e:
-            raise self._unreachable(e) from None
-        except httpx.HTTPError as e:
-            msg = f"{self.base_url}/v1/models did not answer ({e!r})."
-            raise ServerError(msg) from None
-        if response.status_code >= 400 and response.status_code != 404:  # (a key missing: asked again)
-            raise self._http_error(response, response.text)
+        response = self._open("GET", "/v1/models", None, missing_ok=True)  # a key missing: asked again
         card: dict[str, Any] = {}  # a server without /v1/models is not this package's
         if response.status_code == 200:
             data = _json(response.text, f"{self.base_url}/v1/models").get("data")
@@ -175,19 +170,48 @@ class _Endpoint:
     def _stream(self, body: dict[str, Any], max_tokens: int) -> Iterator[CompletionChunk]:
         """POST ``body`` and yield its chunks; closing this generator closes the connection, which stops
         the server's generation (Ctrl-C in :func:`evaluate`)."""
+        response = self._open("POST", self.path, body, stream=True)
         try:
-            with self._client.stream("POST", self.path, json=body) as response:
-                if response.status_code >= 400:
-                    raise self._http_error(response, response.read().decode("utf-8", "replace"))
-                yield from self._chunks(self._events(response), max_tokens)
-        except httpx.ConnectError as e:
-            raise self._unreachable(e) from None
+            yield from self._chunks(self._events(response), max_tokens)
         except httpx.TimeoutException as e:
             msg = f"{self.base_url}{self.path} sent nothing for {self._client.timeout.read} s ({e!r})."
             raise ServerTimeoutError(msg) from None
         except httpx.TransportError as e:
             msg = f"The connection to {self.base_url}{self.path} broke mid-answer ({e!r})."
             raise ServerError(msg) from None
+        finally:
+            response.close()
+
+    def _open(
+        self, method: str, path: str, body: Any, *, stream: bool = False, missing_ok: bool = False
+    ) -> httpx.Response:
+        """The server's answer to one request, its status under 400 (or 404 with ``missing_ok``); a
+        server still loading its model (503) is asked again for up to ``timeout`` seconds."""
+        waited, pause = 0.0, _FIRST_PAUSE
+        while True:
+            request = self._client.build_request(method, path, json=body)
+            try:
+                response = self._client.send(request, stream=stream)
+            except httpx.ConnectError as e:
+                msg = f"{self.base_url} could not be reached ({e}). Is the server running?"
+                raise ServerUnavailableError(msg) from None
+            except httpx.HTTPError as e:
+                msg = f"{self.base_url}{path} did not answer ({e!r})."
+                raise ServerError(msg) from None
+            status = response.status_code
+            if status == 503 and waited < (self._client.timeout.read or 0):
+                response.close()
+                time.sleep(pause)
+                waited, pause = waited + pause, min(2 * pause, 2.0)
+                continue
+            if status < 400 or (missing_ok and status == 404):
+                return response
+            text = response.read().decode("utf-8", "replace")
+            response.close()
+            raise self._http_error(response, text)
+
+    def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _json(self._open("POST", path, body).text, f"{self.base_url}{path}")
 
     def _events(self, response: httpx.Response) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent-event stream; an error event raised, ``[DONE]`` the end."""
@@ -204,18 +228,6 @@ class _Endpoint:
                 raise ServerError(msg)
             yield event
 
-    def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            response = self._client.post(path, json=body)
-        except httpx.ConnectError as e:
-            raise self._unreachable(e) from None
-        except httpx.HTTPError as e:
-            msg = f"{self.base_url}{path} did not answer ({e!r})."
-            raise ServerError(msg) from None
-        if response.status_code >= 400:
-            raise self._http_error(response, response.text)
-        return _json(response.text, f"{self.base_url}{path}")
-
     def _http_error(self, response: httpx.Response, text: str) -> ServerError:
         try:
             detail = _message(json.loads(text))
@@ -228,10 +240,6 @@ class _Endpoint:
             404: f" Is {self.base_url} the server's root, and does it serve {response.request.url.path}?",
         }.get(response.status_code, "")
         return ServerError(where + hint)
-
-    def _unreachable(self, error: BaseException) -> ServerUnavailableError:
-        msg = f"{self.base_url} could not be reached ({error}). Is the server running?"
-        return ServerUnavailableError(msg)
 
 
 class InfillEndpoint(_Endpoint):

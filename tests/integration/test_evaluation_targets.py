@@ -225,7 +225,8 @@ def test_eval_cli_through_the_servers_infill(capsys, tiny_path, repo, tmp_path):
     engine = StarCoderEngine.load(tiny_path)
     running = ServerThread(create_app(engine, model_name="tiny"))
     try:
-        remote = ["--base-url", running.url, "--endpoint", "infill", "--out", str(tmp_path / "there.json")]
+        remote = ["--base-url", running.url, "--endpoint", "infill", "--tokenizer", str(tiny_path)]
+        remote += ["--out", str(tmp_path / "there.json")]  # (--tokenizer: the context's counts made here)
         code = cli.main([*argv, *remote])
     finally:
         running.stop()
