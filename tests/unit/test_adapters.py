@@ -22,6 +22,7 @@ from langchain_starcoder.errors import CheckpointError, InvalidParameterError, M
 from langchain_starcoder.loading.adapter import BASE_KEY, CONFIG_FILE, WEIGHTS_FILE
 from langchain_starcoder.testing import build_starcoder2
 from langchain_starcoder.testing.adapters import build_adapter
+from langchain_starcoder.types import CachePartition
 
 PROMPT = "def area(radius):\n    return"
 IDS = [5, 70, 300, 12, 900, 44, 2, 650]
@@ -126,6 +127,21 @@ def test_base_and_adapter_never_share_prompt_caches_on_disk(
         text, cached = run(name)
         assert text == fresh[name] and cached > MIN_NEW_TOKENS  # its own file, reused
     assert len(list(tmp_path.glob("*.safetensors"))) == 2
+
+
+def test_the_adapter_is_part_of_the_partition() -> None:
+    """A partition's digest names its adapter; a salt's alone is what files were keyed by before."""
+    import hashlib
+
+    salted = CachePartition("a")
+    assert salted.digest == hashlib.blake2b(b'{"salt":"a"}', digest_size=16).hexdigest()
+    adapted = {
+        CachePartition(adapter="x").digest,
+        CachePartition("a", "x").digest,
+        CachePartition("a", "y").digest,
+    }
+    assert len(adapted | {salted.digest, CachePartition().digest}) == 5
+    assert not CachePartition(adapter="x").is_default
 
 
 def test_prompt_cache_reuse_is_unchanged_with_an_adapter(lora_engine: StarCoderEngine) -> None:
