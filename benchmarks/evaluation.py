@@ -66,7 +66,7 @@ TRAIN_PACKAGES = (
 EVAL_PACKAGES = ("click", "jinja2", "httpx")
 PREFIX_CHARS, SUFFIX_CHARS = 1200, 400
 REPO_TOKENS, MAX_PROMPT_TOKENS, MAX_TOKENS = 1024, 2000, 32
-CONFIGS = ("psm", f"psm+repo={REPO_TOKENS}", "spm", f"spm+repo={REPO_TOKENS}")
+CONFIGS = ("psm", "psm+repo", "spm", "spm+repo")  # context given with each hole (REPO_TOKENS)
 COPY_SECONDS, FIM_SECONDS = 600, 480
 FIM_LR, PROMPT_WEIGHT, BATCH, HOLES_PER_PACKAGE = 1e-3, 0.1, 4, 600
 EFFECT_HOLES, COST_HOLES, WIDE_HOLES = 200, 200, 8
@@ -379,7 +379,7 @@ def measure(workdir: Path, wide: Path, *, tiny: bool, log: Any = print) -> dict[
     packages, per_package = (("json",), 20) if tiny else (TRAIN_PACKAGES, HOLES_PER_PACKAGE)
     folder, training = build_fim_copier(workdir, seconds, log, packages=packages, per_package=per_package)
     evaluated = EVAL_PACKAGES[:1] if tiny else EVAL_PACKAGES
-    n_effect, n_cost, n_wide = (6, 6, 2) if tiny else (EFFECT_HOLES, COST_HOLES, WIDE_HOLES)
+    n_effect, n_cost, n_wide = (4, 4, 2) if tiny else (EFFECT_HOLES, COST_HOLES, WIDE_HOLES)
     log("  the effect of repository context")
     found = effect(folder, workdir, evaluated, n_effect, log)
     repo = package_repo(EVAL_PACKAGES[0], workdir / "eval-repos")
