@@ -105,8 +105,11 @@ class _Endpoint:
         request = prefix if isinstance(prefix, FIMRequest) else FIMRequest(prefix, suffix)
         max_tokens = settings.pop("max_tokens", DEFAULT_MAX_TOKENS)
         salt = settings.pop("cache_salt", None)
-        if settings.pop("temperature", 0) != 0 or settings:
-            msg = f"An HTTP target takes max_tokens and cache_salt only (greedy), not {sorted(settings)}."
+        extra = sorted(settings.keys() - {"temperature"} if settings.get("temperature", 0) == 0 else settings)
+        if extra:
+            msg = (
+                f"An HTTP target runs greedily, with max_tokens and cache_salt only, not {', '.join(extra)}."
+            )
             raise InvalidParameterError(msg)
         self._check(request)
         body = self._body(request, max_tokens)
@@ -253,7 +256,9 @@ class InfillEndpoint(_Endpoint):
     does not carry from one hole to the next; None: so for this package's server, not for others (whose
     ``id_slot`` is one of a few slots). ``count_tokens``: the tokenizer's count (default: the server's
     ``/tokenize``), which the repository context's budget uses. A server started with ``--repo`` adds its
-    own context to every hole that names its file: evaluate against one without it.
+    own context to every hole that names its file: evaluate against one without it. ``api_key``: sent
+    as ``Authorization: Bearer``; ``model``: the served model's name (default: what ``/v1/models`` says);
+    ``timeout``: seconds the server may stay silent (and keep answering 503 while it loads).
     """
 
     path = "/infill"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,24 @@ def test_a_failing_server_is_an_error_in_every_record_and_nothing_is_raised(tiny
             assert all(r.error is None for r in run_eval(target, holes[:1], "psm,psm+repo", repo).records)
     finally:
         running.stop()
+
+
+def test_a_server_still_loading_its_model_is_asked_again(tiny_path, holes, repo):
+    """``serve`` answers 503 while its model loads: the endpoint asks again, and no hole fails for it."""
+
+    def slow() -> StarCoderEngine:
+        time.sleep(2)
+        return StarCoderEngine.load(tiny_path)
+
+    running = ServerThread(create_app(slow, model_name="tiny"))
+    try:
+        assert httpx.get(f"{running.url}/health", timeout=10).status_code == 503
+        with InfillEndpoint(running.url) as target:
+            report = run_eval(target, holes[:1], "psm+repo,psm", repo)
+    finally:
+        running.stop()
+    assert [r.error for r in report.records] == [None, None]
+    assert all(r.completion_tokens for r in report.records)
 
 
 def test_ctrl_c_mid_stream_closes_the_request_and_keeps_what_is_done(tiny_engine, holes, repo):
