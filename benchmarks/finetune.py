@@ -8,14 +8,16 @@ The same model, data and settings on both sides, in one process, interleaved ove
   packages (code no one here wrote); the examples are ours (``finetune.build_dataset`` of the training
   files, StarCoder2's layout with FIM), given to both sides as the same list.
 - Ours: ``finetune(..., method, rank, batch_size, learning_rate, max_tokens, steps)`` with no held-out
-  evaluation or checkpoint inside the run (both every ``steps + 1``); its training seconds are the wall
-  time of mlx-lm's ``train`` call as finetune.json records it (the progress bar and per-step log
-  included, the held-out loss before and after and the final checkpoint not).
+  evaluation or checkpoint inside the run (both every ``steps + 1``; before and after, one batch); its
+  training seconds are the wall time of mlx-lm's ``train`` call as finetune.json records it (the
+  progress bar and per-step log included, the held-out loss before and after and the checkpoint not).
 - mlx-lm: ``mlx_lm.lora.train_model`` (its LoRA layers, Adam, ``train``; no validation set, saving
   every ``steps + 1``) on the model ``mlx_lm.load`` loads, timed around the call (its layer swap and
   config write included); its tokens are those its trainer reports.
-- Tokens/s: trained tokens (the padded batch's masked-in tokens, as mlx-lm counts them) over those
-  seconds; the best round of each side is kept (the machine is shared).
+- Tokens/s: trained tokens (the tokens the loss is over, as mlx-lm counts them) over those seconds;
+  the best round of each side is kept (the machine is shared). FIM is off by default (``--fim-rate``):
+  a FIM example's loss is over its middle only, and the two sides draw the batches in different
+  orders, so with FIM their counts would differ by the batches drawn rather than by speed.
 
 Run: ``python -m benchmarks.finetune [--shape tiny|3b] [--steps N] [--rounds N] [--max-tokens N]
 [--batch-size N] [--workdir DIR]``; on the 3b shape set ``LANGCHAIN_STARCODER_BLAS=openblas`` first.
@@ -60,7 +62,7 @@ def ours(repo: Path, model: Path, out: Path, settings: dict[str, Any]) -> tuple[
 
     shutil.rmtree(out, ignore_errors=True)
     never = settings["steps"] + 1
-    finetune(repo, model=model, out=out, save_every=never, eval_every=never, **settings)
+    finetune(repo, model=model, out=out, save_every=never, eval_every=never, eval_batches=1, **settings)
     log = json.loads((out / "finetune.json").read_text())
     return log["trained_tokens"], log["train_seconds"]
 
@@ -122,6 +124,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--method", choices=("lora", "dora", "full"), default="lora")
+    parser.add_argument("--fim-rate", type=float, default=0.0)
     args = parser.parse_args()
 
     from langchain_starcoder.finetune import build_dataset, split_files
@@ -130,25 +133,26 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     model, repo = build(args.workdir, args.shape)
     settings = {"method": args.method, "rank": 8, "batch_size": args.batch_size, "learning_rate": 1e-5}
-    settings |= {"max_tokens": args.max_tokens, "steps": args.steps, "seed": 0}
+    settings |= {"max_tokens": args.max_tokens, "steps": args.steps, "seed": 0, "fim_rate": args.fim_rate}
     split = split_files(repo, held_out=0.1, seed=0)
     tokenizer = load_tokenizer(model, read_config(model))
-    examples = list(build_dataset(repo, split.train, tokenizer, max_tokens=args.max_tokens, seed=0))
-    rates: dict[str, list[float]] = {"ours": [], "mlx_lm.lora": []}
+    rates = {"fim_rate": args.fim_rate, "max_tokens": args.max_tokens}
+    examples = list(build_dataset(repo, split.train, tokenizer, **rates, seed=0))
+    speeds: dict[str, list[float]] = {"ours": [], "mlx_lm.lora": []}
     for _ in range(args.rounds):
-        for name in rates:
+        for name in speeds:
             if name == "ours":
                 done, seconds = ours(repo, model, args.workdir / "ours", settings)
             else:
                 done, seconds = theirs(model, args.workdir / "theirs", examples, settings)
-            rates[name].append(done / seconds)
-    best = {name: max(r) for name, r in rates.items()}
+            speeds[name].append(done / seconds)
+    best = {name: max(r) for name, r in speeds.items()}
     print(
         f"{args.shape} shape, {args.method} rank 8, batch {args.batch_size}, "
-        f"{args.max_tokens} tokens at most, {args.steps} steps; "
+        f"{args.max_tokens} tokens at most, FIM rate {args.fim_rate}, {args.steps} steps; "
         f"{len(examples)} training examples from {', '.join(PACKAGES)}"
     )
-    for name, r in rates.items():
+    for name, r in speeds.items():
         print(f"{name:12s} tokens/s per round: {', '.join(f'{x:.1f}' for x in r)}; best {best[name]:.1f}")
     print(f"ours / mlx_lm.lora: {best['ours'] / best['mlx_lm.lora']:.3f}x (goal >= 0.95x)")
 

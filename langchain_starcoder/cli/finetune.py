@@ -15,6 +15,7 @@ from .output import PROG, _err, _notes
 #: finetune()'s defaults, shown in --help.
 DEFAULTS = {"steps": 200, "rank": 8, "held_out": 0.1, "fim_rate": 0.5, "spm_rate": 0.5, "batch_size": 4}
 DEFAULTS |= {"learning_rate": 1e-5, "max_tokens": 2048, "save_every": 50, "eval_every": 50, "seed": 0}
+DEFAULTS |= {"eval_batches": None}
 
 
 def _finetune_args(p: argparse.ArgumentParser) -> None:
@@ -39,11 +40,18 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
         ("--max-tokens", int, "N", "tokens per example at most"),
         ("--save-every", int, "N", "a checkpoint every N steps"),
         ("--eval-every", int, "N", "the held-out loss every N steps"),
+        ("--eval-batches", int, "N", "the held-out loss over N batches, the same each time"),
         ("--seed", int, "N", "the split, the examples and the data order"),
     )
     for flag, kind, metavar, text in numbers:
         default = DEFAULTS[flag[2:].replace("-", "_")]
-        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=f"{text} (default {default})")
+        p.add_argument(
+            flag,
+            type=kind,
+            default=default,
+            metavar=metavar,
+            help=f"{text} (default {'all' if default is None else default})",
+        )
     p.add_argument(
         "--since", metavar="REV", help="hold out the files with code added after this git revision instead"
     )

@@ -85,6 +85,7 @@ def finetune(
     max_tokens: int = 2048,
     save_every: int = 50,
     eval_every: int = 50,
+    eval_batches: int | None = None,
     seed: int = 0,
     callback: Any = None,
 ) -> FinetuneResult:
@@ -96,7 +97,8 @@ def finetune(
     ``rank``: the LoRA rank; ``held_out``: the fraction of files kept out of training to measure on
     (with ``since``: the files changed after that git revision); ``fim_rate``/``spm_rate``: the
     share of fill-in-the-middle examples and, of those, in SPM order. A checkpoint every ``save_every``
-    steps, the held-out loss every ``eval_every``; ``resume`` continues from the last checkpoint as
+    steps, the held-out loss every ``eval_every`` (over ``eval_batches`` batches of the held-out
+    examples, the same each time; None: all); ``resume`` continues from the last checkpoint as
     if the run had not stopped (same settings; ``steps`` may grow). Ctrl-C saves a checkpoint of the
     step reached, then raises ``KeyboardInterrupt``. ``callback``: an mlx-lm ``TrainingCallback``
     also told of every step.
@@ -115,7 +117,7 @@ def finetune(
 def _settings(arguments: dict[str, Any]) -> dict[str, Any]:
     """The run's settings as recorded (in finetune.json and the checkpoint), the model as a path."""
     names = ("method", "steps", "rank", "held_out", "since", "fim_rate", "spm_rate", "batch_size")
-    names += ("learning_rate", "max_tokens", "save_every", "eval_every", "seed")
+    names += ("learning_rate", "max_tokens", "save_every", "eval_every", "eval_batches", "seed")
     return {"model": os.fspath(arguments["model"]), **{k: arguments[k] for k in names}}
 
 
@@ -128,6 +130,9 @@ def _check(repo: Any, out: Any, s: dict[str, Any], resume: bool) -> Path:
         if isinstance(s[name], bool) or not isinstance(s[name], int) or s[name] < 1:
             msg = f"{name} must be a positive integer; not {s[name]!r}."
             raise InvalidParameterError(msg)
+    if s["eval_batches"] is not None and (not isinstance(s["eval_batches"], int) or s["eval_batches"] < 1):
+        msg = f"eval_batches must be a positive integer, or None for all; not {s['eval_batches']!r}."
+        raise InvalidParameterError(msg)
     if not 0 < s["held_out"] < 1:
         msg = (
             "held_out is the fraction of files kept out of training, between 0 and 1 (e.g. 0.1); "
@@ -211,7 +216,8 @@ def batches(start: int = 0, seed: int = 0) -> Any:
     """mlx-lm's ``iterate_batches`` with an order of its own: examples sorted by length into batches
     (as mlx-lm does), batches shuffled each epoch by a generator seeded with ``seed`` and the epoch, the
     first ``start`` skipped. mlx-lm's order comes from numpy's global generator, which its evaluation
-    also draws from, so it could not be replayed on resume. An evaluation's last short batch is kept."""
+    also draws from, so it could not be replayed on resume. An evaluation (no ``loop``) sees the
+    batches in the same order every time, its last short batch kept."""
     import numpy as np
     from mlx_lm.tuner.trainer import iterate_batches
 
@@ -228,10 +234,7 @@ def batches(start: int = 0, seed: int = 0) -> Any:
             groups = [g for g in groups if len(g) == batch_size]
         done = 0
         for epoch in itertools.count():
-            shuffled = (
-                np.random.default_rng([seed, epoch]).permutation(len(groups)) if loop else range(len(groups))
-            )
-            for g in shuffled:
+            for g in np.random.default_rng([seed, epoch]).permutation(len(groups)):
                 if done >= start:
                     items = [dataset[j] for j in groups[g]]
                     yield next(iterate_batches(items, len(items), max_seq_length, comm_group=comm_group))
@@ -351,7 +354,7 @@ class _Run:
             self.model,
             self.data.held_out,
             s["batch_size"],
-            num_batches=-1,
+            num_batches=s["eval_batches"] or -1,
             max_seq_length=s["max_tokens"],
             iterate_batches=batches(),
         )

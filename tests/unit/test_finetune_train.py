@@ -149,6 +149,7 @@ def test_a_disk_that_fills_during_a_checkpoint_keeps_the_previous_one(tiny_path,
         ({"method": "qlora"}, "method must be one of lora, dora, full"),
         ({"steps": 0}, "steps must be a positive integer"),
         ({"fim_rate": -0.1}, "fim_rate is a share"),
+        ({"eval_batches": 0}, "eval_batches must be a positive integer"),
     ],
 )
 def test_bad_settings_fail_before_anything_loads(repo, tmp_path, change, message):
