@@ -316,3 +316,31 @@ def test_structured_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -
     ]
     assert all(r["a_median"] > 0 and r["b_median"] > 0 for r in section["rows"])
     assert section["data"]["mask"]["median_us"] > 0 and section["data"]["finish_reasons"]
+
+
+def test_evaluation_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -> None:
+    """Repository context against none on cross_file holes of a package no one here wrote, and the
+    evaluation's cost (benchmarks/evaluation.py): a checkpoint trained for seconds, its rows well formed."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    assert "evaluation" in OPTIONAL
+    args = ["--preset", "tiny", "--only", "evaluation", "--quiet", "--workdir", str(tmp_path / "w")]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    (section,) = json.loads((tmp_path / "results.json").read_text())["sections"]
+    rows = [(r["metric"], r["a"], r["goal"]) for r in section["rows"]]
+    holes = section["data"]["cost_tiny"]["holes"]
+    assert rows == [
+        ("cross_file exact match", "psm with repository context", None),
+        ("cross_file exact match", "spm with repository context", None),
+        (
+            "seconds per hole",
+            "the evaluation's own (cutting, post-processing, scoring)",
+            {"op": "<=", "value": 0.05},
+        ),
+        (f"minutes for {holes} holes x 4 configurations", "the whole run (load, cut, complete, score)", None),
+    ]
+    effect = section["data"]["effect"]["pooled"]["with_context"]["psm"]["em"]
+    assert effect["n"] == 4 and effect["low"] <= effect["diff"] <= effect["high"]
+    cost = section["data"]["cost_wide"]
+    assert cost["cut_per_hole_s"] > 0 and cost["score_per_hole_s"] > 0 and len(cost["model_per_hole_s"]) == 2
+    assert section["data"]["cost_tiny"]["completions"] == 4 * section["data"]["cost_tiny"]["holes"]
