@@ -484,21 +484,16 @@ def _lora_parameters(settings: dict[str, Any]) -> dict[str, Any] | None:
 
 def _write_adapter_config(out: Path, settings: dict[str, Any], model: Any) -> None:
     """mlx-lm's ``adapter_config.json`` (what ``load_adapters`` reads: the method, the layers, the LoRA
-    parameters), with the base's shape, so that an adapter can be checked against a model."""
+    parameters), with the base's shape (what the engine checks an adapter against a model by)."""
+    from ..loading.adapter import BASE_KEY, base_signature
     from .checkpoints import write_atomically
 
-    args = model.args
     config = {
         "model": settings["model"],
         "fine_tune_type": settings["method"],
         "num_layers": len(model.layers),
         "lora_parameters": _lora_parameters(settings),
-        "base": {
-            "model_type": args.model_type,
-            "hidden_size": args.hidden_size,
-            "num_hidden_layers": args.num_hidden_layers,
-            "vocab_size": args.vocab_size,
-        },
+        BASE_KEY: base_signature(model.args),
         **{k: v for k, v in settings.items() if k not in ("model", "method", "data_digest")},
     }
     text = json.dumps(config, indent=2, sort_keys=True)

@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.tuner.callbacks import TrainingCallback
 from mlx_lm.tuner.utils import load_adapters
 
+from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError
 from langchain_starcoder.finetune import checkpoints
 from langchain_starcoder.finetune.train import finetune
@@ -89,12 +90,27 @@ def test_the_held_out_loss_falls_and_the_files_are_written(trained, tiny_path, r
     assert log["held_out_loss_before"] == log["held_out_losses"][0]["loss"] == trained.held_out_loss_before
     assert log["held_out_loss_after"] == log["held_out_losses"][-1]["loss"] == trained.held_out_loss_after
     assert log["trained_tokens"] > 0 and log["tokens_per_second"] > 0
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model"] == {
+        "model_type": "starcoder2",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "vocab_size": 1024,
+    }
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # mlx-lm reads the adapter: its layers on our model, and the adapter changes the logits.
     base = load_model(tiny_path, quantize=None, group_size=64, dtype="auto").model
     tuned = load_adapters(load_model(tiny_path, quantize=None, group_size=64, dtype="auto").model, str(out))
     tokens = mx.array([[5, 17, 200, 301, 42]])
     assert not np.allclose(np.array(base(tokens)), np.array(tuned(tokens)), atol=1e-3)
+    # The engine serves it as mlx-lm applies it (its checks read the base in adapter_config.json).
+    engine = StarCoderEngine.load(tiny_path, adapter_path=out)
+    try:
+        np.testing.assert_allclose(
+            engine.logits([5, 17, 200, 301, 42]), np.array(tuned(tokens))[0], atol=1e-5
+        )
+    finally:
+        engine.close()
 
 
 def test_ctrl_c_keeps_a_loadable_checkpoint_and_resume_equals_an_uninterrupted_run(
