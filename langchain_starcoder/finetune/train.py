@@ -110,6 +110,7 @@ def finetune(
     if state is not None:
         _check_resumable(state, settings, data, out_dir)
     settings["data_digest"] = data.digest
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a bad setting or repository leaves nothing
     run = _Run.start(settings, data, out_dir, state, callback)
     return run.train()
 
@@ -122,7 +123,7 @@ def _settings(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check(repo: Any, out: Any, s: dict[str, Any], resume: bool) -> Path:
-    """Every setting checked before anything loads; the output folder, made."""
+    """Every setting checked before anything loads; the output folder."""
     if s["method"] not in METHODS:
         msg = f"method must be one of {', '.join(METHODS)}; not {s['method']!r}."
         raise InvalidParameterError(msg)
@@ -159,7 +160,6 @@ def _check(repo: Any, out: Any, s: dict[str, Any], resume: bool) -> Path:
             "or give another --out folder."
         )
         raise InvalidParameterError(msg)
-    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -247,7 +247,7 @@ def batches(start: int = 0, seed: int = 0) -> Any:
 
 class _Run:
     """One run: the model with its adapter, the optimizer, the data, the history; mlx-lm's trainer
-    calls :meth:`on_train_loss_report` after every step."""
+    calls :meth:`on_step` after every step (through :func:`_reporter`)."""
 
     def __init__(self, settings: dict[str, Any], data: _Data, out: Path, model: Any, optimizer: Any) -> None:
         self.settings, self.data, self.out = settings, data, out

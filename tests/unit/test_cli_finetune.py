@@ -78,3 +78,12 @@ def test_bad_settings_exit_2_before_the_model_loads(capsys, repo, tmp_path, opti
 def test_the_defaults_are_finetunes():
     parameters = inspect.signature(finetune).parameters
     assert {name: parameters[name].default for name in DEFAULTS} == DEFAULTS
+
+
+def test_a_repository_with_too_little_code_exits_2_and_writes_nothing(capsys, tiny_path, tmp_path):
+    root = tmp_path / "small"
+    root.mkdir()
+    (root / "only.py").write_text(FUNCTION.format(i=1))
+    code, _, err = run(capsys, "finetune", root, "--model", tiny_path, "--out", tmp_path / "out")
+    assert code == 2 and "error:" in err
+    assert not (tmp_path / "out").exists()
