@@ -41,6 +41,7 @@ def test_finetune_writes_the_adapter_and_resumes_to_more_steps(capsys, tiny_path
     code, _, err = run(capsys, *argv, *FAST, "--save-every", 2, "--eval-every", 2)
     assert code == 0, err
     assert "Held-out loss" in err and "after 4 steps" in err and f"Wrote the adapter to {out}" in err
+    assert "Fine-tuning" in err and "held-out" in err  # the progress bar, with the losses
     log = json.loads((out / "finetune.json").read_text())
     assert log["settings"] | {"method": "dora", "rank": 4, "steps": 4, "batch_size": 2} == log["settings"]
     assert [r["step"] for r in log["held_out_losses"]] == [0, 2, 4]
