@@ -354,8 +354,9 @@ def cost_wide(checkpoint: Path, repo: Path, n_cut: int, n_run: int) -> dict[str,
     engine = StarCoderEngine.load(checkpoint)
     try:
         run = holes[:: max(1, len(holes) // n_run)][:n_run]
-        evaluate(engine, run[:1], "psm+repo", repo=index, max_tokens=4)  # warm up (compile, caches)
-        report = evaluate(engine, run, "psm+repo", repo=index, max_tokens=16, max_prompt_tokens=1024)
+        budget = {"repo": index, "max_prompt_tokens": 1024}
+        evaluate(engine, run[:1], "psm+repo", max_tokens=4, **budget)  # warm up (compile, caches)
+        report = evaluate(engine, run, "psm+repo", max_tokens=16, **budget)
     finally:
         engine.close()
     holes_of = {h.task_id: h for h in run}
