@@ -281,9 +281,12 @@ class ManagedLlamaBackend(ServerBackend):
         name: str,
         path: Path | None,
         sliding_window: int | None,
+        adapter: Any = None,
     ) -> None:
         super().__init__()
         self.name, self.path, self.sliding_window = name, path, sliding_window
+        # the server (--lora) is this backend's alone: all its KV is computed under this adapter
+        self.adapter = adapter
         self.server = server
         self._connect = connect
         self.restarts = 0

@@ -176,13 +176,6 @@ def llama_cpp_backend(model: str | os.PathLike[str], options: LlamaCppOptions) -
     from ..gguf_format.cache import cached_gguf
     from ..loading import model_args, read_config, resolve_model_path
 
-    if options.adapter_path is not None:
-        msg = (
-            'adapter_path is not yet supported on backend="llama.cpp": load the model on MLX with it (the '
-            "default backend), or merge the adapter into the weights (langchain-starcoder export-adapter "
-            "--fused OUT) and load OUT."
-        )
-        raise InvalidParameterError(msg)
     binary = llama_binary("llama-server")  # missing: say how to install it, before converting
     if is_gguf(model, options.gguf_file):
         gguf = Path(resolve_gguf_file(model, options.gguf_file, options.revision))
@@ -204,6 +197,7 @@ def llama_cpp_backend(model: str | os.PathLike[str], options: LlamaCppOptions) -
             "set inexact_past_window=True to allow it."
         )
         raise InvalidParameterError(msg)
+    lora, adapter = _gguf_adapter(options, gguf)
     threads = options.threads or _idle_cpus()
     slots = options.slots or _slots(args, context)
     alias = Path(os.fspath(model)).name or "model"
@@ -216,6 +210,7 @@ def llama_cpp_backend(model: str | os.PathLike[str], options: LlamaCppOptions) -
         context=context,
         server_args=options.server_args,
         startup_timeout=options.startup_timeout,
+        lora=lora,
     )
     source = gguf if folder is None else folder
     tokenizers: list[Any] = []
@@ -233,8 +228,23 @@ def llama_cpp_backend(model: str | os.PathLike[str], options: LlamaCppOptions) -
         tokenizers.append(tokenizer)
         return remote
 
-    backend = ManagedLlamaBackend(server, connect, name=str(model), path=folder, sliding_window=window)
+    backend = ManagedLlamaBackend(
+        server, connect, name=str(model), path=folder, sliding_window=window, adapter=adapter
+    )
     return backend, tokenizers[0]
+
+
+def _gguf_adapter(options: LlamaCppOptions, gguf: Path) -> tuple[tuple[Path, ...], Any]:
+    """The adapter as llama.cpp's GGUF adapter for ``gguf`` (converted once, cached by its digest; the base
+    is never converted again per adapter), for ``--lora``; DoRA and full weights: an error naming --fused."""
+    if options.adapter_path is None:
+        return (), None
+    from ..gguf_format.lora import cached_adapter_gguf
+    from ..loading.adapter import read_adapter
+
+    adapter = read_adapter(options.adapter_path)
+    cache = None if options.cache_dir is None else Path(options.cache_dir)
+    return (cached_adapter_gguf(adapter, gguf, cache),), adapter
 
 
 def _auto_outtype(config: dict[str, Any]) -> str:

@@ -134,7 +134,9 @@ class LlamaCppOptions(LlamaServerOptions, _Checkpoint):
     Args:
         revision, gguf_file: As :class:`MLXOptions`'s: the hub revision, and the GGUF file to serve
             from the folder or hub repo ``model``.
-        adapter_path: Not yet supported here (an error says what to do instead).
+        adapter_path: A LoRA adapter's folder (mlx-lm's), converted once to llama.cpp's GGUF adapter
+            (cached by its digest) and run with ``--lora`` over the base GGUF; DoRA and full weights
+            cannot run there (an error names ``export-adapter --fused``).
         threads, slots, context, outtype, inexact_past_window, server_args, startup_timeout,
             cache_dir: The managed server's settings, fields (and checks) of the base class
             :class:`langchain_starcoder.backends.managed_llama.LlamaCppOptions`, which documents them.

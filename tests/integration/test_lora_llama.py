@@ -17,7 +17,9 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.backends.managed_llama import LlamaServerProcess
+from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.finetune.export import fuse_adapter, to_gguf_lora
 from langchain_starcoder.gguf_format import convert_to_gguf, llama_binary
 from langchain_starcoder.loading import load_model
@@ -146,3 +148,32 @@ def test_the_adapter_at_scale_zero_is_the_base(servers: dict[str, LlamaServerPro
     for ids in PROMPTS:
         off = llama_logprobs(servers["lora"], ids, lora=[{"id": 0, "scale": 0.0}])
         np.testing.assert_allclose(off, llama_logprobs(servers["base"], ids), atol=1e-6)
+
+
+def test_the_llama_cpp_engine_runs_the_adapter_with_lora_over_the_base(
+    clean_path: Path, files: dict[str, Path], servers: dict[str, LlamaServerProcess], tmp_path: Path
+) -> None:
+    """``load(backend="llama.cpp", adapter_path=)``: the base GGUF with the adapter's GGUF by ``--lora``
+    (converted once, by digest), decoding as the fused model's server does; DoRA is refused by name."""
+    engine = StarCoderEngine.load(
+        clean_path,
+        backend="llama.cpp",
+        adapter_path=files["adapter"],
+        outtype="f32",
+        server_args=FLOAT32,
+        cache_dir=tmp_path,
+        slots=1,
+    )
+    try:
+        args = engine.backend.server.proc.args
+        lora = Path(args[args.index("--lora") + 1])
+        assert lora.parent == tmp_path and engine.adapter.digest in lora.name
+        for ids in PROMPTS[:2]:
+            body = {"prompt": ids, "n_predict": 12, "temperature": 0, "return_tokens": True}
+            want = _post(servers["fused"], {**body, "cache_prompt": False})["tokens"]
+            assert engine.generate(ids, max_tokens=12).token_ids == want
+    finally:
+        engine.close()
+    dora = build_adapter(clean_path, tmp_path / "dora", method="dora", rank=4)
+    with pytest.raises(InvalidParameterError, match="--fused"):
+        StarCoderEngine.load(clean_path, backend="llama.cpp", adapter_path=dora, cache_dir=tmp_path)

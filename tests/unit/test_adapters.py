@@ -192,13 +192,9 @@ def test_the_command_line_takes_an_adapter(
     assert load_settings(serve)["adapter_path"] == adapters["lora"]  # (serve loads through the same path)
 
 
-def test_engines_elsewhere_say_adapters_are_not_yet_supported(
+def test_engines_served_elsewhere_say_adapters_are_not_yet_supported(
     tiny_path: Path, adapters: dict[str, Path]
 ) -> None:
-    with pytest.raises(
-        InvalidParameterError, match=r'not yet supported on backend="llama.cpp".*export-adapter'
-    ):
-        StarCoderEngine.load(tiny_path, backend="llama.cpp", adapter_path=adapters["lora"])
     with pytest.raises(InvalidParameterError, match="not yet supported for a model served elsewhere"):
         StarCoderEngine.connect("http://127.0.0.1:9", model=str(tiny_path), adapter_path=adapters["lora"])
     with pytest.raises(ValueError, match="adapter_path is not yet supported with base_url"):
