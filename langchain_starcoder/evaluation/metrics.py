@@ -139,11 +139,11 @@ def cceval_truncate(prompt: str, completion: str, language: str) -> str:
 
 def _python_statement(prompt: str, completion: str) -> str:
     parser = _python_parser()
-    for i in range(len(completion)):
-        code = (prompt + completion[: i + 1]).encode("utf8")
-        if _has_error(parser.parse(code).root_node):
+    for i in range(len(completion) - 1):
+        # theirs stops only where a newline follows: parse only there (once per line, not per character)
+        if completion[i + 1] != "\n":
             continue
-        if completion[i + 1] == "\n":  # IndexError at the end: the caller keeps the whole completion
+        if not _has_error(parser.parse((prompt + completion[: i + 1]).encode("utf8")).root_node):
             return completion[: i + 1].rstrip()
     return completion
 
