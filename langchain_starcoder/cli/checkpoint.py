@@ -53,6 +53,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _convert_to_gguf(args: argparse.Namespace) -> int:
     """A checkpoint folder -> a GGUF file in llama.cpp's layout (written beside, then moved in place)."""
     from ..gguf_format import convert_to_gguf, is_gguf
+    from ..gguf_format.write import whole_file
     from ..loading import resolve_model_path
 
     if is_gguf(args.src, args.gguf_file):
@@ -67,12 +68,8 @@ def _convert_to_gguf(args: argparse.Namespace) -> int:
         raise CommandError(msg)
     src = resolve_model_path(args.src, args.revision)
     outtype = args.outtype or "f16"
-    tmp = dst.with_name(f".{dst.name}.partial")
-    try:
-        convert_to_gguf(src, tmp, outtype=outtype)
-        tmp.replace(dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with whole_file(dst) as partial:
+        convert_to_gguf(src, partial, outtype=outtype)
     _err(f"Converted {src.name} into a {outtype} GGUF file ({human_bytes(dst.stat().st_size)}):")
     print(dst)
     return 0

@@ -209,6 +209,7 @@ def to_gguf_lora(
     or a checkpoint folder or hub id) checked against that base first. ``out`` must not exist."""
     from ..checkpoints.folders import DestinationError
     from ..gguf_format import is_gguf, resolve_gguf_file
+    from ..gguf_format.write import whole_file
 
     adapter = read_adapter(adapter_dir)
     out = Path(out).expanduser()
@@ -221,10 +222,6 @@ def to_gguf_lora(
     elif base is not None:
         folder, config = _load_base(base)
         check_adapter_fits(adapter, folder, config)
-    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    try:
+    with whole_file(out) as partial:
         write_adapter_gguf(adapter, partial, base=base_gguf)
-        partial.replace(out)
-    finally:
-        partial.unlink(missing_ok=True)
     return out

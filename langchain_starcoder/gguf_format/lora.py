@@ -62,7 +62,7 @@ def write_adapter_gguf(
     """Write the LoRA ``adapter`` as the GGUF adapter file ``out`` (float32) for a StarCoder2 base; with
     ``base`` (a GGUF file) each factor is first checked against that base's weights. Removed again if
     writing fails."""
-    from .write import _gguf
+    from .write import _gguf, gguf_writer
 
     if adapter.fine_tune_type != "lora":
         what = "a DoRA adapter" if adapter.fine_tune_type == "dora" else "full fine-tuned weights"
@@ -89,8 +89,7 @@ def write_adapter_gguf(
         _check_base(adapter, {name: value.shape for name, value in renamed.items()}, read_header(Path(base)))
 
     out = Path(out)
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.STARCODER2])
-    try:
+    with gguf_writer(gguf, out, gguf.MODEL_ARCH.STARCODER2) as writer:
         writer.add_type(gguf.GGUFType.ADAPTER)
         writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, lora_alpha(adapter))
@@ -99,11 +98,6 @@ def write_adapter_gguf(
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
-    except BaseException:
-        writer.close()
-        out.unlink(missing_ok=True)
-        raise
-    writer.close()
     return out
 
 
@@ -131,6 +125,7 @@ def cached_adapter_gguf(adapter: Adapter, base: Path, directory: Path | None = N
     """``adapter`` as a GGUF adapter file for the GGUF ``base``, in the GGUF cache: named by the
     adapter's digest (of both its files), so a changed adapter is converted again, never served stale."""
     from .cache import _private_folder, cache_dir
+    from .write import whole_file
 
     directory = directory or cache_dir()
     _private_folder(directory)
@@ -139,10 +134,6 @@ def cached_adapter_gguf(adapter: Adapter, base: Path, directory: Path | None = N
         written = {name: info.shape for name, info in read_header(target).tensors.items()}
         _check_base(adapter, written, read_header(base))
         return target
-    partial = directory / f".{target.name}.{os.getpid()}.partial"
-    try:
+    with whole_file(target) as partial:
         write_adapter_gguf(adapter, partial, base=base)
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
     return target

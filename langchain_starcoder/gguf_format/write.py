@@ -6,6 +6,7 @@ memory is about one tensor, not the model. Q4_0 goes through llama.cpp's own ``l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -144,8 +145,7 @@ def write_gguf(
     names = gguf.get_tensor_name_map(arch, config["n_layer" if v1 else "num_hidden_layers"])
     tensors = list(_plan(checkpoint, config, names, ftype, types or {}))
 
-    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
-    try:
+    with gguf_writer(gguf, out, arch) as writer:
         _add_metadata(writer, gguf, checkpoint, config, ftype, rope_freq_base, sliding_window)
         for key, value in (metadata or {}).items():
             writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
@@ -170,12 +170,33 @@ def write_gguf(
                 writer.write_tensor_data(value)
                 written.update(value.nbytes)
                 del value
+    return out
+
+
+@contextlib.contextmanager
+def gguf_writer(gguf: Any, out: Path, arch: Any) -> Iterator[Any]:
+    """``gguf``'s writer of the file ``out`` for the model ``arch``, closed at the end; on any failure
+    ``out`` is removed too, so no half-written file is left to load."""
+    writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    try:
+        yield writer
     except BaseException:
         writer.close()
         out.unlink(missing_ok=True)
         raise
     writer.close()
-    return out
+
+
+@contextlib.contextmanager
+def whole_file(target: Path) -> Iterator[Path]:
+    """A partial file beside ``target`` to write, moved onto ``target`` once the block ends without
+    error and removed otherwise: ``target`` is never half written (an old one stays on a failure)."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        yield partial
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _gguf() -> Any:
