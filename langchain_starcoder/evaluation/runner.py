@@ -32,6 +32,7 @@ from .execution import DEFAULT_EXEC_TIMEOUT, NOT_RUN, TIMED_OUT, TRUTH_FAILS, TR
 from .holes import Hole
 from .metrics import cceval_truncate
 from .report import EvalReport, HoleRecord
+from .window import cut_to, in_file_room
 
 #: The hole kinds CrossCodeEval's post-processing applies to: the rest of a statement, as its holes.
 POSTPROCESSED = frozenset({"line", "cross_file"})
@@ -92,11 +93,16 @@ def evaluate(
     report = EvalReport(metadata=_metadata(target, chosen, holes, index, budgets))
     if executor is not None:
         report.metadata["exec"] = executor.describe()
+    room = in_file_room(target, chosen, max_tokens, max_prompt_tokens)
+    report.metadata["in_file_tokens"] = room
     bar = progress_bar(len(holes) * len(chosen), "Evaluating", "completion")
     try:
         for hole in holes:
+            text = (hole.prefix, hole.suffix)
+            if room is not None:  # the same window of the file for every configuration
+                text = cut_to(hole.prefix, hole.suffix, room, target.count_tokens)
             for config in chosen:
-                record = _complete(target, hole, config, index, budgets)
+                record = _complete(target, hole, text, config, index, budgets)
                 if executor is not None and record.error is None:
                     record = _executed(executor, hole, record)
                 report.records.append(record)
@@ -160,7 +166,12 @@ def _metadata(
 
 
 def _complete(
-    target: Any, hole: Hole, config: Config, index: RepoIndex | None, budgets: dict[str, Any]
+    target: Any,
+    hole: Hole,
+    text: tuple[str, str],
+    config: Config,
+    index: RepoIndex | None,
+    budgets: dict[str, Any],
 ) -> HoleRecord:
     """One hole under one configuration: its record, scored, or with the error that stopped it."""
     settings: dict[str, Any] = {"mode": config.mode, "end": config.end, "repo_tokens": config.repo_tokens}
@@ -172,8 +183,8 @@ def _complete(
         context = _context(target, hole, config, index)
         settings["context_files"] = [c.path for c in context]
         request = FIMRequest(
-            hole.prefix,
-            hole.suffix,
+            text[0],
+            text[1],
             context_files=context,
             file_path=hole.file,
             mode=config.mode,

@@ -58,6 +58,7 @@ def test_every_hole_under_every_configuration(tiny_engine: StarCoderEngine, repo
     configs = ["psm", "spm", "psm+repo=64", "psm+noend"]
     report = evaluate(tiny_engine, holes, configs, repo=repo, **FAST)
     assert len(report.records) == len(holes) * 4 and report.configs == configs
+    assert report.metadata["in_file_tokens"] == 192 - 64 - 32
     assert [(r.task_id, r.config) for r in report.records] == [(h.task_id, c) for h in holes for c in configs]
     for r in report.records:
         assert r.error is None
@@ -66,7 +67,8 @@ def test_every_hole_under_every_configuration(tiny_engine: StarCoderEngine, repo
         }
         assert 0 < r.first_token_s <= r.total_s if r.prediction else r.total_s > 0
         assert 0 < r.prompt_tokens <= 192 and r.completion_tokens <= 12 and isinstance(r.ended, bool)
-        assert r.prompt_tokens > 150 or r.file != "pkg/app.py"  # cut to the budget, not under it
+        # app.py is longer than the budget: its window leaves +repo=64 its room (192 - 64 - 32 tokens)
+        assert r.prompt_tokens > 80 or r.file != "pkg/app.py"
         assert r.settings["mode"] == r.config[:3] and r.settings["max_prompt_tokens"] == 192
     by = {(r.task_id, r.config): r for r in report.records}
     for h in holes:
@@ -76,6 +78,11 @@ def test_every_hole_under_every_configuration(tiny_engine: StarCoderEngine, repo
             "pkg/app.py" not in by[(h.task_id, "psm+repo=64")].settings["context_files"]
             or h.file != "pkg/app.py"
         )
+        # Every configuration gets the same window of the file; +repo adds the other file in its room.
+        if h.file == "pkg/app.py":
+            plain, with_repo = by[(h.task_id, "psm")], by[(h.task_id, "psm+repo=64")]
+            assert set(with_repo.settings["context_files"]) == {"pkg/util.py"}
+            assert with_repo.prompt_tokens > plain.prompt_tokens + 20
         # Greedy: the middle-end rule only stops earlier.
         assert by[(h.task_id, "psm+noend")].completion_tokens >= by[(h.task_id, "psm")].completion_tokens
         assert by[(h.task_id, "psm+noend")].settings["end"] == "none"
