@@ -9,8 +9,8 @@ to the first token is the editor's. httpx does the HTTP; the rest is the two pro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +19,7 @@ import httpx
 
 from ..backends.remote import ServerError, ServerTimeoutError, ServerUnavailableError
 from ..backends.remote.backend import OUR_SERVER
+from ..backends.remote.errors import error_message, http_error_text, json_object
 from ..errors import InvalidParameterError
 from ..fim.request import FIM_MODES, FIMRequest
 from ..types import DEFAULT_MAX_TOKENS, CompletionChunk
@@ -162,7 +163,7 @@ class _Endpoint:
         response = self._open("GET", "/v1/models", None, missing_ok=True)  # a key missing: asked again
         card: dict[str, Any] = {}  # a server without /v1/models is not this package's
         if response.status_code == 200:
-            data = _json(response.text, f"{self.base_url}/v1/models").get("data")
+            data = json_object(response.text, f"{self.base_url}/v1/models").get("data")
             card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         if self.fresh_documents is None:
             self.fresh_documents = card.get("owned_by") == OUR_SERVER
@@ -175,13 +176,8 @@ class _Endpoint:
         the server's generation (Ctrl-C in :func:`evaluate`)."""
         response = self._open("POST", self.path, body, stream=True)
         try:
-            yield from self._chunks(self._events(response), max_tokens)
-        except httpx.TimeoutException as e:
-            msg = f"{self.base_url}{self.path} sent nothing for {self._client.timeout.read} s ({e!r})."
-            raise ServerTimeoutError(msg) from None
-        except httpx.TransportError as e:
-            msg = f"The connection to {self.base_url}{self.path} broke mid-answer ({e!r})."
-            raise ServerError(msg) from None
+            with self._failures(self.path):
+                yield from self._chunks(self._events(response), max_tokens)
         finally:
             response.close()
 
@@ -193,14 +189,8 @@ class _Endpoint:
         waited, pause = 0.0, _FIRST_PAUSE
         while True:
             request = self._client.build_request(method, path, json=body)
-            try:
+            with self._failures(path):
                 response = self._client.send(request, stream=stream)
-            except httpx.ConnectError as e:
-                msg = f"{self.base_url} could not be reached ({e}). Is the server running?"
-                raise ServerUnavailableError(msg) from None
-            except httpx.HTTPError as e:
-                msg = f"{self.base_url}{path} did not answer ({e!r})."
-                raise ServerError(msg) from None
             status = response.status_code
             if status == 503 and waited < (self._client.timeout.read or 0):
                 response.close()
@@ -213,8 +203,23 @@ class _Endpoint:
             response.close()
             raise self._http_error(response, text)
 
+    @contextlib.contextmanager
+    def _failures(self, path: str) -> Iterator[None]:
+        """httpx's failures, sending or reading, as the server's errors: unreachable, silent, broken."""
+        try:
+            yield
+        except httpx.ConnectError as e:
+            msg = f"{self.base_url} could not be reached ({e}). Is the server running?"
+            raise ServerUnavailableError(msg) from None
+        except httpx.TimeoutException as e:
+            msg = f"{self.base_url}{path} sent nothing for {self._client.timeout.read} s ({e!r})."
+            raise ServerTimeoutError(msg) from None
+        except httpx.HTTPError as e:
+            msg = f"The connection to {self.base_url}{path} broke before a whole answer ({e!r})."
+            raise ServerError(msg) from None
+
     def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(self._open("POST", path, body).text, f"{self.base_url}{path}")
+        return json_object(self._open("POST", path, body).text, f"{self.base_url}{path}")
 
     def _events(self, response: httpx.Response) -> Iterator[dict[str, Any]]:
         """The JSON objects of a server-sent-event stream; an error event raised, ``[DONE]`` the end."""
@@ -225,18 +230,14 @@ class _Endpoint:
                 continue
             if value == "[DONE]":
                 return
-            event = _json(value, f"{self.base_url}{self.path}")
+            event = json_object(value, f"{self.base_url}{self.path}")
             if "error" in event:
-                msg = f"{self.base_url}{self.path} failed mid-answer: {_message(event)}"
+                msg = f"{self.base_url}{self.path} failed mid-answer: {error_message(event)}"
                 raise ServerError(msg)
             yield event
 
     def _http_error(self, response: httpx.Response, text: str) -> ServerError:
-        try:
-            detail = _message(json.loads(text))
-        except json.JSONDecodeError:
-            detail = text.strip()[:300] or response.reason_phrase
-        where = f"{self.base_url} answered {response.status_code} to {response.request.url.path}: {detail}"
+        where = http_error_text(self.base_url, response, text)
         hint = {
             401: " Give the server's API key (api_key=, --remote-api-key).",
             403: " Give the server's API key (api_key=, --remote-api-key).",
@@ -389,22 +390,3 @@ def _final_infill(event: dict[str, Any], max_tokens: int, where: str) -> Complet
         cached_tokens=event.get("tokens_cached", timings.get("cache_n")),
         completion_tokens=predicted,
     )
-
-
-def _json(text: str, where: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = None
-    if not isinstance(value, dict):
-        msg = f"{where} answered something that is not a JSON object: {text[:200]!r}"
-        raise ServerError(msg)
-    return value
-
-
-def _message(body: Any) -> str:
-    """The human part of an error body: ``{"error": {"message": ...}}`` (llama.cpp, OpenAI, ours)."""
-    error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict) and "message" in error:
-        return str(error["message"])
-    return str(error)[:300]

@@ -4,7 +4,6 @@ first token, bounded reading of lines and bodies, and every failure mapped to on
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import threading
 import time
@@ -13,7 +12,15 @@ from typing import Any
 
 import httpx
 
-from .errors import ServerDisconnectedError, ServerError, ServerTimeoutError, ServerUnavailableError
+from .errors import (
+    ServerDisconnectedError,
+    ServerError,
+    ServerTimeoutError,
+    ServerUnavailableError,
+    error_message,
+    http_error_text,
+    json_object,
+)
 
 _BACKOFF = 0.25  # seconds before the first retry; doubled for each next one
 _MAX_LINE = 1 << 24  # bytes of one server-sent line, or of an answer's body, before it is refused
@@ -164,7 +171,7 @@ class Transport:
             field, _, value = line.partition(":")
             value = value.strip()
             if field == "error" or (field == "data" and value.startswith('{"error"')):
-                msg = f"{self.base_url} failed mid-stream: {_message(self._json(value, 'error'))}"
+                msg = f"{self.base_url} failed mid-stream: {error_message(self._json(value, 'error'))}"
                 raise ServerError(msg)
             if field != "data" or value == "[DONE]":
                 continue
@@ -211,22 +218,10 @@ class Transport:
     # --- errors --------------------------------------------------------------------------------
 
     def _json(self, text: str, what: str) -> dict[str, Any]:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = None
-        if not isinstance(value, dict):
-            msg = f"{self.base_url}{what} answered something that is not a JSON object: {text[:200]!r}"
-            raise ServerError(msg)
-        return value
+        return json_object(text, f"{self.base_url}{what}")
 
     def _http_error(self, response: httpx.Response, text: str) -> ServerError:
-        try:
-            detail = _message(json.loads(text))
-        except json.JSONDecodeError:
-            detail = text.strip()[:300] or response.reason_phrase
-        msg = f"{self.base_url} answered {response.status_code} to {response.request.url.path}: {detail}"
-        return ServerError(msg)
+        return ServerError(http_error_text(self.base_url, response, text))
 
     def _unreachable(self, error: BaseException) -> ServerUnavailableError:
         why = f"stayed busy ({error})" if isinstance(error, _Retry) else f"could not be reached ({error!r})"
@@ -251,11 +246,3 @@ class Transport:
                 "prompts on a slow server."
             )
         return ServerTimeoutError(msg)
-
-
-def _message(body: Any) -> str:
-    """The human part of an error body: llama.cpp's and OpenAI's ``{"error": {"message": ...}}``."""
-    error = body.get("error", body) if isinstance(body, dict) else body  # older vLLM: the body itself
-    if isinstance(error, dict) and "message" in error:
-        return str(error["message"])
-    return str(error)[:300]
