@@ -32,18 +32,10 @@ from langchain_starcoder.evaluation import (
 from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.gguf import LlamaServer, write_gguf
+from langchain_starcoder.testing.repos import write_small_repo
 from langchain_starcoder.testing.servers import ServerThread, free_port
 from langchain_starcoder.testing.vllm_server import VLLMServer
 
-UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
-APP = (
-    "from pkg.util import scale, LIMIT\n\n\ndef run(values):\n    total = 0\n    for v in values:\n"
-    "        total += scale(v)\n    return min(total, LIMIT)\n"
-)
-SHAPES = (
-    "class Box:\n    def __init__(self, width, height):\n        self.width = width\n"
-    "        self.height = height\n\n    def area(self):\n        return self.width * self.height\n"
-)
 MAX_TOKENS = 6
 #: What must be the same through two paths that run the same prompt on the same model.
 SAME = (
@@ -60,12 +52,7 @@ SAME = (
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("eval-targets") / "repo"
-    (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "util.py").write_text(UTIL)
-    (root / "pkg" / "app.py").write_text(APP)
-    (root / "pkg" / "shapes.py").write_text(SHAPES)
-    return root
+    return write_small_repo(tmp_path_factory.mktemp("eval-targets") / "repo")
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,9 @@ import pytest
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.evaluation import EvalReport
 from langchain_starcoder.server import create_app
+from langchain_starcoder.testing.repos import UTIL, write_small_repo
 from langchain_starcoder.testing.servers import ServerThread
 
-UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
-APP = (
-    "from pkg.util import scale, LIMIT\n\n\ndef run(values):\n    total = 0\n    for v in values:\n"
-    "        total += scale(v)\n    return min(total, LIMIT)\n"
-)
-SHAPES = (
-    "class Box:\n    def __init__(self, width, height):\n        self.width = width\n"
-    "        self.height = height\n\n    def area(self):\n        return self.width * self.height\n"
-)
 FIELDS = {"file", "kind", "config", "truth", "prediction", "em", "es", "id_em", "id_f1"}
 FAST = ("--max-tokens", "6", "--max-prompt-tokens", "256")
 
@@ -37,12 +29,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, st
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "util.py").write_text(UTIL)
-    (root / "pkg" / "app.py").write_text(APP)
-    (root / "pkg" / "shapes.py").write_text(SHAPES)
-    return root
+    return write_small_repo(tmp_path / "repo")
 
 
 def records(path: Path) -> list[dict]:

@@ -1,0 +1,27 @@
+"""A tiny Python repository to cut evaluation holes from: three files, one using another's names (so
+the cross-file holes have a definition to find), small enough for a test's tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
+APP = (
+    "from pkg.util import scale, LIMIT\n\n\ndef run(values):\n    total = 0\n    for v in values:\n"
+    "        total += scale(v)\n    return min(total, LIMIT)\n"
+)
+SHAPES = (
+    "class Box:\n    def __init__(self, width, height):\n        self.width = width\n"
+    "        self.height = height\n\n    def area(self):\n        return self.width * self.height\n"
+)
+#: The files by their path in the repository.
+FILES = {"pkg/util.py": UTIL, "pkg/app.py": APP, "pkg/shapes.py": SHAPES}
+
+
+def write_small_repo(root: Path) -> Path:
+    """The repository's files written under ``root`` (made); returns ``root``."""
+    for name, text in FILES.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
