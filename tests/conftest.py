@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from langchain_starcoder import StarCoderEngine
+from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
 from langchain_starcoder.testing.vllm_server import VLLMServer
 
@@ -147,6 +148,15 @@ def vllm_server(vllm_launched: VLLMServer) -> VLLMServer:
         vllm_launched.launch()
     vllm_launched.wait()
     return vllm_launched
+
+
+@pytest.fixture(scope="module")
+def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The GGUF cache in a temporary folder for one test module (engines find it through the environment)."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("gguf-cache")
+        patch.setenv(CACHE_ENV, str(path))
+        yield path
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
-"""A tiny Python repository to cut evaluation holes from: three files, one using another's names (so
-the cross-file holes have a definition to find), small enough for a test's tiny model."""
+"""Repositories for tests, written from text by path; the default a tiny Python one to cut evaluation
+holes from: three files, one using another's names (so the cross-file holes have a definition to find)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 UTIL = "def scale(value, factor=2):\n    return value * factor\n\n\nLIMIT = 10\n"
@@ -18,9 +19,9 @@ SHAPES = (
 FILES = {"pkg/util.py": UTIL, "pkg/app.py": APP, "pkg/shapes.py": SHAPES}
 
 
-def write_small_repo(root: Path) -> Path:
-    """The repository's files written under ``root`` (made); returns ``root``."""
-    for name, text in FILES.items():
+def write_files(root: Path, files: Mapping[str, str] = FILES) -> Path:
+    """``files`` (text by path; by default the small repository's) written under ``root``."""
+    for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -11,7 +11,6 @@ then goes the other way), so both sides must start with the same (empty) cache.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +28,9 @@ from langchain_starcoder.evaluation import (
     cut_holes,
     evaluate,
 )
-from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.server import create_app
 from langchain_starcoder.testing.gguf import LlamaServer, write_gguf
-from langchain_starcoder.testing.repos import write_small_repo
+from langchain_starcoder.testing.repos import write_files
 from langchain_starcoder.testing.servers import ServerThread, free_port
 from langchain_starcoder.testing.vllm_server import VLLMServer
 
@@ -52,7 +50,7 @@ SAME = (
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_small_repo(tmp_path_factory.mktemp("eval-targets") / "repo")
+    return write_files(tmp_path_factory.mktemp("eval-targets") / "repo")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +66,25 @@ def run_eval(target: Any, holes: list[Hole], configs: str, repo: Path, **more: A
 
 def rows(report: EvalReport) -> list[tuple[Any, ...]]:
     return [tuple(getattr(r, name) for name in SAME) for r in report.records]
+
+
+def same_predictions(
+    here: StarCoderEngine, other: StarCoderEngine, holes: list[Hole], repo: Path
+) -> EvalReport:
+    """Asserts that ``other`` answers every hole, with ``here``'s greedy middles and counts; returns
+    ``here``'s report. Both engines are closed after."""
+    try:
+        want = run_eval(here, holes, "psm,psm+repo", repo)
+        got = run_eval(other, holes, "psm,psm+repo", repo)
+    finally:
+        other.close()
+        here.close()
+    assert all(r.error is None and r.first_token_s is not None for r in got.records)
+    pick = ("task_id", "config", "raw", "prompt_tokens", "completion_tokens")
+    assert [[getattr(r, k) for k in pick] for r in got.records] == [
+        [getattr(r, k) for k in pick] for r in want.records
+    ]
+    return want
 
 
 @pytest.fixture
@@ -268,36 +285,12 @@ def test_eval_cli_endpoint_errors_are_one_line_exit_2(capsys, repo, extra, expec
 # --- llama.cpp: managed, and its own llama-server --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def gguf_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The GGUF cache of the managed engine, in a temporary folder."""
-    path = tmp_path_factory.mktemp("gguf-cache")
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(path)
-    yield path
-    if before is None:
-        os.environ.pop(CACHE_ENV)
-    else:
-        os.environ[CACHE_ENV] = before
-
-
 def test_managed_llama_cpp_gives_the_in_process_predictions(clean_path, gguf_cache, holes, repo):
     """``backend="llama.cpp"``: our prompts, run by a llama-server this engine manages; the same greedy
     middles as MLX on the same (cleaned, float32) weights, prompts inside the sliding window."""
     here = StarCoderEngine.load(clean_path)
-    managed = StarCoderEngine.load(clean_path, backend="llama.cpp")
-    try:
-        want = run_eval(here, holes, "psm,psm+repo", repo)
-        got = run_eval(managed, holes, "psm,psm+repo", repo)
-    finally:
-        managed.close()
-        here.close()
-    assert all(r.error is None and r.first_token_s is not None for r in got.records)
+    want = same_predictions(here, StarCoderEngine.load(clean_path, backend="llama.cpp"), holes, repo)
     assert all(r.prompt_tokens < 512 for r in want.records)  # inside the window llama.cpp ignores
-    pick = ("task_id", "config", "raw", "prompt_tokens", "completion_tokens")
-    assert [[getattr(r, k) for k in pick] for r in got.records] == [
-        [getattr(r, k) for k in pick] for r in want.records
-    ]
 
 
 def test_llama_servers_own_infill(clean_path, holes, repo, tmp_path):
@@ -338,14 +331,4 @@ def test_remote_vllm_gives_the_in_process_predictions(vllm_server: VLLMServer, v
     same weights. (vLLM's /v1/completions takes no suffix, so it has no editor path to hold.)"""
     here = StarCoderEngine.load(vllm_path)
     remote = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=vllm_path, timeout=120)
-    try:
-        want = run_eval(here, holes, "psm,psm+repo", repo)
-        got = run_eval(remote, holes, "psm,psm+repo", repo)
-    finally:
-        remote.close()
-        here.close()
-    assert all(r.error is None and r.first_token_s is not None for r in got.records)
-    pick = ("task_id", "config", "raw", "prompt_tokens", "completion_tokens")
-    assert [[getattr(r, k) for k in pick] for r in got.records] == [
-        [getattr(r, k) for k in pick] for r in want.records
-    ]
+    same_predictions(here, remote, holes, repo)

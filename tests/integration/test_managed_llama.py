@@ -47,24 +47,10 @@ from langchain_starcoder import StarCoderEngine, StarCoderLLM, cli
 from langchain_starcoder.backends.managed_llama import LlamaServerError
 from langchain_starcoder.errors import EngineClosedError, InvalidParameterError, StarCoderError
 from langchain_starcoder.fim.request import FIMRequest
-from langchain_starcoder.gguf_format.cache import CACHE_ENV
 from langchain_starcoder.testing import build_starcoder2
 from langchain_starcoder.testing.servers import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The GGUF cache, in a temporary folder (the wrappers find it through the environment)."""
-    path = tmp_path_factory.mktemp("gguf-cache")
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(path)
-    yield path
-    if before is None:
-        os.environ.pop(CACHE_ENV)
-    else:
-        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +70,7 @@ def local(full_path: Path) -> Iterator[StarCoderEngine]:
 
 
 @pytest.fixture(scope="module")
-def remote(full_path: Path, cache: Path) -> Iterator[StarCoderEngine]:
+def remote(full_path: Path, gguf_cache: Path) -> Iterator[StarCoderEngine]:
     """The managed engine the parity tests run against (float32 weights: ``outtype`` "auto")."""
     engine = StarCoderEngine.load(full_path, backend="llama.cpp", llama_cpp={"slots": 4})
     yield engine
@@ -122,9 +108,9 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 
 def test_converted_once_and_served_on_loopback_with_a_key(
-    remote: StarCoderEngine, full_path: Path, cache: Path
+    remote: StarCoderEngine, full_path: Path, gguf_cache: Path
 ) -> None:
-    files = list((cache / "gguf").glob("*.gguf"))
+    files = list((gguf_cache / "gguf").glob("*.gguf"))
     assert len(files) == 1 and files[0].name.endswith("-f32.gguf")
     server = remote.backend.server
     assert server.url.startswith("http://127.0.0.1:") and server.gguf == files[0]
@@ -134,7 +120,7 @@ def test_converted_once_and_served_on_loopback_with_a_key(
     assert re.fullmatch("[0-9a-f]{64}", server.api_key)  # never '-...', which argv reads as an option
     again = StarCoderEngine.load(full_path, backend="llama.cpp")
     try:
-        assert again.backend.server.gguf == files[0] and list((cache / "gguf").glob("*.gguf")) == files
+        assert again.backend.server.gguf == files[0] and list((gguf_cache / "gguf").glob("*.gguf")) == files
         _same(again.generate(PROMPTS[0], **GREEDY), remote.generate(PROMPTS[0], **GREEDY))
     finally:
         again.close()
@@ -180,7 +166,7 @@ class _Hostile(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_taken_port_never_receives_the_key(full_path: Path, cache: Path) -> None:
+def test_a_taken_port_never_receives_the_key(full_path: Path, gguf_cache: Path) -> None:
     """Another process holds the port the child is told to use: the key never reaches it, and the error
     says the port is taken (it said "404 to /v1/models" when the listener got the key first)."""
     hostile = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
@@ -217,7 +203,7 @@ def _cancelled(log: str) -> bool:
     return re.search(rf"cancel task, id_task = {task}\b", log) is not None
 
 
-def test_cancel_stops_the_child_generating(tmp_path: Path, cache: Path) -> None:
+def test_cancel_stops_the_child_generating(tmp_path: Path, gguf_cache: Path) -> None:
     """A closed stream and a cancelled task cancel the child's task: seen in its log, not in how many
     tokens a busy machine generated meanwhile. The model is deep enough that its 1,900 tokens take
     seconds (the tiny one's took 0.25 s: a busy client could see its first token after the last)."""
@@ -252,7 +238,7 @@ def test_cancel_stops_the_child_generating(tmp_path: Path, cache: Path) -> None:
         engine.close()
 
 
-def test_wrapper_backend_field(full_path: Path, local: StarCoderEngine, cache: Path) -> None:
+def test_wrapper_backend_field(full_path: Path, local: StarCoderEngine, gguf_cache: Path) -> None:
     llm = StarCoderLLM(model=str(full_path), backend="llama.cpp", max_tokens=16)
     assert llm.invoke(PROMPTS[0]) == local.generate(PROMPTS[0], max_tokens=16).text
     assert llm._get_ls_params()["ls_provider"] == "llamacpp"
@@ -264,7 +250,7 @@ def test_wrapper_backend_field(full_path: Path, local: StarCoderEngine, cache: P
 # --- exactness: the sliding window llama.cpp ignores ---------------------------------------------
 
 
-def test_context_is_the_sliding_window_unless_opted_out(clean_path: Path, cache: Path) -> None:
+def test_context_is_the_sliding_window_unless_opted_out(clean_path: Path, gguf_cache: Path) -> None:
     """The tiny checkpoint's window is 512 tokens of a 2048-token context."""
     engine = StarCoderEngine.load(clean_path, backend="llama.cpp", llama_cpp={"slots": 1})
     try:
@@ -331,7 +317,7 @@ def test_child_that_cannot_restart_says_why(full_path: Path, tmp_path: Path) -> 
         engine.generate(PROMPTS[0], **GREEDY)
 
 
-def test_close_stops_the_child(full_path: Path, cache: Path) -> None:
+def test_close_stops_the_child(full_path: Path, gguf_cache: Path) -> None:
     engine = StarCoderEngine.load(full_path, backend="llama.cpp")
     pid, url = engine.backend.server.proc.pid, engine.backend.server.url
     engine.close()
@@ -341,7 +327,7 @@ def test_close_stops_the_child(full_path: Path, cache: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C", "exit"])
-def test_no_orphan_when_the_parent_goes(full_path: Path, cache: Path, tmp_path: Path, how: str) -> None:
+def test_no_orphan_when_the_parent_goes(full_path: Path, gguf_cache: Path, tmp_path: Path, how: str) -> None:
     """The parent killed outright (no cleanup runs there), interrupted, or leaving: the child goes too,
     and nothing of it is left in the temporary folder (its key and log were kept there)."""
     script = textwrap.dedent(f"""
@@ -401,7 +387,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 
 def test_cli_generate_and_infill_on_llama_cpp(
-    capsys: pytest.CaptureFixture[str], full_path: Path, local: StarCoderEngine, cache: Path
+    capsys: pytest.CaptureFixture[str], full_path: Path, local: StarCoderEngine, gguf_cache: Path
 ) -> None:
     code, out, err = _cli(
         capsys,

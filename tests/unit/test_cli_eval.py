@@ -14,7 +14,7 @@ import pytest
 from langchain_starcoder import StarCoderEngine, cli
 from langchain_starcoder.evaluation import EvalReport
 from langchain_starcoder.server import create_app
-from langchain_starcoder.testing.repos import UTIL, write_small_repo
+from langchain_starcoder.testing.repos import UTIL, write_files
 from langchain_starcoder.testing.servers import ServerThread
 
 FIELDS = {"file", "kind", "config", "truth", "prediction", "em", "es", "id_em", "id_f1"}
@@ -29,7 +29,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, st
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    return write_small_repo(tmp_path / "repo")
+    return write_files(tmp_path / "repo")
 
 
 def records(path: Path) -> list[dict]:

@@ -15,6 +15,7 @@ from langchain_starcoder import cli
 from langchain_starcoder.cli.finetune import DEFAULTS
 from langchain_starcoder.finetune.train import finetune
 from langchain_starcoder.loading import load_model
+from langchain_starcoder.testing.repos import write_files
 
 FUNCTION = "def scale_{i}(value, factor={i}):\n    return value * factor + {i}\n\n\n"
 FAST = ("--steps", 4, "--batch-size", 2, "--learning-rate", 3e-3, "--max-tokens", 96, "--held-out", 0.25)
@@ -28,11 +29,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, st
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    (root / "pkg").mkdir(parents=True)
-    for k in range(8):
-        (root / "pkg" / f"mod{k}.py").write_text("".join(FUNCTION.format(i=k * 3 + i) for i in range(3)))
-    return root
+    files = {f"pkg/mod{k}.py": "".join(FUNCTION.format(i=k * 3 + i) for i in range(3)) for k in range(8)}
+    return write_files(tmp_path / "repo", files)
 
 
 def test_finetune_writes_the_adapter_and_resumes_to_more_steps(capsys, tiny_path, repo, tmp_path):

@@ -18,6 +18,7 @@ from langchain_starcoder import StarCoderEngine
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.evaluation import Hole, cut_holes, evaluate
 from langchain_starcoder.evaluation.execution import FAILED, PASSED, TIMED_OUT, TRUTH_FAILS, Executor
+from langchain_starcoder.testing.repos import write_files
 
 CALC = "def add(a, b):\n    return a + b\n\n\ndef double(x):\n    return add(x, x)\n"
 CHECK = "import calc\n\nassert calc.double(3) == 6\n"  # the repository's tests
@@ -30,11 +31,7 @@ HANG = (
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    root.mkdir()
-    (root / "calc.py").write_text(CALC)
-    (root / "check.py").write_text(CHECK)
-    return root
+    return write_files(tmp_path / "repo", {"calc.py": CALC, "check.py": CHECK})
 
 
 def _command(pids: Path) -> str:

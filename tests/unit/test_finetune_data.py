@@ -20,6 +20,7 @@ from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.finetune import FileSplit, TooLittleCodeError, build_dataset, split_files
 from langchain_starcoder.finetune import data as data_module
 from langchain_starcoder.testing import build_gpt_bigcode
+from langchain_starcoder.testing.repos import write_files
 
 A = "TAX = 0.07\n"
 B = "def total(xs):\n    return sum(xs) * TAX\n"
@@ -35,11 +36,7 @@ def tok(tiny_path: Path):
 
 @pytest.fixture
 def two_files(tmp_path: Path) -> Path:
-    repo = tmp_path / "demo"
-    repo.mkdir()
-    (repo / "a.py").write_text(A)
-    (repo / "b.py").write_text(B)
-    return repo
+    return write_files(tmp_path / "demo", {"a.py": A, "b.py": B})
 
 
 def ids(tok, *tokens: str) -> list[int]:
@@ -54,12 +51,9 @@ def data(tok, text: str) -> list[int]:
 
 def write_repo(root: Path, n: int) -> dict[str, str]:
     """``n`` small Python files, each with text no other file has."""
-    texts = {}
-    for i in range(n):
-        text = f"def function_{i}(value):\n    marker_{i} = value * {i + 3}\n    return marker_{i}\n"
-        (root / "pkg").mkdir(parents=True, exist_ok=True)
-        (root / f"pkg/mod_{i}.py").write_text(text)
-        texts[f"pkg/mod_{i}.py"] = text
+    function = "def function_{i}(value):\n    marker_{i} = value * {k}\n    return marker_{i}\n"
+    texts = {f"pkg/mod_{i}.py": function.format(i=i, k=i + 3) for i in range(n)}
+    write_files(root, texts)
     return texts
 
 
