@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .harness import REPO, WIDE, Row, Section
-from .speculative import TRAIN_SECONDS
+from .speculative import TRAIN_SECONDS, optimize, schedule
 
 ITEM = 24  # the row number in the report (23 is structured output's)
 TITLE = "Evaluation: repository context on code no one here wrote, and the evaluation's cost"
@@ -209,15 +209,8 @@ def build_fim_copier(
     started, steps, losses = time.process_time(), 0, []
     while (spent := time.process_time() - started) < seconds[1]:
         batch = [examples[(steps * BATCH + k) % len(examples)] for k in range(BATCH)]
-        decay = 1.0 if spent < 0.8 * seconds[1] else max(0.1, (1 - spent / seconds[1]) / 0.2)
-        for group in optimizer.param_groups:
-            group["lr"] = FIM_LR * min(1.0, (steps + 1) / 50) * decay
-        loss = _fim_loss(model, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+        schedule(optimizer, FIM_LR, steps, spent / seconds[1], warmup=50)
+        losses.append(optimize(model, optimizer, _fim_loss(model, batch)))
         steps += 1
         if steps % 200 == 0:
             log(f"    step {steps}: loss {statistics.mean(losses[-100:]):.3f}")

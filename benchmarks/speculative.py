@@ -167,6 +167,25 @@ def training_functions() -> list[str]:
     return [f for module in TRAIN_MODULES for f in functions(module)]
 
 
+def schedule(optimizer: Any, base: float, steps: int, progress: float, warmup: int) -> None:
+    """The learning rate: warmed up over ``warmup`` steps, then decayed over the last fifth of the time
+    (``progress`` 0 to 1), to a tenth at the least."""
+    decay = 1.0 if progress < 0.8 else max(0.1, (1 - progress) / 0.2)
+    for group in optimizer.param_groups:
+        group["lr"] = base * min(1.0, (steps + 1) / warmup) * decay
+
+
+def optimize(model: Any, optimizer: Any, loss: Any) -> float:
+    """One step on ``loss``, gradients clipped to norm 1; the loss's value."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
 def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path, dict[str, Any]]:
     """A StarCoder2 of the tiny preset (with ``SHAPE``) trained to copy the function in its prompt (cached
     in ``workdir``).
@@ -238,18 +257,15 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     while (spent := time.process_time() - started) < seconds:
         progress = spent / seconds
         length, batch = next((n, b) for until, n, b in PHASES if progress < until)
-        decay = 1.0 if progress < 0.8 else max(0.1, (1 - progress) / 0.2)
-        for group in optimizer.param_groups:
-            group["lr"] = LEARNING_RATE * min(1.0, (steps + 1) / 100) * decay  # warm up, then decay
+        schedule(optimizer, LEARNING_RATE, steps, progress, warmup=100)
         rows = [row(length) for _ in range(batch)]
         inputs, targets, mask = (torch.tensor([r[i] for r in rows]) for i in range(3))
         hidden = model.model(input_ids=inputs).last_hidden_state[mask]  # the scored positions only
-        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), targets[mask])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+        losses.append(
+            optimize(
+                model, optimizer, torch.nn.functional.cross_entropy(model.lm_head(hidden), targets[mask])
+            )
+        )
         steps += 1
         if steps % 500 == 0:
             log(f"    step {steps} (rows of {length}): loss {statistics.mean(losses[-100:]):.3f}")
