@@ -14,6 +14,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +30,7 @@ from ..loading import LoadedModel
 from ..loading.adapter import Adapter
 from ..types import CachePartition, is_int
 from . import Generation
+from .mlx_adapters import adapted_copy
 from .prompt_cache import CacheLayout, DiskPromptCache, PromptCacheStore, cache_key, hash_weights_aside
 from .prompt_cache.disk import MIN_GAIN_TOKENS
 from .settings import check_cache_bounds, kv_group_size, logits_processors_for, prefill_chunk, sampler_for
@@ -84,6 +86,8 @@ class MLXBackend:
             :data:`DEFAULT_DRAFT_TOKENS`, where the measured costs say a draft pays.
         adapter: The fine-tuning adapter ``load`` applies (None: the base): its digest joins every
             request's cache partition, so KV of one adapter (or none) never serves another.
+        weights_digest: The weights' digest for the disk cache's key when the caller knows it (an
+            adapter's backend on its base's weights: :meth:`with_adapter`); None: hashed from ``path``.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class MLXBackend:
         draft: Callable[[], LoadedModel] | None = None,
         num_draft_tokens: int | None = None,
         adapter: Adapter | None = None,
+        weights_digest: str | None = None,
     ):
         check_cache_bounds(max_prompt_caches, max_prompt_cache_bytes)
         if prefill_step_size is not None and (not is_int(prefill_step_size) or prefill_step_size < 1):
@@ -111,6 +116,18 @@ class MLXBackend:
         self.path = path
         self.kv_bits = kv_bits
         self.adapter = adapter
+        # What a backend on these weights with another adapter keeps the same (with_adapter).
+        self._settings: dict[str, Any] = {
+            "kv_bits": kv_bits,
+            "max_prompt_caches": max_prompt_caches,
+            "max_prompt_cache_bytes": max_prompt_cache_bytes,
+            "prefill_step_size": prefill_step_size,
+            "prompt_cache_dir": prompt_cache_dir,
+            "max_prompt_cache_dir_bytes": max_prompt_cache_dir_bytes,
+            "prompt_cache_key": prompt_cache_key,
+            "num_draft_tokens": num_draft_tokens,
+        }
+        self._weights_digest = weights_digest
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         start_worker(self._jobs)
         self._closed = False
@@ -123,19 +140,21 @@ class MLXBackend:
         self._live: set[Generation] = set()  # submitted and not ended: close() cancels them
         self._disk: DiskPromptCache | None = None  # (set once the weights are loaded; close() reads it)
         # The weights' digest (for the disk cache's key) is hashed while the worker loads them.
-        hashing = hash_weights_aside(path, prompt_cache_dir) if prompt_cache_dir is not None else None
+        hashing = None
+        if prompt_cache_dir is not None and weights_digest is None:
+            hashing = hash_weights_aside(path, prompt_cache_dir)
         self.num_draft_tokens = num_draft_tokens
         # What passes cost here, learned per way of drafting: a draft model's drafts cost more.
         self._costs = {"lookup": PassCosts(), "draft": PassCosts()}
         try:
-            loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
+            self.loaded = self.call(load)  # on the worker: MLX arrays belong to the thread that made them
             self.draft_model = None if draft is None else self.call(draft).model
         except BaseException:
             self.close()
             raise
-        self.model = loaded.model
-        self.config = loaded.args
-        self.raw_config: dict[str, Any] = loaded.config
+        self.model = self.loaded.model
+        self.config = self.loaded.args
+        self.raw_config: dict[str, Any] = self.loaded.config
         self.kv_group_size = kv_group_size(self.config, kv_bits)
         self.context_window = self.config.max_position_embeddings
         self.vocab_size = self.config.vocab_size
@@ -143,12 +162,35 @@ class MLXBackend:
         self._prefill_chunk = prefill_step_size or prefill_chunk(self.model)
         if prompt_cache_dir is not None:
             try:
-                weights = hashing.result() if hashing is not None else name
+                if self._weights_digest is None:
+                    self._weights_digest = hashing.result() if hashing is not None else name
+                weights = self._weights_digest
                 front_key = {**(prompt_cache_key or {}), "weights": weights}
                 self._disk = self._open_disk_cache(prompt_cache_dir, max_prompt_cache_dir_bytes, front_key)
             except BaseException:
                 self.close()
                 raise
+
+    def with_adapter(self, adapter: Adapter) -> MLXBackend:
+        """A backend on this one's weights (the same arrays: an adapter costs its own tensors only) with
+        ``adapter`` applied, its own worker and prompt caches (the adapter's partition), and this one's
+        settings. Closing either leaves the other running."""
+        if self.adapter is not None:
+            msg = (
+                f"The engine for {self.name} runs the adapter {self.adapter.path} already; call with_adapter "
+                "on an engine of the base model (loaded without adapter_path)."
+            )
+            raise InvalidParameterError(msg)
+        base, draft = self.loaded, self.draft_model
+        return MLXBackend(
+            partial(adapted_copy, base, adapter, self.name),
+            name=self.name,
+            path=self.path,
+            draft=None if draft is None else partial(LoadedModel, draft, None, {}),
+            adapter=adapter,
+            weights_digest=self._weights_digest,
+            **self._settings,
+        )
 
     def _open_disk_cache(self, folder: Path, max_bytes: int, front_key: Mapping[str, Any]) -> DiskPromptCache:
         """The folder's caches valid for exactly these weights (by content), settings and tokenizer."""

@@ -394,6 +394,22 @@ def _adapted(load: Callable[[], Any], adapter: Adapter, name: str) -> Any:
     return loaded
 
 
+def adapted_backend(backend: Backend, adapter_path: str | os.PathLike[str]) -> Backend:
+    """A backend on ``backend``'s base with the adapter in ``adapter_path`` (StarCoderEngine.with_adapter);
+    the adapter is read and checked before any work, and a backend that cannot share its base refused."""
+    from ..loading.adapter import read_adapter
+
+    make = getattr(backend, "with_adapter", None)
+    if make is None:
+        msg = (
+            f"{type(backend).__name__} cannot apply an adapter here: a remote server applies its own (vLLM: "
+            "--enable-lora --lora-modules NAME=DIR, then connect with model=NAME). Load the model with "
+            'backend="mlx" or "llama.cpp" to add adapters to it.'
+        )
+        raise InvalidParameterError(msg)
+    return make(read_adapter(adapter_path))
+
+
 def _prompt_cache_dir(folder: str | os.PathLike[str] | None) -> Path | None:
     """The prompt-cache folder as an absolute path; a path that is a file is refused."""
     if folder is None:

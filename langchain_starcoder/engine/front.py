@@ -24,7 +24,7 @@ from ..fim import build as fim
 from ..fim.request import FIMRequest
 from ..types import Completion, CompletionChunk, GenerationParams, check_text, join_chunks
 from . import checks, fim_prompts, jobs
-from .building import connect_backend, llama_cpp_backend, mlx_backend
+from .building import adapted_backend, connect_backend, llama_cpp_backend, mlx_backend
 from .options import LlamaCppOptions, MLXOptions, RemoteOptions, load_options, remote_options
 from .prepare import (
     Parts,
@@ -182,6 +182,15 @@ class StarCoderEngine:
         options = remote_options(options, **settings)
         backend, tokenizer = connect_backend(base_url, model=model, options=options)
         return cls(backend, tokenizer, name=model)
+
+    def with_adapter(self, adapter_path: str | os.PathLike[str]) -> StarCoderEngine:
+        """An engine on this engine's base weights with the adapter in folder ``adapter_path`` applied
+        (docs/engine.md, "Adapters"): on MLX the same weight arrays, not a copy (the adapter costs its own
+        tensors only), its own worker and prompt caches (no KV crosses adapters). Closing it leaves this
+        engine running, and closing this one leaves it running. This engine must run without an adapter;
+        an adapter of another base is refused naming both. ``serve --adapter NAME=DIR`` serves each so.
+        """
+        return StarCoderEngine(adapted_backend(self.backend, adapter_path), self.tokenizer, name=self.name)
 
     def close(self) -> None:
         """Free the backend (weights, prompt caches, worker). The engine cannot be used after."""
