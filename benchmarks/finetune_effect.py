@@ -1,23 +1,26 @@
 """Does fine-tuning learn the repository? (issue 41) The held-out FIM loss and the evaluation's scores on
 held-out files, before (the base) and after (the base with the adapter), paired on the same holes.
 
-- The model: the "tiny" preset (random weights, float32; ``langchain_starcoder.testing``), built once in
-  the work folder. It knows nothing before training, so "before" is near zero by construction: what
-  this measures is that the path (data, masking, trainer, adapter, engine) learns from the repository
-  and that it carries to files it never saw, not how much a real model gains.
+- The model: ``--model DIR``, a StarCoder2 checkpoint; by default the "tiny" preset (random weights,
+  float32; ``langchain_starcoder.testing``), built once in the work folder. A random base knows nothing
+  before training, so "before" is near zero by construction: what that measures is that the path
+  (data, masking, trainer, adapter, engine) learns from the repository and that it carries to files it
+  never saw, not how much a real model gains. A base that completes code (``benchmarks/evaluation.py``'s
+  FIM copier, ``/tmp/bw/fim-copier-*``) can show exact match move.
 - The repository: a copy of an installed pure-Python package (``click`` by default; code no one here
   wrote), ``git init``-ed. ``finetune`` holds out a share of its files, by file.
-- Training: ``finetune(method="lora")`` with the settings given (a learning rate well above mlx-lm's
-  1e-5 default: from random weights, the default barely moves in a few hundred steps).
-- The holes: ``cut_holes`` over a copy of the held-out files only (line, span, block, call: a
+- Training: ``finetune(method=...)`` (LoRA, DoRA or all weights) with the settings given (a learning
+  rate well above mlx-lm's 1e-5 default: a tiny base barely moves with it in a few hundred steps).
+- The holes: ``cut_holes`` over a copy of the held-out files only (line, span, block, call by default: a
   cross_file hole's answer is defined in another file, which a held-out copy lacks), completed
   under ``psm`` with no repository context, so each prompt is the hole's own file: one the adapter
-  never trained on.
+  never trained on. ``--windowed`` cuts each hole's file as ``benchmarks/evaluation.py`` does (1,200
+  characters before the hole, 400 after): the prompts the FIM copier was trained on.
 - The comparison: ``EvalReport.compare`` on the paired holes (its bootstrap 95% intervals).
 
-Run: ``python -m benchmarks.finetune_effect [--steps N] [--holes N] [--package click] [--workdir DIR]``;
-it prints the table and writes ``effect.json`` (and the adapter, its loss.png and both reports) to the
-work folder.
+Run: ``python -m benchmarks.finetune_effect [--model DIR] [--method lora|dora|full] [--steps N]
+[--holes N] [--kinds line,span] [--windowed] [--package click] [--workdir DIR]``; it prints the table and
+writes ``effect.json`` (and the adapter, its loss.png and both reports) to the work folder.
 """
 
 from __future__ import annotations
@@ -35,13 +38,19 @@ KINDS = ("line", "span", "block", "call")
 SHOWN = ("em", "es", "id_em", "id_f1")
 
 
-def build(workdir: Path, package: str) -> tuple[Path, Path]:
-    """The tiny checkpoint and the package's repository (a git repository), made once in ``workdir``."""
+def build(workdir: Path, package: str, model: Path | None = None) -> tuple[Path, Path]:
+    """The checkpoint (``model``, or the tiny one) and the package's repository (a git repository), made
+    once in ``workdir``."""
     from langchain_starcoder.testing import build_starcoder2
 
-    model = workdir / "tiny"
-    if not (model / "config.json").is_file():
-        build_starcoder2(model)
+    if model is not None:
+        if not (model / "config.json").is_file():
+            msg = f"--model {model}: no config.json there; name a StarCoder2 checkpoint's folder."
+            raise SystemExit(msg)
+    else:
+        model = workdir / "tiny"
+        if not (model / "config.json").is_file():
+            build_starcoder2(model)
     repo = workdir / f"{package}-repo"
     if not (repo / ".git").is_dir():
         spec = importlib.util.find_spec(package)
@@ -102,14 +111,19 @@ def table(comparison: Any, loss: tuple[float, float]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.finetune_effect", description=__doc__)
+    p.add_argument("--model", type=Path, help="the base checkpoint (default: the tiny preset, random)")
+    p.add_argument("--method", choices=("lora", "dora", "full"), default="lora")
     p.add_argument("--package", default="click", help="the installed package used as the repository")
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per training example")
+    p.add_argument("--fim-rate", type=float, default=0.5, help="the share of FIM training examples")
     p.add_argument("--held-out", type=float, default=0.25)
     p.add_argument("--holes", type=int, default=120)
+    p.add_argument("--kinds", default=",".join(KINDS), help="the holes' kinds, comma-separated")
+    p.add_argument("--windowed", action="store_true", help="cut each hole's file as evaluation.py does")
     p.add_argument("--completion-tokens", type=int, default=32, help="per hole")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, help="default: a new temporary folder")
@@ -118,19 +132,22 @@ def main(argv: list[str] | None = None) -> None:
     from langchain_starcoder.evaluation import EvalReport, cut_holes
     from langchain_starcoder.finetune import finetune
 
+    from .evaluation import windowed
+
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="finetune-effect-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    model, repo = build(workdir, args.package)
+    model, repo = build(workdir, args.package, args.model)
     out = workdir / "adapter"
     shutil.rmtree(out, ignore_errors=True)
     result = finetune(
         repo,
         model=model,
         out=out,
-        method="lora",
+        method=args.method,
         steps=args.steps,
         rank=args.rank,
         held_out=args.held_out,
+        fim_rate=args.fim_rate,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         max_tokens=args.max_tokens,
@@ -139,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
     )
     held = held_out_copy(repo, result.held_out_files, workdir / "held-out")
-    holes = cut_holes(held, kinds=KINDS, n=args.holes, seed=args.seed)
+    holes = cut_holes(held, kinds=tuple(args.kinds.split(",")), n=args.holes, seed=args.seed)
+    if args.windowed:
+        holes = [windowed(h) for h in holes]
     before = completed(model, None, holes, "base", args.completion_tokens)
     after = completed(model, out, holes, "adapter", args.completion_tokens)
     before.save(workdir / "before.json")
@@ -149,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     loss = (result.held_out_loss_before, result.held_out_loss_after)
     text = table(comparison, loss)
     summary = {
-        "settings": vars(args) | {"workdir": str(workdir)},
+        "settings": vars(args) | {"workdir": str(workdir), "model": str(model)},
         "train_files": result.train_files,
         "held_out_files": result.held_out_files,
         "held_out_loss": loss,
@@ -161,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     (workdir / "effect.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print(
         f"{args.package}: {len(result.train_files)} files trained on, {len(result.held_out_files)} held out "
-        f"({', '.join(result.held_out_files)}); {result.steps} LoRA steps, {len(holes)} holes in them"
+        f"({', '.join(result.held_out_files)}); {result.steps} {args.method} steps from {model}, "
+        f"{len(holes)} holes in them"
     )
     print(text)
     print(f"Loss curve: {result.plot}; reports and effect.json in {workdir}")
