@@ -13,6 +13,10 @@ from .output import CommandError, _err, _notes
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
+    """write an MLX-quantized checkpoint
+
+    Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.
+    """
     from ..checkpoints import quantize_checkpoint
 
     quantize_checkpoint(
@@ -31,6 +35,13 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    """GGUF file -> MLX checkpoint folder, or checkpoint -> GGUF file (DST ending in .gguf)
+
+    Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST (safetensors,
+    config.json, tokenizer.json) that this package and mlx-lm load; Q4_0, Q4_1 and Q8_0 tensors stay
+    quantized. Or, with DST ending in .gguf, write a checkpoint folder or hub id (full precision or
+    MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor at a time (--outtype).
+    """
     from ..gguf_format import convert_gguf, is_gguf, resolve_gguf_file
     from ..loading import check_weights_match_config, read_config, weight_headers
 
@@ -78,7 +89,11 @@ def _convert_to_gguf(args: argparse.Namespace) -> int:
 # --- build-test-model --------------------------------------------------------------------------------
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
+def _cmd_build_test_model(args: argparse.Namespace) -> int:
+    """build a checkpoint with random weights, offline
+
+    Build a StarCoder2 checkpoint with random weights (the real layout), offline.
+    """
     from ..testing import INSTRUCT_CHAT_TEMPLATE, build_starcoder2
 
     dst = Path(args.dst).expanduser()

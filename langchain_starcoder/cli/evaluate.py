@@ -122,8 +122,15 @@ def _endpoint_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    """Cut, complete, score; print the table and write the report. Exit 2 for a bad argument, 130 for
-    Ctrl-C (after printing and writing what was done)."""
+    """evaluate completions on holes cut from a repository, per configuration
+
+    Cut holes from a repository's own files (the rest of a line, a span, a block's body, a call's
+    arguments, a name defined in another file), complete each under each configuration, score them as
+    CrossCodeEval does and print each configuration's means, and each later one's paired difference
+    against the first with its bootstrap 95% interval (docs/cli.md).
+    """
+    # Cut, complete, score; print the table and write the report. Exit 2 for a bad argument, 130 for
+    # Ctrl-C (after printing and writing what was done).
     try:
         holes, index = _holes(args)
     except CommandError as e:

@@ -30,6 +30,13 @@ def _export_adapter_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_export_adapter(args: argparse.Namespace) -> int:
+    """merge an adapter into its base, or write it for PEFT or llama.cpp
+
+    Export an mlx-lm adapter (finetune's or mlx_lm.lora's): --fused OUT writes the base with it merged
+    (a checkpoint this package, mlx-lm, transformers and `convert` take); --peft OUT its PEFT layout;
+    --gguf OUT llama.cpp's GGUF adapter (llama-server --lora). It is checked against --model first
+    (docs/cli.md).
+    """
     from ..finetune.export import fuse_adapter, to_gguf_lora, to_peft
 
     if args.fused is not None:

@@ -61,8 +61,14 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
-    """Train; say the held-out loss before and after and where the files are. Exit 2 for a bad setting,
-    130 on Ctrl-C (after the checkpoint is saved)."""
+    """train an adapter on a repository's own code
+
+    Fine-tune a model on a repository's code in StarCoder2's training layout (FIM at --fim-rate), files
+    held out to measure on, through mlx-lm's trainer (LoRA, DoRA or all weights); writes mlx-lm's
+    adapter files, finetune.json and loss.png to --out (docs/cli.md).
+    """
+    # Train; say the held-out loss before and after and where the files are. Exit 2 for a bad setting,
+    # 130 on Ctrl-C (after the checkpoint is saved).
     from ..errors import InvalidParameterError
     from ..finetune.train import finetune
 

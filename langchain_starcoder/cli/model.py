@@ -64,6 +64,10 @@ def _connect(args: argparse.Namespace, settings: dict[str, Any], started: float)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    """complete a prompt, streaming the text
+
+    Complete a prompt, streaming the text to stdout; speeds go to stderr.
+    """
     if args.file is not None:
         prompt = sys.stdin.read() if str(args.file) == "-" else _read_text(args.file, "prompt file")
     else:
@@ -93,6 +97,11 @@ def split_marker(text: str, marker: str = FILL_MARKER, source: str = "the file")
 
 
 def _cmd_infill(args: argparse.Namespace) -> int:
+    """fill in the middle of a file
+
+    Fill the hole marked <FILL> in a file (or between --prefix and --suffix). Prints the middle only, or
+    with --write fills the file in place, keeping F.bak.
+    """
     from ..fim.request import ContextFile
 
     if args.file is not None and (args.prefix is not None or args.suffix is not None):
@@ -186,6 +195,11 @@ def _repo_index(root: Path) -> Any:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    """describe a checkpoint
+
+    Architecture, parameters, dtype, quantization, context and weight size of a checkpoint (a folder,
+    hub id or .gguf file; the weights are not loaded).
+    """
     from ..checkpoints import checkpoint_info
 
     with _notes():

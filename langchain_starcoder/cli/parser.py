@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .._version import __version__
-from .checkpoint import _cmd_build, _cmd_convert, _cmd_quantize
+from .checkpoint import _cmd_build_test_model, _cmd_convert, _cmd_quantize
 from .evaluate import _cmd_eval, _eval_args
 from .export_adapter import _cmd_export_adapter, _export_adapter_args
 from .finetune import _cmd_finetune, _finetune_args
@@ -65,122 +66,38 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    def command(name: str, func: Callable[[argparse.Namespace], int], summary: str, description: str) -> Any:
-        p = sub.add_parser(name, parents=[common], help=summary, description=description)
-        p.set_defaults(func=func)
-        return p
-
-    p = command(
-        "generate",
-        _cmd_generate,
-        "complete a prompt, streaming the text",
-        "Complete a prompt, streaming the text to stdout; speeds go to stderr.",
-    )
-    _prompt_args(p)
-    _generating_args(p, max_tokens=256)
-
-    p = command(
-        "infill",
-        _cmd_infill,
-        "fill in the middle of a file",
-        f"Fill the hole marked {FILL_MARKER} in a file (or between --prefix and --suffix). Prints "
-        "the middle only, or with --write fills the file in place, keeping F.bak.",
-    )
-    _infill_args(p)
-    _generating_args(p, max_tokens=128)
-
-    p = command(
-        "quantize",
-        _cmd_quantize,
-        "write an MLX-quantized checkpoint",
-        "Quantize a full-precision StarCoder2 checkpoint (folder or hub id) into the folder DST.",
-    )
-    _quantize_args(p)
-
-    p = command(
-        "convert",
-        _cmd_convert,
-        "GGUF file -> MLX checkpoint folder, or checkpoint -> GGUF file (DST ending in .gguf)",
-        "Convert a StarCoder2 GGUF file (llama.cpp, Ollama) into an MLX checkpoint folder DST "
-        "(safetensors, config.json, tokenizer.json) that this package and mlx-lm load; Q4_0, Q4_1 "
-        "and Q8_0 tensors stay quantized. Or, with DST ending in .gguf, write a checkpoint folder or "
-        "hub id (full precision or MLX-quantized) as a GGUF file in llama.cpp's layout, one tensor "
-        "at a time (--outtype).",
-    )
-    _convert_args(p)
-
-    p = command(
-        "build-test-model",
-        _cmd_build,
-        "build a checkpoint with random weights, offline",
-        "Build a StarCoder2 checkpoint with random weights (the real layout), offline.",
-    )
-    _build_args(p)
-
-    p = command(
-        "info",
-        _cmd_info,
-        "describe a checkpoint",
-        "Architecture, parameters, dtype, quantization, context and weight size of a checkpoint "
-        "(a folder, hub id or .gguf file; the weights are not loaded).",
-    )
-    _info_args(p)
-
-    p = command(
-        "serve",
-        _cmd_serve,
-        "serve the model over HTTP (OpenAI completions, llama.cpp /infill)",
-        "Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the "
-        "middle) and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, "
-        "/v1/models, /tokenize and /detokenize. Each --api-key is a tenant whose documents and prompt "
-        "cache are its own; without a key the server has one tenant, shared by every client.",
-    )
-    _serve_command_args(p)
-
-    _repository_commands(command)
-    _adapter_commands(command)
+    for handler, add_options in (
+        (_cmd_generate, _generate_args),
+        (_cmd_infill, _infill_args),
+        (_cmd_quantize, _quantize_args),
+        (_cmd_convert, _convert_args),
+        (_cmd_build_test_model, _build_args),
+        (_cmd_info, _info_args),
+        (_cmd_serve, _serve_command_args),
+        (_cmd_eval, _eval_args),
+        (_cmd_finetune, _finetune_args),
+        (_cmd_export_adapter, _export_adapter_args),
+    ):
+        _add_command(sub, common, handler, add_options)
 
     # Parsed by hand in main(): everything after "bench" goes to the benchmarks untouched.
     sub.add_parser("bench", help="run the benchmarks (from a checkout): bench --help", add_help=False)
     return parser
 
 
-def _repository_commands(command: Callable[..., Any]) -> None:
-    """The commands over a repository's own code: eval, finetune (``command`` adds one to the parser)."""
-    p = command(
-        "eval",
-        _cmd_eval,
-        "evaluate completions on holes cut from a repository, per configuration",
-        "Cut holes from a repository's own files (the rest of a line, a span, a block's body, a call's "
-        "arguments, a name defined in another file), complete each under each configuration, score "
-        "them as CrossCodeEval does and print each configuration's means, and each later one's paired "
-        "difference against the first with its bootstrap 95%% interval (docs/cli.md).",
-    )
-    _eval_args(p)
-
-    p = command(
-        "finetune",
-        _cmd_finetune,
-        "train an adapter on a repository's own code",
-        "Fine-tune a model on a repository's code in StarCoder2's training layout (FIM at --fim-rate), "
-        "files held out to measure on, through mlx-lm's trainer (LoRA, DoRA or all weights); writes "
-        "mlx-lm's adapter files, finetune.json and loss.png to --out (docs/cli.md).",
-    )
-    _finetune_args(p)
-
-
-def _adapter_commands(command: Callable[..., Any]) -> None:
-    """The commands over a trained adapter: export-adapter."""
-    p = command(
-        "export-adapter",
-        _cmd_export_adapter,
-        "merge an adapter into its base, or write it for PEFT or llama.cpp",
-        "Export an mlx-lm adapter (finetune's or mlx_lm.lora's): --fused OUT writes the base with it "
-        "merged (a checkpoint this package, mlx-lm, transformers and `convert` take); --peft OUT its PEFT "
-        "layout; --gguf OUT llama.cpp's GGUF adapter (llama-server --lora). It is checked against --model "
-        "first (docs/cli.md).",
-    )
-    _export_adapter_args(p)
+def _add_command(
+    sub: Any,
+    common: argparse.ArgumentParser,
+    handler: Callable[[argparse.Namespace], int],
+    add_options: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    """Add the command ``handler`` runs, as click does: named after it (``_cmd_export_adapter``:
+    ``export-adapter``), its one-line help its docstring's first line, its description the rest."""
+    name = handler.__name__.removeprefix("_cmd_").replace("_", "-")
+    summary, _, description = (inspect.getdoc(handler) or "").partition("\n")
+    p = sub.add_parser(name, parents=[common], help=summary, description=description.strip())
+    p.set_defaults(func=handler)
+    add_options(p)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -193,17 +110,13 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
-def _generating_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    """The options of a command that loads a model and generates (generate, infill)."""
-    _model_args(p)
-    _generation_args(p, max_tokens=max_tokens)
-
-
-def _prompt_args(p: argparse.ArgumentParser) -> None:
-    """generate's prompt: given as text or read from a file."""
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    """generate's prompt (given as text or read from a file), the model and the generation settings."""
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the prompt text (special tokens such as <fim_prefix> are parsed)")
     source.add_argument("--file", type=Path, help="read the prompt from a file ('-' for stdin)")
+    _model_args(p)
+    _generation_args(p, max_tokens=256)
 
 
 def _quantize_args(p: argparse.ArgumentParser) -> None:
@@ -238,7 +151,8 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 
 
 def _infill_args(p: argparse.ArgumentParser) -> None:
-    """The hole (a marked file, or --prefix and --suffix), its repository context, layout and end."""
+    """The hole (a marked file, or --prefix and --suffix), its repository context, layout and end; the
+    model and the generation settings."""
     p.add_argument("--file", type=Path, help=f"a file with exactly one {FILL_MARKER} marker")
     p.add_argument("--prefix", help=r"the code before the hole, instead of --file (\n understood)")
     p.add_argument("--suffix", help="the code after the hole")
@@ -269,6 +183,8 @@ def _infill_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-prompt-tokens", type=int, help="token budget of the prompt (default: the context)")
     p.add_argument("--write", action="store_true", help="fill the file in place (the original goes to F.bak)")
+    _model_args(p)
+    _generation_args(p, max_tokens=128)
 
 
 def _source_and_destination(p: argparse.ArgumentParser, source: str, destination: str) -> None:

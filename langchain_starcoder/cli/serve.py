@@ -14,6 +14,13 @@ from .serve_checks import api_keys, check_model_reachable, say_what_is_shared
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    """serve the model over HTTP (OpenAI completions, llama.cpp /infill)
+
+    Serve the model over HTTP: OpenAI-compatible /v1/completions (with suffix for fill in the middle)
+    and /v1/chat/completions, llama.cpp's /infill (llama.vim, llama.vscode), /health, /v1/models,
+    /tokenize and /detokenize. Each --api-key is a tenant whose documents and prompt cache are its own;
+    without a key the server has one tenant, shared by every client.
+    """
     try:
         from .. import server  # noqa: F401  # the optional extra, checked before any work
     except ImportError as e:

@@ -230,6 +230,25 @@ def test_help_exits_zero(capsys):
         assert command in out
 
 
+def test_each_command_is_named_and_described_by_the_function_that_runs_it(capsys):
+    """click's rule: ``_cmd_export_adapter`` runs ``export-adapter``, whose one-line help is its
+    docstring's first line and whose description is the rest, shown as written (95% stays 95%)."""
+    (commands,) = (a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {a.dest: a.help for a in commands._choices_actions}
+    assert set(summaries) - set(commands.choices) == set()
+    for name, parser in commands.choices.items():
+        if name == "bench":  # parsed by hand: its options are the benchmarks'
+            continue
+        handler = parser.get_default("func")
+        assert handler.__name__ == "_cmd_" + name.replace("-", "_")
+        first, _, rest = handler.__doc__.partition("\n")
+        assert summaries[name] == first
+        assert " ".join(parser.description.split()) == " ".join(rest.split()) != ""
+    code, out, _ = run(capsys, "eval", "--help")
+    assert code == 0 and "bootstrap 95% interval" in " ".join(out.split())
+    assert cli.FILL_MARKER in commands.choices["infill"].description
+
+
 # --- infill --------------------------------------------------------------------------------------------
 
 SOURCE = 'def area(radius):\n    """Area of a circle."""\n    return <FILL>\n\n\nprint(area(2.0))\n'
