@@ -8,14 +8,11 @@ continues from, and exits 130.
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
+from ..finetune.settings import DEFAULTS, METHODS
 from .output import PROG, _err, _notes
-
-#: finetune()'s defaults, shown in --help.
-DEFAULTS = {"steps": 200, "rank": 8, "held_out": 0.1, "fim_rate": 0.5, "spm_rate": 0.5, "batch_size": 4}
-DEFAULTS |= {"learning_rate": 1e-5, "max_tokens": 2048, "save_every": 50, "eval_every": 50, "seed": 0}
-DEFAULTS |= {"eval_batches": None}
 
 
 def _finetune_args(p: argparse.ArgumentParser) -> None:
@@ -25,9 +22,10 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the adapter's folder")
     p.add_argument(
         "--method",
-        choices=("lora", "dora", "full"),
-        default="lora",
-        help="LoRA, DoRA (mlx-lm's layers; over a quantized model: QLoRA) or all weights (default lora)",
+        choices=METHODS,
+        default=DEFAULTS.method,
+        help="LoRA, DoRA (mlx-lm's layers; over a quantized model: QLoRA) or all weights "
+        f"(default {DEFAULTS.method})",
     )
     numbers = (
         ("--steps", int, "N", "training steps (batches)"),
@@ -44,7 +42,7 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
         ("--seed", int, "N", "the split, the examples and the data order"),
     )
     for flag, kind, metavar, text in numbers:
-        default = DEFAULTS[flag[2:].replace("-", "_")]
+        default = getattr(DEFAULTS, flag[2:].replace("-", "_"))
         p.add_argument(
             flag,
             type=kind,
@@ -72,17 +70,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..errors import InvalidParameterError
     from ..finetune.train import finetune
 
-    keywords = {name: getattr(args, name) for name in DEFAULTS}
+    keywords = {name: getattr(args, name) for name in asdict(DEFAULTS)}
     try:
         with _notes():
             result = finetune(
-                args.repo,
-                model=args.model,
-                out=args.out,
-                method=args.method,
-                since=args.since,
-                resume=args.resume,
-                **keywords,
+                args.repo, model=args.model, out=args.out, since=args.since, resume=args.resume, **keywords
             )
     except InvalidParameterError as e:  # a bad setting or repository: nothing was trained
         _err(f"{PROG}: error: {e}")

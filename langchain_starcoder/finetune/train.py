@@ -24,8 +24,8 @@ from typing import Any
 from ..errors import CheckpointError, InvalidParameterError
 from .checkpoints import ADAPTER_CONFIG, STATE_FILE, has_checkpoint, load_checkpoint, save_checkpoint
 from .log import LOG_FILE, plot_losses, write_log
+from .settings import DEFAULTS, METHODS
 
-METHODS = ("lora", "dora", "full")
 #: mlx-lm's LoRA defaults (mlx_lm.lora's CONFIG_DEFAULTS): the update is scaled by 20, no dropout.
 LORA_SCALE = 20.0
 LORA_DROPOUT = 0.0
@@ -72,21 +72,21 @@ def finetune(
     *,
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    method: str = "lora",
-    steps: int = 200,
-    rank: int = 8,
-    held_out: float = 0.1,
+    method: str = DEFAULTS.method,
+    steps: int = DEFAULTS.steps,
+    rank: int = DEFAULTS.rank,
+    held_out: float = DEFAULTS.held_out,
     since: str | None = None,
-    fim_rate: float = 0.5,
-    spm_rate: float = 0.5,
+    fim_rate: float = DEFAULTS.fim_rate,
+    spm_rate: float = DEFAULTS.spm_rate,
     resume: bool = False,
-    batch_size: int = 4,
-    learning_rate: float = 1e-5,
-    max_tokens: int = 2048,
-    save_every: int = 50,
-    eval_every: int = 50,
-    eval_batches: int | None = None,
-    seed: int = 0,
+    batch_size: int = DEFAULTS.batch_size,
+    learning_rate: float = DEFAULTS.learning_rate,
+    max_tokens: int = DEFAULTS.max_tokens,
+    save_every: int = DEFAULTS.save_every,
+    eval_every: int = DEFAULTS.eval_every,
+    eval_batches: int | None = DEFAULTS.eval_batches,
+    seed: int = DEFAULTS.seed,
     callback: Any = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` on the code of ``repo`` and write the adapter to ``out``.

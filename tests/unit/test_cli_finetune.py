@@ -4,15 +4,19 @@ before the model loads), its defaults those of ``finetune()``."""
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
+import subprocess
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from mlx_lm.tuner.utils import load_adapters
 
 from langchain_starcoder import cli
-from langchain_starcoder.cli.finetune import DEFAULTS
+from langchain_starcoder.finetune.settings import DEFAULTS
 from langchain_starcoder.finetune.train import finetune
 from langchain_starcoder.loading import load_model
 from langchain_starcoder.testing.repos import write_files
@@ -74,9 +78,32 @@ def test_bad_settings_exit_2_before_the_model_loads(capsys, repo, tmp_path, opti
     assert not (tmp_path / "out").exists()
 
 
-def test_the_defaults_are_finetunes():
+def test_finetune_and_the_command_line_take_their_defaults_from_one_home():
+    defaults = asdict(DEFAULTS)
     parameters = inspect.signature(finetune).parameters
-    assert {name: parameters[name].default for name in DEFAULTS} == DEFAULTS
+    assert {name: parameters[name].default for name in defaults} == defaults
+    (commands,) = (a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = commands.choices["finetune"]
+    assert {name: flags.get_default(name) for name in defaults} == defaults
+
+
+def test_the_defaults_home_loads_no_mlx():
+    """The command line reads it to build --help: importing it (and the package) must not load MLX."""
+    code = (
+        "import sys\n"
+        "from langchain_starcoder.finetune.settings import DEFAULTS\n"
+        "import langchain_starcoder.finetune as package\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlx', 'mlx_lm', 'matplotlib', 'numpy'}))\n"
+        "print(package.METHODS, package.finetune.__module__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    heavy, names = result.stdout.splitlines()
+    assert heavy == "[]"
+    assert names == "('lora', 'dora', 'full') langchain_starcoder.finetune.train"
+    import langchain_starcoder.finetune as package
+
+    assert set(package._EXPORTS) == set(package.__all__)
 
 
 def test_a_repository_with_too_little_code_exits_2_and_writes_nothing(capsys, tiny_path, tmp_path):
