@@ -57,7 +57,8 @@ def _gguf_options(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
     )
 
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
+def _model_args(parser: argparse.ArgumentParser, *, named_adapters: bool = False) -> None:
+    """The model and how it loads; ``named_adapters`` (serve): ``--adapter`` repeats, as ``NAME=DIR``."""
     group = parser.add_argument_group("model")
     _model_option(group, gguf=True)
     _gguf_options(group)
@@ -71,12 +72,21 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="compute dtype (auto: float32 on the CPU, the checkpoint's on a GPU)",
     )
     group.add_argument("--kv-bits", type=int, choices=(4, 8), help="quantize the KV cache")
-    group.add_argument(
-        "--adapter",
-        type=Path,
-        metavar="DIR",
-        help="a fine-tuning adapter's folder (from langchain-starcoder finetune or mlx_lm.lora)",
-    )
+    if named_adapters:
+        group.add_argument(
+            "--adapter",
+            action="append",
+            metavar="[NAME=]DIR",
+            help="a fine-tuning adapter's folder: DIR alone runs the model with it; NAME=DIR, repeated, "
+            "serves each beside the base, picked per request by model=NAME or by lora (docs/server.md)",
+        )
+    else:
+        group.add_argument(
+            "--adapter",
+            type=Path,
+            metavar="DIR",
+            help="a fine-tuning adapter's folder (from langchain-starcoder finetune or mlx_lm.lora)",
+        )
     group.add_argument(
         "--prompt-cache-dir",
         type=Path,

@@ -49,7 +49,7 @@ def _info_args(p: argparse.ArgumentParser) -> None:
 
 
 def _serve_command_args(p: argparse.ArgumentParser) -> None:
-    _model_args(p)
+    _model_args(p, named_adapters=True)
     _serve_args(p)
     _speculation_args(p)
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))

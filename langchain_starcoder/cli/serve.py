@@ -10,6 +10,7 @@ from typing import Any
 from .model import _load_engine, _repo_index
 from .options import default_prompt_cache_dir, picked
 from .output import CommandError, _err
+from .serve_adapters import check_adapters, split_adapters
 from .serve_checks import api_keys, check_model_reachable, say_what_is_shared
 
 
@@ -28,6 +29,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise CommandError(msg) from e
 
     args.api_keys = api_keys(args)  # each a tenant (none: one tenant, every client)
+    # One bare DIR: the model runs with it; NAME=DIR: served beside the base, each picked per request.
+    args.adapter, args.adapters = split_adapters(args.adapter)
+    check_adapters(args, args.adapters)  # a missing folder or another base's adapter fails before serving
     if args.repo is not None and not args.repo.is_dir():
         msg = f"--repo {args.repo} is not a folder: give the repository's root folder."
         raise CommandError(msg)
@@ -78,12 +82,15 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
         supersede=not args.no_supersede,
         fim_mode=args.fim_mode,
         stable_prefix=not args.no_stable_prefix,
+        adapters=args.adapters,
     )
     limits = ("max_connections", "request_timeout", "keep_alive_timeout")
     config = BoundedConfig(app, **picked(args, "host", "port", "log_level", *limits))
     server = uvicorn.Server(config)
     port = listening[0].getsockname()[1]
     _err(f"Serving {args.model} on http://{args.host}:{port} (/v1/completions, /infill, /health).")
+    for name, folder in args.adapters.items():
+        _err(f"The adapter {folder} is served as model {name!r} (/v1/models; lora ids: /lora-adapters).")
     if args.api_keys:
         _err(f"{len(args.api_keys)} API key(s), each a tenant with its own documents and prompt cache.")
     if args.prompt_cache_dir is not None:

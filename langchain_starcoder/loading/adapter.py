@@ -142,16 +142,7 @@ def apply_adapter(model: Any, args: Any, adapter: Adapter, model_name: str) -> N
     import mlx.nn as nn
     from mlx_lm.tuner.utils import load_adapters
 
-    ours = base_signature(args)
-    theirs = adapter.config.get(BASE_KEY)
-    if isinstance(theirs, dict) and any(theirs.get(k) != v for k, v in ours.items()):
-        msg = (
-            f"The adapter {adapter.path} was trained on {adapter.base} ({_describe(theirs)}); "
-            f"{model_name} is {_describe(ours)}. An adapter works only on the base it was "
-            "trained on: load that model, or fine-tune one for this model."
-        )
-        raise CheckpointError(msg)
-    _check_layers(adapter, ours, model_name)
+    ours = check_base(adapter, args, model_name)
     if adapter.fine_tune_type == "full" and any(
         isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()
     ):
@@ -171,6 +162,22 @@ def apply_adapter(model: Any, args: Any, adapter: Adapter, model_name: str) -> N
         raise CheckpointError(msg)
     model.eval()  # mlx-lm's LoRA dropout is off only in inference mode
     mx.eval(model.parameters())
+
+
+def check_base(adapter: Adapter, args: Any, model_name: str) -> dict[str, Any]:
+    """Refuse ``adapter`` for a model of config ``args`` when the base it records (or the layers it has)
+    is not this one, naming both; before any weight loads. Returns the model's :func:`base_signature`."""
+    ours = base_signature(args)
+    theirs = adapter.config.get(BASE_KEY)
+    if isinstance(theirs, dict) and any(theirs.get(k) != v for k, v in ours.items()):
+        msg = (
+            f"The adapter {adapter.path} was trained on {adapter.base} ({_describe(theirs)}); "
+            f"{model_name} is {_describe(ours)}. An adapter works only on the base it was "
+            "trained on: load that model, or fine-tune one for this model."
+        )
+        raise CheckpointError(msg)
+    _check_layers(adapter, ours, model_name)
+    return ours
 
 
 def _check_layers(adapter: Adapter, ours: Mapping[str, Any], model_name: str) -> None:

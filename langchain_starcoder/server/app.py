@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -33,6 +34,7 @@ def create_app(
     supersede: bool = True,
     fim_mode: str = "psm",
     stable_prefix: bool = True,
+    adapters: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> Starlette:
     """The ASGI app serving ``engine`` (see the package docs for the endpoints).
 
@@ -75,6 +77,12 @@ def create_app(
             are put back above it, so the prompt starts where the last one did and the prompt cache serves
             it (docs/server.md, "While you type"). Exact (the answer is ``engine.infill``'s on the longer
             prefix, which may differ from the window's alone); on by default, False sends the window as is.
+        adapters: Fine-tuning adapters served beside the base, by name: ``{"mine": "adapters/mine"}``.
+            Each runs on the base's weights (:meth:`StarCoderEngine.with_adapter`; made once the base is
+            ready, closed when the server stops) with prompt caches of its own. A request picks one by
+            OpenAI's ``model`` field (``/v1/models`` lists them, vLLM's way; another name is a 404) or by
+            llama.cpp's ``lora`` field on ``/infill`` and ``/completion`` (``[{"id": 0, "scale": 1}]``, ids
+            in this order; ``/lora-adapters`` lists them); the base without either (docs/server.md).
     """
     if fim_mode not in FIM_MODES:
         msg = f"fim_mode must be one of {', '.join(FIM_MODES)}, not {fim_mode!r}."
@@ -99,6 +107,7 @@ def create_app(
         supersede=supersede,
         fim_mode=fim_mode,
         stable_prefix=stable_prefix,
+        adapters=adapters,
     )
     routes = [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
@@ -110,5 +119,6 @@ def create_app(
         Route("/infill", server.route(llama_api.infill), methods=["POST"]),
         Route("/completion", server.route(llama_api.completion), methods=["POST"]),
         Route("/props", server.route(llama_api.props), methods=["GET"]),
+        Route("/lora-adapters", server.route(llama_api.lora_adapters), methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=server.lifespan)

@@ -22,7 +22,7 @@ class Batcher:
 
     async def generate(self, engine: StarCoderEngine, prompt: Any, settings: dict[str, Any]) -> Completion:
         loop = asyncio.get_running_loop()
-        key = repr(sorted(settings.items()))
+        key = f"{id(engine)} {sorted(settings.items())!r}"  # (each adapter's engine batches its own)
         future: asyncio.Future[Completion] = loop.create_future()
         if key not in self.groups:
             self.groups[key] = []

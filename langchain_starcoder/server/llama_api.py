@@ -36,6 +36,12 @@ async def props(server: ServerState, request: Request) -> Response:
     return JSONResponse({"default_generation_settings": {"n_ctx": engine.context_window}})
 
 
+async def lora_adapters(server: ServerState, request: Request) -> Response:
+    """llama-server's ``GET /lora-adapters``: the adapters a request's ``lora`` field picks by id."""
+    server.ready()
+    return JSONResponse(server.adapters.lora_adapters())
+
+
 async def tokenize(server: ServerState, request: Request) -> Response:
     engine = server.ready()
     body = await read_body(request, server.max_body_bytes)
@@ -65,8 +71,9 @@ async def completion(server: ServerState, request: Request) -> Response:
     """llama.cpp's ``/completion``: one prompt (text, token ids, or a list mixing both), answered whole
     or streamed; with ``return_tokens`` each chunk carries its ids (what ``StarCoderEngine.connect``
     speaks). Text is data unless the server parses control tokens (``parse_special_tokens``)."""
-    engine = server.ready()
+    server.ready()
     body = await read_body(request, server.max_body_bytes)
+    engine = server.by_lora(body).engine  # the base or an adapter
     if body.get("n_probs"):  # token probabilities: not here
         raise bad_request("/completion does not support n_probs.", "n_probs")
     prompt = await asyncio.to_thread(_completion_prompt, server, engine, body.get("prompt"))  # tokenizes
@@ -132,8 +139,10 @@ def _infill_prompt(
 
 
 async def infill(server: ServerState, request: Request) -> Response:
-    engine = server.ready()
+    server.ready()
     body = await read_body(request, server.max_body_bytes)
+    served = server.by_lora(body)  # the base or an adapter
+    engine = served.engine
     fim_request = infill_request(body)
     n_predict = field(body, "n_predict", int, -1)
     warm_up = n_predict == 0  # llama.vim's "cache this context" request: prefill, answer nothing
@@ -146,7 +155,9 @@ async def infill(server: ServerState, request: Request) -> Response:
         check_count(fields, MAX_RESPONSE_FIELDS, "fields", "response_fields")
     if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
         raise bad_request("response_fields must be a list of strings.", "response_fields")
-    document = server.sessions.document(salt, fim_request.file_path, field(body, "id_slot", int))
+    document = server.sessions.document(
+        served.documents(salt), fim_request.file_path, field(body, "id_slot", int)
+    )
     fim_request, prompt, used = await asyncio.to_thread(
         _infill_prompt, server, engine, fim_request, max_tokens, document
     )

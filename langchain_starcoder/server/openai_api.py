@@ -46,26 +46,39 @@ OPENAI_MAX_TOKENS = 16
 
 
 async def models(server: ServerState, request: Request) -> Response:
+    """The base model, then each adapter with ``root`` (its folder) and ``parent`` (the base), as vLLM
+    lists its LoRA adapters."""
     engine = server.ready()
-    model = {
-        "id": server.name,
-        "object": "model",
-        "created": server.created,
-        "owned_by": OUR_SERVER,
-        "context_window": engine.context_window,
-        # llama.cpp's fields, which StarCoderEngine.connect checks against its tokenizer.
-        "meta": {"n_vocab": engine.vocab_size, "n_ctx_train": engine.context_window},
-    }
-    return JSONResponse({"object": "list", "data": [model]})
+
+    def card(name: str, root: Any, parent: str | None) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": server.created,
+            "owned_by": OUR_SERVER,
+            "root": root,
+            "parent": parent,
+            "max_model_len": engine.context_window,
+            "context_window": engine.context_window,
+            # llama.cpp's fields, which StarCoderEngine.connect checks against its tokenizer.
+            "meta": {"n_vocab": engine.vocab_size, "n_ctx_train": engine.context_window},
+        }
+
+    base_root = str(engine.path) if engine.path is not None else engine.name
+    cards = [card(server.name, base_root, None)]
+    cards += [card(name, str(folder), server.name) for name, folder in server.adapters.folders.items()]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 # --- /v1/completions ------------------------------------------------------------------------------
 
 
 async def completions(server: ServerState, request: Request) -> Response:
-    engine = server.ready()
+    server.ready()
     body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
+    served = server.by_model(body)  # the base or an adapter
+    engine = served.engine
     salt = server.partition(request, body)  # the tenant's (and cache_salt's) own cache and documents
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0, server.prompt_lookup)
     settings = salted(settings | completions_constraint(body), salt)
@@ -73,7 +86,8 @@ async def completions(server: ServerState, request: Request) -> Response:
     if warm_up:
         settings["max_tokens"] = 1  # (the token is not answered: the prompt's cache is what is kept)
     suffix = body.get("suffix") is not None  # fill in the middle: a newer request for its document supersedes
-    document = server.sessions.document(salt, body.get("file_path"), body.get("id_slot")) if suffix else None
+    where = served.documents(salt)
+    document = server.sessions.document(where, body.get("file_path"), body.get("id_slot")) if suffix else None
     # Tokenizing runs off the event loop.
     prompts, built = await asyncio.to_thread(
         _completion_prompts, server, engine, body, settings["max_tokens"], document
@@ -90,7 +104,7 @@ async def completions(server: ServerState, request: Request) -> Response:
             "id": cid,
             "object": "text_completion",
             "created": created,
-            "model": server.name,
+            "model": served.name,
             "choices": choices,
             **more,
         }
@@ -180,9 +194,11 @@ def _completion_prompts(
 
 
 async def chat(server: ServerState, request: Request) -> Response:
-    engine = server.ready()
+    server.ready()
     body = await read_body(request, server.max_body_bytes)
     refuse_unsupported(body)
+    served = server.by_model(body)  # the base or an adapter
+    engine = served.engine
     template = resolve_chat_template(engine, None)
     if template is None:
         raise bad_request("This checkpoint has no chat template; use /v1/completions.")
@@ -209,7 +225,7 @@ async def chat(server: ServerState, request: Request) -> Response:
             "id": cid,
             "object": kind,
             "created": created,
-            "model": server.name,
+            "model": served.name,
             "choices": choices,
             **more,
         }

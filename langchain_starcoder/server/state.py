@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,6 +24,7 @@ from ..errors import StarCoderError
 from ..fim.build import FIMPrompt
 from ..fim.request import FIMRequest
 from ..types import Completion, is_int
+from .adapters import Served, ServedAdapters
 from .batcher import Batcher
 from .errors import APIError, api_error, error_response
 from .tenants import Tenants, partition, request_salt
@@ -46,7 +48,10 @@ class ServerState:
         supersede: bool = True,
         fim_mode: str = "psm",
         stable_prefix: bool = True,
+        adapters: Mapping[str, str | os.PathLike[str]] | None = None,
     ):
+        #: The adapters served beside the base, by name (adapters.py): made once the base is ready.
+        self.adapters = ServedAdapters(adapters)
         self.batcher = Batcher(batch_window_ms / 1000) if batch_window_ms > 0 else None
         self.engine: StarCoderEngine | None = None
         self.load_error: BaseException | None = None
@@ -71,7 +76,20 @@ class ServerState:
 
     def _ready(self, engine: StarCoderEngine) -> None:
         self.max_text_chars = max_text_chars(engine.tokenizer, engine.context_window)
+        self.adapters.build(engine, self.model_name or engine.name)
         self.engine = engine  # last: requests are served from here on
+
+    def served(self) -> Served:
+        """The base model, ready (503 while it loads)."""
+        return Served(self.ready(), self.name)
+
+    def by_model(self, body: dict[str, Any]) -> Served:
+        """What an OpenAI request's ``model`` field runs: the base or one of the adapters (adapters.py)."""
+        return self.adapters.by_model(self.served(), body)
+
+    def by_lora(self, body: dict[str, Any]) -> Served:
+        """What a llama.cpp request's ``lora`` field runs: the base or one of the adapters (adapters.py)."""
+        return self.adapters.by_lora(self.served(), body)
 
     def with_repo_context(self, engine: StarCoderEngine, request: FIMRequest, max_tokens: Any) -> FIMRequest:
         """``request`` with the served repository's context for its ``file_path`` after the client's own
@@ -110,16 +128,21 @@ class ServerState:
         try:
             yield
         finally:
-            if loading is not None:  # the server loaded the engine, so it closes it
+            if loading is not None:
                 await asyncio.to_thread(loading.join)
-                if self.engine is not None:
-                    self.engine.close()
+            self.adapters.close()  # the server made them
+            if loading is not None and self.engine is not None:  # the server loaded the engine: it closes it
+                self.engine.close()
 
     def _load(self) -> None:
         assert self.loader is not None
+        engine = None
         try:
-            self._ready(self.loader())
+            engine = self.loader()
+            self._ready(engine)
         except BaseException as e:
+            if engine is not None:  # its adapters failed: the base is closed here, nothing serves it
+                engine.close()
             logger.error("Loading the model failed: %s", e, exc_info=not isinstance(e, StarCoderError))
             self.load_error = e
 

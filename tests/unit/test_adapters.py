@@ -18,6 +18,7 @@ from langchain_starcoder.backends.prompt_cache.disk import MIN_NEW_TOKENS
 from langchain_starcoder.cli import main
 from langchain_starcoder.cli.options import load_settings
 from langchain_starcoder.cli.parser import build_parser
+from langchain_starcoder.cli.serve_adapters import split_adapters
 from langchain_starcoder.errors import CheckpointError, InvalidParameterError, ModelNotFoundError
 from langchain_starcoder.loading.adapter import BASE_KEY, CONFIG_FILE, WEIGHTS_FILE
 from langchain_starcoder.testing import build_starcoder2
@@ -189,7 +190,8 @@ def test_the_command_line_takes_an_adapter(
     assert main(["infill", *hole, *load]) == 0
     assert capsys.readouterr().out.startswith(middle)
     serve = build_parser().parse_args(["serve", "--adapter", str(adapters["lora"])])
-    assert load_settings(serve)["adapter_path"] == adapters["lora"]  # (serve loads through the same path)
+    serve.adapter, named = split_adapters(serve.adapter)  # (as serve reads it: one bare DIR, no names)
+    assert load_settings(serve)["adapter_path"] == adapters["lora"] and named == {}  # the same load path
 
 
 def test_engines_served_elsewhere_say_adapters_are_not_yet_supported(
