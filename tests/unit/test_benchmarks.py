@@ -344,3 +344,14 @@ def test_evaluation_runs_on_tiny_and_is_not_in_the_default_set(tmp_path: Path) -
     cost = section["data"]["cost_wide"]
     assert cost["cut_per_hole_s"] > 0 and cost["score_per_hole_s"] > 0 and len(cost["model_per_hole_s"]) == 2
     assert section["data"]["cost_tiny"]["completions"] == 4 * section["data"]["cost_tiny"]["holes"]
+
+
+def test_finetune_effect_names_a_model_folder_without_a_checkpoint(tmp_path: Path) -> None:
+    """``--model`` takes a checkpoint's folder; one without config.json stops before any training."""
+    from benchmarks import finetune_effect
+
+    empty = tmp_path / "not-a-checkpoint"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match=r"no config\.json there"):
+        finetune_effect.main(["--model", str(empty), "--workdir", str(tmp_path / "work")])
+    assert not (tmp_path / "work" / "adapter").exists()
