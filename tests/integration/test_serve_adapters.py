@@ -5,9 +5,11 @@ selections are clear 400/404 answers and the server goes on; the command line ch
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,6 +232,62 @@ def test_the_prompt_cache_never_serves_one_models_kv_to_another(served: str) -> 
     for name, lora in picks.items():
         again = ask(lora)
         assert again["content"] == first[name]["content"] and again["tokens_cached"] > 0
+
+
+@pytest.fixture
+def typing_server(tiny_path: Path, adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator:
+    """A server that batches (a 300 ms window) whose base holds its first generation's first token until
+    ``release`` is set (so a later request finds it running): (its url, started, release)."""
+    base = StarCoderEngine.load(tiny_path)
+    started, release, submit = threading.Event(), threading.Event(), base.backend.submit
+
+    def held(generations: list) -> object:
+        if not started.is_set():
+            sink = generations[0].sink
+            token = sink.token
+
+            def first(token_id: int) -> bool:
+                started.set()
+                release.wait(60)
+                sink.token = token
+                return token(token_id)
+
+            sink.token = first
+        return submit(generations)
+
+    monkeypatch.setattr(base.backend, "submit", held)
+    running = ServerThread(create_app(base, model_name="tiny", adapters=adapters, batch_window_ms=300))
+    yield running.url, started, release
+    release.set()
+    running.stop()
+    base.close()
+
+
+def test_a_request_to_one_model_never_supersedes_or_joins_another_models(
+    typing_server: tuple, alone: dict[str, StarCoderEngine]
+) -> None:
+    """The same document asked of the base and of an adapter at once: neither cancels the other (each model
+    has its own documents); two requests of one batch window run each on its own model (a batch is one
+    model's)."""
+    url, started, release = typing_server
+    hole = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "file_path": "a.py", "n_predict": 12}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        older = pool.submit(ok, f"{url}/infill", hole)
+        assert started.wait(60)
+        newer = ok(f"{url}/infill", hole | {"lora": [{"id": 0, "scale": 1}]})
+        release.set()
+        expected = {
+            name: alone[name].infill(FIMRequest(PREFIX, SUFFIX, file_path="a.py"), **GREEDY) for name in alone
+        }
+        assert newer["content"] == expected["mine"].text
+        assert older.result()["stop_type"] != "cancelled"
+        assert older.result()["content"] == expected["tiny"].text
+        asked = {
+            name: pool.submit(ok, f"{url}/v1/completions", {"model": name, "prompt": PROMPT, **GREEDY})
+            for name in ("tiny", "mine")
+        }
+        for name, answer in asked.items():
+            assert answer.result()["choices"][0]["text"] == alone[name].generate(PROMPT, **GREEDY).text
 
 
 # --- the command line --------------------------------------------------------------------------------
