@@ -167,6 +167,11 @@ class RemoteOptions:
             server a StarCoder2 request holds at most the window (``context_window``), and answers
             equal the model's. True allows the server's whole context, inexactly past the window.
             vLLM applies the window: no limit there.
+        adapter: The name of a LoRA adapter a vLLM server serves over ``model`` (``vllm serve M
+            --enable-lora --lora-modules NAME=PEFT_DIR``, PEFT_DIR from ``langchain-starcoder
+            export-adapter --peft``): every request runs with it (``model: NAME``). Checked at
+            connect against ``/v1/models``; an adapter vLLM cannot apply is served fused instead
+            (``export-adapter --fused OUT``, then ``vllm serve OUT``), connected to without it.
     """
 
     backend: ClassVar[str] = "remote"
@@ -179,8 +184,12 @@ class RemoteOptions:
     max_retries: int = 2
     max_concurrency: int = 16
     inexact_past_window: bool = False
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
+            msg = f"adapter must be the name a vLLM server serves a LoRA adapter under, not {self.adapter!r}."
+            raise InvalidParameterError(msg)
         for name, seconds in (("timeout", self.timeout), ("deadline", self.deadline)):
             if seconds is None and name == "deadline":
                 continue
@@ -240,9 +249,10 @@ def remote_options(options: RemoteOptions | None = None, **settings: Any) -> Rem
     """``options`` as given, or the options of ``connect``'s keyword form (``timeout=120``...)."""
     if settings.get("adapter_path") is not None:
         msg = (
-            "adapter_path is not yet supported for a model served elsewhere (StarCoderEngine.connect, "
-            "base_url): load the model here with it, or serve the adapter merged into the weights "
-            "(langchain-starcoder export-adapter --fused OUT) and connect to that."
+            "adapter_path is for a model loaded here; a server applies its own adapters: serve it with "
+            "vLLM (langchain-starcoder export-adapter --model M --adapter DIR --peft PEFT_DIR, then vllm "
+            "serve M --enable-lora --lora-modules NAME=PEFT_DIR) and connect with adapter=NAME, or serve "
+            "the fused checkpoint (export-adapter --model M --adapter DIR --fused OUT) and connect to that."
         )
         raise InvalidParameterError(msg)
     if options is not None:

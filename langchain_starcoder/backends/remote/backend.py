@@ -83,6 +83,9 @@ class RemoteBackend(ServerBackend):
         sliding_window: StarCoder2's attention window. llama.cpp's StarCoder2 ignores it, so on a
             llama.cpp server a request may hold at most the window (exact answers), unless
             ``inexact_past_window`` is True.
+        adapter: The name of a LoRA adapter a vLLM server serves over ``model`` (``--lora-modules``):
+            requests name it as their ``model``. vLLM keys its prefix cache by the adapter, so no
+            KV crosses between it and the base or another adapter.
     """
 
     path = None  # no local checkpoint folder
@@ -102,6 +105,7 @@ class RemoteBackend(ServerBackend):
         token_bytes: Mapping[bytes, int] | None = None,
         sliding_window: int | None = None,
         inexact_past_window: bool = False,
+        adapter: str | None = None,
     ):
         super().__init__()
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -116,6 +120,7 @@ class RemoteBackend(ServerBackend):
             raise InvalidParameterError(msg)
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
+        self.adapter_name = adapter
         self.name = model
         self.max_retries = max_retries
         self.timeout, self.deadline = timeout, deadline
@@ -167,7 +172,18 @@ class RemoteBackend(ServerBackend):
             max_model_len = self._check.number(card["max_model_len"], "max_model_len", low=1)
             self._check_vllm(max_model_len, context_length)
             vocab = vocab_size or len(set(token_bytes.values()))  # vLLM does not report it
-            return vocab, max_model_len, VLLM(self._transport, vocab, self.model)
+            if self.adapter_name is not None:
+                self._check_adapter(served, self.adapter_name)
+            return vocab, max_model_len, VLLM(self._transport, vocab, self.adapter_name or self.model)
+        if self.adapter_name is not None:
+            msg = (
+                f"adapter={self.adapter_name!r} names a LoRA adapter a vLLM server serves, but "
+                f"{self.base_url} is not vLLM. Run the adapter with StarCoderEngine.load(M, "
+                'backend="llama.cpp", adapter_path=DIR) (llama-server --lora), or serve the fused '
+                "checkpoint (langchain-starcoder export-adapter --model M --adapter DIR --fused OUT) and "
+                "connect to that without adapter."
+            )
+            raise InvalidParameterError(msg)
         props = self._transport.get_json("/props").get("default_generation_settings")
         if (
             not isinstance(meta, dict)
@@ -200,6 +216,24 @@ class RemoteBackend(ServerBackend):
         exact = None if ours else self._exact_window
         context = n_ctx if exact is None else min(n_ctx, exact)
         return n_vocab, context, LlamaCpp(self._transport, n_vocab, token_bytes, salted=ours)
+
+    def _check_adapter(self, served: Mapping[Any, dict[str, Any]], adapter: str) -> None:
+        """``adapter`` must be listed by the vLLM server as an adapter of ``model`` (its ``parent``)."""
+        card = served.get(adapter)
+        if card is None:
+            msg = (
+                f"{self.base_url} serves {sorted(map(str, served))}, not the adapter {adapter!r}. Serve "
+                "it with vLLM (langchain-starcoder export-adapter --model M --adapter DIR --peft PEFT_DIR, "
+                f"then vllm serve M --enable-lora --lora-modules {adapter}=PEFT_DIR); where vLLM cannot "
+                "apply it, serve the fused checkpoint (export-adapter --model M --adapter DIR --fused OUT, "
+                "then vllm serve OUT) and connect to that without adapter."
+            )
+            raise ServerError(msg)
+        parent = card.get("parent")
+        if parent != self.model:
+            what = "a model, not an adapter" if parent is None else f"an adapter of {parent!r}"
+            msg = f"{adapter!r} on {self.base_url} is {what}; adapter must name an adapter of {self.model!r}."
+            raise ServerError(msg)
 
     def _check_vllm(self, max_model_len: int, context_length: int | None) -> None:
         """vLLM reports the context a request may use (``max_model_len``) but not its vocabulary: a
