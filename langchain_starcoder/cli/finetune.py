@@ -20,42 +20,56 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("repo", metavar="REPO", type=Path, help="the repository's folder (its code is trained on)")
     p.add_argument("--model", required=True, metavar="M", help="the base checkpoint: folder or hub id")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="the adapter's folder")
-    p.add_argument(
+    training = p.add_argument_group("what is trained")
+    training.add_argument(
         "--method",
         choices=METHODS,
         default=DEFAULTS.method,
         help="LoRA, DoRA (mlx-lm's layers; over a quantized model: QLoRA) or all weights "
         f"(default {DEFAULTS.method})",
     )
-    numbers = (
+    _numbers(
+        training,
         ("--steps", int, "N", "training steps (batches)"),
         ("--rank", int, "R", "the LoRA/DoRA rank"),
-        ("--held-out", float, "FRACTION", "the share of files kept out of training to measure on"),
-        ("--fim-rate", float, "F", "the share of examples with fill in the middle"),
-        ("--spm-rate", float, "F", "the share of FIM examples in SPM order (the rest PSM)"),
         ("--batch-size", int, "N", "examples per step"),
         ("--learning-rate", float, "LR", "Adam's learning rate"),
         ("--max-tokens", int, "N", "tokens per example at most"),
+    )
+    data = p.add_argument_group("the data")
+    _numbers(
+        data,
+        ("--held-out", float, "FRACTION", "the share of files kept out of training to measure on"),
+        ("--fim-rate", float, "F", "the share of examples with fill in the middle"),
+        ("--spm-rate", float, "F", "the share of FIM examples in SPM order (the rest PSM)"),
+        ("--seed", int, "N", "the split, the examples and the data order"),
+    )
+    data.add_argument(
+        "--since", metavar="REV", help="hold out the files with code added after this git revision instead"
+    )
+    progress = p.add_argument_group("checkpoints and the held-out loss")
+    _numbers(
+        progress,
         ("--save-every", int, "N", "a checkpoint every N steps"),
         ("--eval-every", int, "N", "the held-out loss every N steps"),
         ("--eval-batches", int, "N", "the held-out loss over N batches, the same each time"),
-        ("--seed", int, "N", "the split, the examples and the data order"),
     )
-    for flag, kind, metavar, text in numbers:
+    progress.add_argument(
+        "--resume", action="store_true", help="continue from the last checkpoint in DIR (the same settings)"
+    )
+
+
+def _numbers(group: argparse._ArgumentGroup, *rows: tuple[str, type, str, str]) -> None:
+    """Numeric options (flag, type, metavar, help), each defaulting to ``finetune()``'s own default."""
+    for flag, kind, metavar, text in rows:
         default = getattr(DEFAULTS, flag[2:].replace("-", "_"))
-        p.add_argument(
+        group.add_argument(
             flag,
             type=kind,
             default=default,
             metavar=metavar,
             help=f"{text} (default {'all' if default is None else default})",
         )
-    p.add_argument(
-        "--since", metavar="REV", help="hold out the files with code added after this git revision instead"
-    )
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the last checkpoint in DIR (the same settings)"
-    )
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
