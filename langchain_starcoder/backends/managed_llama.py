@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import EngineClosedError, StarCoderError
+from ..errors import EngineClosedError, InvalidParameterError, StarCoderError
 from . import Generation
 from .llama_options import LlamaCppOptions as LlamaCppOptions  # its documented home
 from .llama_options import option_given
@@ -291,6 +291,37 @@ class ManagedLlamaBackend(ServerBackend):
         self._connect = connect
         self.restarts = 0
         self._remote = self._start()
+
+    def with_adapter(self, adapter: Any, lora: Path) -> ManagedLlamaBackend:
+        """A backend of its own llama-server over the same base GGUF with ``lora`` (``adapter`` as llama.cpp's
+        GGUF adapter) at scale 1: the base file is mapped, so the page cache shares it between the two
+        servers; its KV is all under the adapter. This backend is left as it is."""
+        if self.adapter is not None:
+            msg = (
+                f"The llama.cpp engine for {self.name} runs the adapter {self.adapter.path} already; call "
+                "with_adapter on an engine of the base model (loaded without adapter_path)."
+            )
+            raise InvalidParameterError(msg)
+        base = self.server
+        server = LlamaServerProcess(
+            base.binary,
+            base.gguf,
+            alias=base.alias,
+            threads=base.threads,
+            slots=base.slots,
+            context=base.context,
+            server_args=base.server_args,
+            startup_timeout=base.startup_timeout,
+            lora=(lora,),
+        )
+        return ManagedLlamaBackend(
+            server,
+            self._connect,
+            name=self.name,
+            path=self.path,
+            sliding_window=self.sliding_window,
+            adapter=adapter,
+        )
 
     def _start(self) -> RemoteBackend:
         self.server.start()

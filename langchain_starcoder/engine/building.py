@@ -396,9 +396,16 @@ def _adapted(load: Callable[[], Any], adapter: Adapter, name: str) -> Any:
 
 def adapted_backend(backend: Backend, adapter_path: str | os.PathLike[str]) -> Backend:
     """A backend on ``backend``'s base with the adapter in ``adapter_path`` (StarCoderEngine.with_adapter);
-    the adapter is read and checked before any work, and a backend that cannot share its base refused."""
+    the adapter is read and checked before any work, and a backend that cannot share its base refused.
+    Managed llama.cpp: the adapter as llama.cpp's GGUF adapter of the base's GGUF (converted once, cached)."""
+    from ..backends.managed_llama import ManagedLlamaBackend
     from ..loading.adapter import read_adapter
 
+    if isinstance(backend, ManagedLlamaBackend):
+        from ..gguf_format.lora import cached_adapter_gguf
+
+        adapter = read_adapter(adapter_path)
+        return backend.with_adapter(adapter, cached_adapter_gguf(adapter, backend.server.gguf))
     make = getattr(backend, "with_adapter", None)
     if make is None:
         msg = (

@@ -85,7 +85,9 @@ class ServedAdapters:
         another name is a 404 naming the models there are (as vLLM answers). A server without adapters
         runs the base whatever the field says, as it always has."""
         if body.get("lora") not in (None, []):  # (llama-server's field: not silently ignored here)
-            msg = "On /v1 endpoints a request picks an adapter by model (GET /v1/models); lora is for /infill."
+            msg = (
+                "On /v1 endpoints a request picks an adapter by model (GET /v1/models); lora is for /infill."
+            )
             raise bad_request(msg, "lora")
         model = body.get("model")
         if not self or model is None or model == base.name:

@@ -290,6 +290,38 @@ def test_a_request_to_one_model_never_supersedes_or_joins_another_models(
             assert answer.result()["choices"][0]["text"] == alone[name].generate(PROMPT, **GREEDY).text
 
 
+def test_llama_cpp_serves_named_adapters_each_in_a_server_of_its_own(
+    clean_path: Path, adapters: dict[str, Path], gguf_cache: Path
+) -> None:
+    """On the managed llama.cpp backend, with_adapter is a llama-server of its own over the same base GGUF
+    with --lora: it answers as the engine loaded with that adapter; the server picks it by model and lora."""
+    settings = {"threads": 1, "slots": 1, "server_args": ("-fa", "off", "-ctk", "f32", "-ctv", "f32")}
+    base = StarCoderEngine.load(clean_path, backend="llama.cpp", llama_cpp=settings)
+    alone = StarCoderEngine.load(
+        clean_path, backend="llama.cpp", llama_cpp=settings, adapter_path=adapters["mine"]
+    )
+    running = None
+    try:
+        adapted = base.with_adapter(adapters["mine"])
+        expected = alone.generate(PROMPT, **GREEDY).text
+        assert adapted.generate(PROMPT, **GREEDY).text == expected != base.generate(PROMPT, **GREEDY).text
+        assert adapted.backend.server.gguf == base.backend.server.gguf  # the one base file, not a copy
+        adapted.close()
+        running = ServerThread(create_app(base, model_name="tiny", adapters={"mine": adapters["mine"]}))
+        by_model = ok(f"{running.url}/v1/completions", {"model": "mine", "prompt": PROMPT, **GREEDY})
+        by_lora = ok(
+            f"{running.url}/completion", {"prompt": PROMPT, "n_predict": 12, "lora": [{"id": 0, "scale": 1}]}
+        )
+        assert by_model["choices"][0]["text"] == by_lora["content"] == expected
+        with pytest.raises(InvalidParameterError, match=r"--fused"):
+            base.with_adapter(adapters["theirs"])  # (llama.cpp runs LoRA only: merge a DoRA adapter)
+    finally:
+        if running is not None:
+            running.stop()
+        base.close()
+        alone.close()
+
+
 # --- the command line --------------------------------------------------------------------------------
 
 
