@@ -1,14 +1,14 @@
 """An HTTP server over one engine: OpenAI-compatible completions and chat, and llama.cpp's ``/infill``.
 
-A Starlette app whose handlers translate request shapes into engine calls and back: ``app`` (the
-routes), ``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing``
-and ``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``,
-``limits`` (body size, text bound, list counts), ``connections`` (uvicorn's request deadline, connection
-limit) and ``tenants`` (each API key a tenant: its documents and prompt cache are its own). What an
-editor's requests share lives in :mod:`langchain_starcoder.editor`, which the Jupyter extension uses too:
-supersession (a newer request for a document cancels the older), each document's context files in their last
-order, the stable prefix (a window of the lines before the cursor that slid down the file gets back the lines
-it dropped, so the prompt keeps its start) and the one map from errors to statuses.
+A Starlette app whose handlers translate request shapes into engine calls and back: ``app`` (the routes),
+``state`` (engine, key, settings), ``openai_api`` and ``llama_api`` (the endpoints), ``parsing`` and
+``shapes`` (requests in, answers out), ``streams`` (SSE, disconnects), ``batcher``, ``errors``, ``limits``
+(body size, text bound, list counts), ``adapters`` (which model a request runs), ``connections`` (uvicorn's
+request deadline, connection limit) and ``tenants`` (each API key a tenant: its documents and prompt cache are
+its own). What an editor's requests share lives in :mod:`langchain_starcoder.editor`, which the Jupyter
+extension uses too: supersession (a newer request for a document cancels the older), each document's context
+files in their last order, the stable prefix (a window of the lines before the cursor that slid down the file
+gets back the lines it dropped, so the prompt keeps its start) and the one map from errors to statuses.
 
 Endpoints:
 
@@ -27,6 +27,9 @@ Endpoints:
   both), after the client's own ``input_extra`` files, in the budget they leave; a request without
   ``file_path`` gets none (docs/repository-context.md).
 - ``GET /health``, ``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``.
+- With ``create_app(adapters={"name": DIR})`` (``serve --adapter NAME=DIR``): each adapter an engine on the
+  base's weights, picked by OpenAI's ``model`` field on ``/v1/...`` (``/v1/models`` lists them, vLLM's way)
+  or by llama.cpp's ``lora`` field on ``/infill`` and ``/completion`` (``GET /lora-adapters``); adapters.py.
 - llama.cpp's ``POST /completion`` (one prompt: text, token ids or both mixed; whole or streamed, with
   ids when ``return_tokens``) and ``GET /props``: so ``StarCoderEngine.connect("http://host:8080",
   model=...)`` drives this server like a llama-server.

@@ -140,6 +140,31 @@ def test_the_model_field_picks_the_base_or_an_adapter(served: str, alone: dict[s
     assert no_model["choices"][0]["text"] == texts["tiny"]
 
 
+def test_chat_picks_an_adapter_by_model(chat_path: Path, tmp_path: Path) -> None:
+    """/v1/chat/completions with ``model`` set to an adapter answers as a server of the engine loaded with
+    that adapter alone (and says which model answered)."""
+    folder = build_adapter(chat_path, tmp_path / "chat-lora", seed=3, strength=0.5)
+    base = StarCoderEngine.load(chat_path)
+    alone = StarCoderEngine.load(chat_path, adapter_path=folder)
+    servers = [ServerThread(create_app(base, model_name="chat", adapters={"mine": folder}))]
+    servers.append(ServerThread(create_app(alone, model_name="chat")))
+    ask = {"messages": [{"role": "user", "content": "Write a sorting function."}], **GREEDY}
+    try:
+        mine = ok(f"{servers[0].url}/v1/chat/completions", {"model": "mine", **ask})
+        plain = ok(f"{servers[0].url}/v1/chat/completions", {"model": "chat", **ask})
+        reference = ok(f"{servers[1].url}/v1/chat/completions", ask)
+        assert mine["model"] == "mine" and plain["model"] == "chat"
+        text = mine["choices"][0]["message"]["content"]
+        assert (
+            text == reference["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"]
+        )
+    finally:
+        for running in servers:
+            running.stop()
+        base.close()
+        alone.close()
+
+
 def test_the_lora_field_picks_the_base_or_an_adapter(served: str, alone: dict[str, StarCoderEngine]) -> None:
     """/completion and /infill with llama.cpp's lora field (ids in the order given) answer as that
     adapter's engine; scale 0 (or no field) is the base."""
