@@ -173,7 +173,8 @@ class StarCoderEngine:
                 comes from.
             options: How to reach it: :class:`~langchain_starcoder.RemoteOptions` (``tokenizer``,
                 ``api_key``, ``timeout``, ``deadline``, ``max_retries``, ``max_concurrency``,
-                ``inexact_past_window``; their docs say what each does).
+                ``inexact_past_window``, ``adapter``: a LoRA adapter vLLM serves over ``model``; their
+                docs say what each does).
             settings: Without ``options``: its fields as keywords (``timeout=120``).
 
         A server whose model has another vocabulary size or training context than the tokenizer's
