@@ -57,6 +57,14 @@ def check_adapters(args: argparse.Namespace, named: dict[str, Path]) -> None:
     from ..loading.adapter import check_base, read_adapter
 
     adapters = {name: read_adapter(folder) for name, folder in named.items()}
+    unrunnable = [a for a in adapters.values() if a.fine_tune_type != "lora"]
+    if args.backend == "llama.cpp" and unrunnable:  # (llama.cpp's adapters are LoRA's: others merge)
+        adapter = unrunnable[0]
+        msg = (
+            f"The adapter {adapter.path} is {adapter.fine_tune_type}, which llama.cpp cannot run: merge it "
+            "(langchain-starcoder export-adapter --fused OUT) and serve OUT, or serve it on MLX."
+        )
+        raise CommandError(msg)
     config = _local_config(args)
     if config is None:
         return  # a hub id's config is read when it loads, where the adapter is checked again

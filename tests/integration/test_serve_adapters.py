@@ -140,6 +140,23 @@ def test_the_model_field_picks_the_base_or_an_adapter(served: str, alone: dict[s
     assert no_model["choices"][0]["text"] == texts["tiny"]
 
 
+def test_requests_to_several_models_at_once_each_answer_as_alone(
+    served: str, alone: dict[str, StarCoderEngine]
+) -> None:
+    """Each model runs on its own worker over the same arrays: requests to all three at once (two each)
+    answer each as its model alone."""
+    prompts = [PROMPT, "import os\n\ndef walk(root):\n"]
+    asks = [(name, prompt) for name in alone for prompt in prompts]
+    with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+        answers = list(
+            pool.map(
+                lambda a: ok(f"{served}/v1/completions", {"model": a[0], "prompt": a[1], **GREEDY}), asks
+            )
+        )
+    for (name, prompt), answer in zip(asks, answers, strict=True):
+        assert answer["choices"][0]["text"] == alone[name].generate(prompt, **GREEDY).text, name
+
+
 def test_chat_picks_an_adapter_by_model(chat_path: Path, tmp_path: Path) -> None:
     """/v1/chat/completions with ``model`` set to an adapter answers as a server of the engine loaded with
     that adapter alone (and says which model answered)."""
@@ -398,3 +415,5 @@ def test_serve_refuses_bad_adapters_before_serving(
         flags = [f"--adapter={value}" for value in values]
         code, err = run(capsys, "serve", "--model", tiny_path, "--port", 0, *flags)
         assert code != 0 and says in err and "Serving" not in err, err
+    code, err = run(capsys, "serve", "--model", tiny_path, "--backend", "llama.cpp", f"--adapter=d={theirs}")
+    assert code != 0 and "is dora, which llama.cpp cannot run" in err and "Serving" not in err, err
