@@ -99,6 +99,33 @@ def test_with_adapter_shares_the_base_weights(
             engine.close()
 
 
+def test_with_adapter_keeps_its_own_prompt_cache_files(
+    tiny_path: Path, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """Engines of one base over one cache folder: an adapter's engine (with_adapter) writes files under its
+    adapter's partition, which the base never reads, and which the same adapter loaded alone in a later
+    engine does (the same weights digest, settings and adapter: one key)."""
+    prompt = "# kept on disk\n" + PROMPT * 12
+    base = StarCoderEngine.load(tiny_path, prompt_cache_dir=tmp_path)
+    shared = base.with_adapter(adapters["mine"])
+    try:
+        texts = {"tiny": base.generate(prompt, **GREEDY), "mine": shared.generate(prompt, **GREEDY)}
+        assert texts["mine"].cached_tokens == 0 and texts["tiny"].text != texts["mine"].text
+    finally:
+        shared.close()  # (its queued write lands first)
+        base.close()
+    for name, adapter in (("mine", adapters["mine"]), ("tiny", None), ("theirs", adapters["theirs"])):
+        later = StarCoderEngine.load(tiny_path, adapter_path=adapter, prompt_cache_dir=tmp_path)
+        try:
+            again = later.generate(prompt, **GREEDY)
+        finally:
+            later.close()
+        if name == "theirs":
+            assert again.cached_tokens == 0  # no other adapter's file is read
+        else:
+            assert again.text == texts[name].text and again.cached_tokens > 32, name  # its own file
+
+
 def test_with_adapter_refuses_what_cannot_share(
     tiny_path: Path, small_path: Path, adapters: dict[str, Path], tmp_path: Path
 ) -> None:
