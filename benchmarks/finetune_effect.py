@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per training example")
     p.add_argument("--fim-rate", type=float, default=0.5, help="the share of FIM training examples")
     p.add_argument("--held-out", type=float, default=0.25)
+    # Each held-out evaluation runs every held-out example: on a slow machine, as costly as many steps.
+    p.add_argument("--eval-every", type=int, help="steps between held-out losses (default: steps / 8)")
     p.add_argument("--holes", type=int, default=120)
     p.add_argument("--kinds", default=",".join(KINDS), help="the holes' kinds, comma-separated")
     p.add_argument("--windowed", action="store_true", help="cut each hole's file as evaluation.py does")
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         learning_rate=args.learning_rate,
         max_tokens=args.max_tokens,
         save_every=args.steps,
-        eval_every=max(1, args.steps // 8),
+        eval_every=args.eval_every or max(1, args.steps // 8),
         seed=args.seed,
     )
     held = held_out_copy(repo, result.held_out_files, workdir / "held-out")
