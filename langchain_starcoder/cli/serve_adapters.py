@@ -75,14 +75,25 @@ def check_adapters(args: argparse.Namespace, named: dict[str, Path]) -> None:
 
 
 def _local_config(args: argparse.Namespace) -> dict | None:
-    """The config of a local model (a checkpoint folder or a .gguf file), else None."""
+    """The config of a model at hand: a checkpoint folder, a .gguf file, or a hub id whose config.json is in
+    the local hub cache (nothing is downloaded here); else None."""
+    from ..loading import is_hub_id, read_config
+
     model = Path(args.model).expanduser()
     if model.is_dir() and (model / "config.json").is_file():
-        from ..loading import read_config
-
         return read_config(model)
     if model.is_file() and model.suffix == ".gguf":
         from ..gguf_format import read_gguf
 
         return read_gguf(model).config
-    return None
+    if model.exists() or not is_hub_id(str(args.model)) or args.gguf_file is not None:
+        return None
+    from huggingface_hub import hf_hub_download
+
+    try:
+        config = hf_hub_download(
+            str(args.model), "config.json", revision=args.revision, local_files_only=True
+        )
+    except Exception:  # not cached (or a damaged cache): the adapter is checked when the model loads
+        return None
+    return read_config(Path(config).parent)

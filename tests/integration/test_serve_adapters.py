@@ -444,3 +444,28 @@ def test_serve_refuses_bad_adapters_before_serving(
         assert code != 0 and says in err and "Serving" not in err, err
     code, err = run(capsys, "serve", "--model", tiny_path, "--backend", "llama.cpp", f"--adapter=d={theirs}")
     assert code != 0 and "is dora, which llama.cpp cannot run" in err and "Serving" not in err, err
+
+
+def test_serve_checks_an_adapter_against_a_hub_models_cached_config(
+    capsys: pytest.CaptureFixture[str],
+    small_path: Path,
+    adapters: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hub id whose config.json is in the local hub cache is checked before serving too (nothing is
+    downloaded): the tiny checkpoint's adapter on a model of the small preset's shape is refused."""
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hub" / "models--someone--small" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_bytes((small_path / "config.json").read_bytes())
+    (tmp_path / "hub" / "models--someone--small" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--small" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    code, err = run(
+        capsys, "serve", "--model", "someone/small", "--port", 0, f"--adapter=a={adapters['mine']}"
+    )
+    assert code != 0 and "was trained on" in err and "someone/small is starcoder2, hidden size 256" in err, (
+        err
+    )
