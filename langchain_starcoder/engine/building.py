@@ -410,7 +410,7 @@ def adapted_backend(backend: Backend, adapter_path: str | os.PathLike[str]) -> B
     if make is None:
         msg = (
             f"{type(backend).__name__} cannot apply an adapter here: a remote server applies its own (vLLM: "
-            "--enable-lora --lora-modules NAME=DIR, then connect with model=NAME). Load the model with "
+            "--enable-lora --lora-modules NAME=DIR, then connect(..., adapter=NAME)). Load the model with "
             'backend="mlx" or "llama.cpp" to add adapters to it.'
         )
         raise InvalidParameterError(msg)

@@ -209,6 +209,22 @@ def test_chat_picks_an_adapter_by_model(chat_path: Path, tmp_path: Path) -> None
         alone.close()
 
 
+def test_a_remote_engine_refuses_with_adapter(
+    served: str, tiny_path: Path, adapters: dict[str, Path]
+) -> None:
+    """An engine of a server's model cannot add an adapter here (the server applies its own): the error says
+    how (vLLM's --lora-modules, connect's adapter=), and the engine goes on answering."""
+    remote = StarCoderEngine.connect(served, model="tiny", tokenizer=tiny_path, timeout=60)
+    try:
+        with pytest.raises(
+            InvalidParameterError, match=r"--lora-modules NAME=DIR, then connect\(\.\.\., adapter=NAME\)"
+        ):
+            remote.with_adapter(adapters["mine"])
+        assert remote.generate(PROMPT, **GREEDY).text
+    finally:
+        remote.close()
+
+
 def test_the_lora_field_picks_the_base_or_an_adapter(served: str, alone: dict[str, StarCoderEngine]) -> None:
     """/completion and /infill with llama.cpp's lora field (ids in the order given) answer as that
     adapter's engine; scale 0 (or no field) is the base."""
