@@ -158,6 +158,11 @@ class StarCoderSettings(BaseModel):
     from (default: ``model``). From the hub only tokenizer and config files are fetched, never
     weights; of a GGUF file only its header is read."""
 
+    adapter: str | None = None
+    """With ``base_url``: the name of a LoRA adapter the server serves over ``model`` (``vllm serve M
+    --enable-lora --lora-modules NAME=DIR``, DIR from ``langchain-starcoder export-adapter --peft``); every
+    request runs with it. A local model takes ``adapter_path`` instead."""
+
     api_key: SecretStr | None = Field(
         default_factory=secret_from_env("STARCODER_API_KEY", default=None), exclude=True, repr=False
     )
@@ -230,12 +235,12 @@ class StarCoderSettings(BaseModel):
         changed = {k for k in self.model_fields_set if getattr(self, k) != type(self).model_fields[k].default}
         if self.base_url is not None and self.adapter_path is not None:
             msg = (
-                "adapter_path is not yet supported with base_url (a model served elsewhere): load the model "
-                "here with it, or serve the adapter merged into the weights (langchain-starcoder "
-                "export-adapter --fused OUT) and name that model."
+                "adapter_path loads an adapter here, but with base_url the model runs on the server: name "
+                "an adapter it serves with adapter=NAME (vLLM's --enable-lora; docs/scaling-out.md), or "
+                "serve the adapter merged into the weights (langchain-starcoder export-adapter --fused OUT)."
             )
             raise ValueError(msg)
-        remote_only = changed & {"tokenizer", *_CONNECTION} if self.base_url is None else set()
+        remote_only = changed & {"tokenizer", "adapter", *_CONNECTION} if self.base_url is None else set()
         local = {"quantize", "dtype", "kv_bits", "gguf_file", "prompt_cache_dir", "backend"}
         local_only = changed & local if self.base_url else set()
         if remote_only or local_only:
@@ -289,6 +294,7 @@ class StarCoderSettings(BaseModel):
             return {
                 "base_url": self.base_url,
                 "tokenizer": self.tokenizer,
+                "adapter": self.adapter,
                 "api_key": self.api_key,
                 **connection,
             }

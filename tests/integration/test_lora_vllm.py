@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from langchain_starcoder import StarCoderEngine
+from langchain_starcoder import StarCoderEngine, StarCoderLLM
 from langchain_starcoder.backends.remote import ServerError
 from langchain_starcoder.errors import InvalidParameterError
 from langchain_starcoder.finetune.export import fuse_adapter, to_peft
@@ -137,6 +137,18 @@ def test_the_engine_connected_with_the_adapter_decodes_as_mlx_does(
     finally:
         engine.close()
         base.close()
+
+
+@pytest.mark.vllm
+def test_the_langchain_wrapper_names_the_served_adapter(
+    vllm_path: Path, server: VLLMServer, local: StarCoderEngine
+) -> None:
+    llm = StarCoderLLM(
+        model="tiny", base_url=server.url, tokenizer=str(vllm_path), adapter=NAME, max_tokens=16
+    )
+    prompt = "def value_index(self, count=None):\n"
+    assert llm.invoke(prompt) == local.generate(prompt, max_tokens=16).text
+    assert llm.engine.backend.adapter_name == NAME
 
 
 @pytest.mark.vllm

@@ -194,13 +194,15 @@ def test_the_command_line_takes_an_adapter(
     assert load_settings(serve)["adapter_path"] == adapters["lora"] and named == {}  # the same load path
 
 
-def test_engines_served_elsewhere_say_adapters_are_not_yet_supported(
+def test_an_adapter_folder_with_a_served_model_is_refused_naming_adapter_name(
     tiny_path: Path, adapters: dict[str, Path]
 ) -> None:
     with pytest.raises(InvalidParameterError, match=r"adapter_path is for a model loaded here.*adapter=NAME"):
         StarCoderEngine.connect("http://127.0.0.1:9", model=str(tiny_path), adapter_path=adapters["lora"])
-    with pytest.raises(ValueError, match="adapter_path is not yet supported with base_url"):
+    with pytest.raises(ValueError, match=r"with base_url the model runs on the server.*adapter=NAME"):
         StarCoderLLM(model="m", base_url="http://127.0.0.1:9", adapter_path=str(adapters["lora"]))
+    with pytest.raises(ValueError, match=r"\['adapter'\] needs base_url"):  # a served adapter's name
+        StarCoderLLM(model=str(tiny_path), adapter="ad")
 
 
 # --- bad adapters -------------------------------------------------------------------------------------
