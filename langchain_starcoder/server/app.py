@@ -84,17 +84,7 @@ def create_app(
             llama.cpp's ``lora`` field on ``/infill`` and ``/completion`` (``[{"id": 0, "scale": 1}]``, ids
             in this order; ``/lora-adapters`` lists them); the base without either (docs/server.md).
     """
-    if fim_mode not in FIM_MODES:
-        msg = f"fim_mode must be one of {', '.join(FIM_MODES)}, not {fim_mode!r}."
-        raise InvalidParameterError(msg)
-    if not is_int(max_body_bytes) or max_body_bytes <= 0:
-        msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
-        raise InvalidParameterError(msg)
-    GenerationParams.create(prompt_lookup_num_tokens=prompt_lookup_num_tokens)  # a bad value fails here
-    keys = [api_key] if isinstance(api_key, str) else api_key
-    if keys is not None and not (isinstance(keys, Sequence) and all(isinstance(k, str) for k in keys)):
-        msg = f"api_key must be a string or a list of strings (tenants' keys), not {type(api_key).__name__}."
-        raise InvalidParameterError(msg)
+    keys = _checked(api_key, fim_mode, max_body_bytes, prompt_lookup_num_tokens)
     server = ServerState(
         engine,
         keys,
@@ -109,7 +99,33 @@ def create_app(
         stable_prefix=stable_prefix,
         adapters=adapters,
     )
-    routes = [
+    return Starlette(routes=_routes(server), lifespan=server.lifespan)
+
+
+def _checked(
+    api_key: str | Sequence[str] | None,
+    fim_mode: str,
+    max_body_bytes: int,
+    prompt_lookup_num_tokens: int | None,
+) -> Sequence[str] | None:
+    """The tenants' keys, once every setting create_app takes is checked (a bad one fails here)."""
+    if fim_mode not in FIM_MODES:
+        msg = f"fim_mode must be one of {', '.join(FIM_MODES)}, not {fim_mode!r}."
+        raise InvalidParameterError(msg)
+    if not is_int(max_body_bytes) or max_body_bytes <= 0:
+        msg = f"max_body_bytes must be a positive integer, not {max_body_bytes!r}."
+        raise InvalidParameterError(msg)
+    GenerationParams.create(prompt_lookup_num_tokens=prompt_lookup_num_tokens)  # a bad value fails here
+    keys = [api_key] if isinstance(api_key, str) else api_key
+    if keys is not None and not (isinstance(keys, Sequence) and all(isinstance(k, str) for k in keys)):
+        msg = f"api_key must be a string or a list of strings (tenants' keys), not {type(api_key).__name__}."
+        raise InvalidParameterError(msg)
+    return keys
+
+
+def _routes(server: ServerState) -> list[Route]:
+    """The endpoints, each through ``server.route`` (authentication, errors, readiness)."""
+    return [
         Route("/health", server.route(llama_api.health, auth=False), methods=["GET"]),
         Route("/v1/models", server.route(openai_api.models), methods=["GET"]),
         Route("/tokenize", server.route(llama_api.tokenize), methods=["POST"]),
@@ -121,4 +137,3 @@ def create_app(
         Route("/props", server.route(llama_api.props), methods=["GET"]),
         Route("/lora-adapters", server.route(llama_api.lora_adapters), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=server.lifespan)

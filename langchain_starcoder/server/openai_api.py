@@ -22,6 +22,7 @@ from ..engine import StarCoderEngine
 from ..fim.build import FIMPrompt, fim_stop_token_ids
 from ..fim.request import FIMRequest
 from ..types import Completion, CompletionChunk, is_int, join_chunks
+from .adapters import Served
 from .errors import bad_request
 from .limits import MAX_MESSAGES, MAX_PROMPTS, check_count, check_ids_fit, check_text_fits
 from .parsing import (
@@ -70,14 +71,19 @@ async def models(server: ServerState, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": cards})
 
 
+async def _opened(server: ServerState, request: Request) -> tuple[dict[str, Any], Served]:
+    """An OpenAI request's checked body and the model it names (the base or an adapter)."""
+    server.ready()
+    body = await read_body(request, server.max_body_bytes)
+    refuse_unsupported(body)
+    return body, server.by_model(body)
+
+
 # --- /v1/completions ------------------------------------------------------------------------------
 
 
 async def completions(server: ServerState, request: Request) -> Response:
-    server.ready()
-    body = await read_body(request, server.max_body_bytes)
-    refuse_unsupported(body)
-    served = server.by_model(body)  # the base or an adapter
+    body, served = await _opened(server, request)
     engine = served.engine
     salt = server.partition(request, body)  # the tenant's (and cache_salt's) own cache and documents
     settings = openai_settings(body, OPENAI_MAX_TOKENS, 1.0, server.prompt_lookup)
@@ -194,10 +200,7 @@ def _completion_prompts(
 
 
 async def chat(server: ServerState, request: Request) -> Response:
-    server.ready()
-    body = await read_body(request, server.max_body_bytes)
-    refuse_unsupported(body)
-    served = server.by_model(body)  # the base or an adapter
+    body, served = await _opened(server, request)
     engine = served.engine
     template = resolve_chat_template(engine, None)
     if template is None:
