@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import socket
-from typing import Any
 
 from .model import _load_engine, _repo_index
 from .options import default_prompt_cache_dir, picked
@@ -61,17 +60,14 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
     repo = _repo_index(args.repo) if args.repo is not None else None  # scanned before serving
     failed: list[BaseException] = []
 
-    def load() -> Any:
-        try:
-            return _load_engine(args)
-        except BaseException as e:  # stop serving: the command fails with the loader's one-line error
-            failed.append(e)
-            server.should_exit = True
-            raise
+    def stop(error: BaseException) -> None:
+        """The model or a served adapter failed to load: stop serving, the command fails with its reason."""
+        failed.append(error)
+        server.should_exit = True
 
     # /health says 503 until the model is ready.
     app = create_app(
-        load,
+        lambda: _load_engine(args),
         api_key=args.api_keys,
         parse_special_tokens=args.parse_special_tokens,
         model_name=args.model_name,
@@ -84,6 +80,7 @@ def _serve(args: argparse.Namespace, listening: list[socket.socket]) -> int:
         stable_prefix=not args.no_stable_prefix,
         adapters=args.adapters,
     )
+    app.state.on_load_error = stop  # called in the loading thread (state.py)
     limits = ("max_connections", "request_timeout", "keep_alive_timeout")
     config = BoundedConfig(app, **picked(args, "host", "port", "log_level", *limits))
     server = uvicorn.Server(config)

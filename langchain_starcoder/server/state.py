@@ -123,7 +123,7 @@ class ServerState:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         loading = None
         if self.loader is not None:
-            loading = threading.Thread(target=self._load, name="starcoder-load", daemon=True)
+            loading = threading.Thread(target=self._load, args=(app,), name="starcoder-load", daemon=True)
             loading.start()
         try:
             yield
@@ -134,7 +134,10 @@ class ServerState:
             if loading is not None and self.engine is not None:  # the server loaded the engine: it closes it
                 self.engine.close()
 
-    def _load(self) -> None:
+    def _load(self, app: Starlette) -> None:
+        """Load the engine and its served adapters; on failure keep the reason for the answers (500) and
+        call ``app.state.on_load_error(error)`` when set: how ``serve`` stops (uvicorn has no way for an
+        app to end its server)."""
         assert self.loader is not None
         engine = None
         try:
@@ -145,6 +148,9 @@ class ServerState:
                 engine.close()
             logger.error("Loading the model failed: %s", e, exc_info=not isinstance(e, StarCoderError))
             self.load_error = e
+            on_load_error = getattr(app.state, "on_load_error", None)
+            if on_load_error is not None:
+                on_load_error(e)
 
     def ready(self) -> StarCoderEngine:
         if self.engine is not None:

@@ -1,0 +1,144 @@
+"""``serve`` whose model fails to load in the background (a damaged weight file, an adapter whose tensors do
+not fit its own config) prints the reason in one line and exits 1, its port released and no child left; it
+used to keep serving, every request answering 500. A library app (``create_app(loader)``) keeps answering 500
+and calls ``app.state.on_load_error`` when set. A good load still serves: test_server.py's ``serve`` tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from langchain_starcoder import StarCoderEngine
+from langchain_starcoder.errors import StarCoderError
+from langchain_starcoder.server import create_app
+from langchain_starcoder.testing import copy_checkpoint
+from langchain_starcoder.testing.adapters import build_adapter
+from langchain_starcoder.testing.servers import ServerThread, free_port
+
+PREFIX = "langchain-starcoder: "
+
+
+@pytest.fixture(scope="module")
+def damaged(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint with its model.safetensors cut in half (an interrupted download)."""
+    folder = copy_checkpoint(tiny_path, tmp_path_factory.mktemp("damaged") / "tiny")
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def misfit(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter of the tiny checkpoint whose config says rank 8 of its rank-4 tensors: it reads and
+    fits the base's config (the checks before serving pass), and fails only when loaded."""
+    folder = build_adapter(tiny_path, tmp_path_factory.mktemp("misfit") / "adapter", rank=4)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["lora_parameters"]["rank"] = 8
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def serve(*args: str) -> tuple[subprocess.CompletedProcess[str], int, dict[psutil.Process, str]]:
+    """Run ``serve`` to its end (a generous bound: it must end by itself); its result, port and children
+    (each with its name, watched while it runs: a child it stops is gone by the end)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "langchain_starcoder", "serve", *args, "--port", str(port)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    children: dict[psutil.Process, str] = {}
+    done = threading.Event()
+    watcher = threading.Thread(target=_watch_children, args=(proc.pid, children, done), daemon=True)
+    watcher.start()
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"serve kept running after its model failed to load:\n{err}")
+    finally:
+        done.set()
+        watcher.join()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), port, children
+
+
+def _watch_children(pid: int, children: dict[psutil.Process, str], done: threading.Event) -> None:
+    parent = psutil.Process(pid)
+    while not done.wait(0.2):
+        try:
+            for child in parent.children(recursive=True):
+                children.setdefault(child, child.name())
+        except psutil.NoSuchProcess:  # it ended, or a child did between the two calls
+            if not parent.is_running():
+                return
+
+
+def assert_failed_cleanly(result: subprocess.CompletedProcess[str], port: int, words: str) -> None:
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith(PREFIX)]
+    assert len(errors) == 1 and errors[0].startswith(f"{PREFIX}error: "), result.stderr
+    assert words in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    with socket.create_server(("127.0.0.1", port)):  # the port is free again
+        pass
+
+
+def test_a_damaged_checkpoint_ends_serve_with_its_reason(damaged: Path) -> None:
+    result, port, _ = serve("--model", str(damaged), "--no-prompt-cache")
+    assert_failed_cleanly(result, port, "model.safetensors is truncated or corrupted")
+    assert "download it again" in result.stderr  # what to do
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "bare"])
+def test_an_adapter_that_does_not_fit_its_config_ends_serve(
+    tiny_path: Path, misfit: Path, named: bool
+) -> None:
+    """Named (built once the base is ready: the server kept running) or bare (loaded with the model)."""
+    adapter = f"mine={misfit}" if named else str(misfit)
+    result, port, _ = serve("--model", str(tiny_path), "--adapter", adapter, "--no-prompt-cache")
+    assert_failed_cleanly(result, port, "the two files do not belong together")
+
+
+def test_a_managed_llama_server_is_stopped_when_an_adapter_fails(
+    tiny_path: Path, misfit: Path, gguf_cache: Path
+) -> None:
+    """On llama.cpp the base loads (a llama-server child starts), then the named adapter fails: the child
+    is stopped before serve exits."""
+    args = ["--model", str(tiny_path), "--backend", "llama.cpp", "--adapter", f"mine={misfit}"]
+    result, port, children = serve(*args)
+    assert_failed_cleanly(result, port, "the two files do not belong together")
+    servers = [child for child, name in children.items() if "llama-server" in name]
+    assert servers, f"no llama-server was started: {result.stderr}"
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in servers)
+
+
+def test_a_library_app_answers_500_and_calls_on_load_error(tiny_path: Path, misfit: Path) -> None:
+    """``create_app(loader)``: the app keeps serving the reason (a library user may not want its process to
+    stop) and hands the error to ``app.state.on_load_error``, once, when set."""
+    called: list[BaseException] = []
+    failed = threading.Event()
+    app = create_app(lambda: StarCoderEngine.load(tiny_path), adapters={"mine": misfit})
+
+    def on_load_error(error: BaseException) -> None:
+        called.append(error)
+        failed.set()
+
+    app.state.on_load_error = on_load_error
+    running = ServerThread(app)
+    try:
+        assert failed.wait(120), "on_load_error was not called"
+        reply = httpx.get(f"{running.url}/health", timeout=30)
+        assert reply.status_code == 500 and "do not belong together" in reply.text
+    finally:
+        running.stop()
+    [error] = called
+    assert isinstance(error, StarCoderError) and "do not belong together" in str(error)
