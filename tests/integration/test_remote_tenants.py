@@ -133,9 +133,10 @@ def test_the_bodies_carry_the_salt_where_the_server_takes_it() -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_partitions_by_the_salt(vllm_launched: VLLMServer, vllm_path: Path) -> None:
-    vllm_launched.wait()
-    engine = StarCoderEngine.connect(vllm_launched.url, model="tiny", tokenizer=vllm_path, timeout=60)
+def test_vllm_partitions_by_the_salt(vllm_server: VLLMServer, vllm_path: Path) -> None:
+    """Different salts never share vLLM's cached blocks, the same salt does. ``vllm_server``, not the
+    launched one: an earlier test (a kill, a load that outran its wait) may have stopped it."""
+    engine = StarCoderEngine.connect(vllm_server.url, model="tiny", tokenizer=vllm_path, timeout=60)
     try:
         prompt = "# tenants\n" + "".join(f"def tenant_{i}(salt):\n    return salt * {i}\n" for i in range(40))
         blocks = (len(engine.encode(prompt)) - 1) // 128 * 128  # vLLM's CPU build caches 128-token blocks
