@@ -76,7 +76,7 @@ def _watch_children(pid: int, children: dict[psutil.Process, str], done: threadi
     while not done.wait(0.2):
         try:
             for child in parent.children(recursive=True):
-                children.setdefault(child, child.name())
+                children[child] = child.name()  # the latest: just forked, a child has its parent's name
         except psutil.NoSuchProcess:  # it ended, or a child did between the two calls
             if not parent.is_running():
                 return
