@@ -114,6 +114,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
+#: LlamaServerProcess's keyword settings (what a server of the same model with other adapters keeps).
+_SETTINGS = ("alias", "threads", "slots", "context", "server_args", "startup_timeout")
+
+
 class LlamaServerProcess:
     """One ``llama-server`` child serving ``gguf`` as ``alias`` on 127.0.0.1 (see the module docs)."""
 
@@ -141,6 +145,11 @@ class LlamaServerProcess:
         self._log_lock = threading.Lock()  # a restart swaps the log while a request may read its tail
         self._scanned = 0  # how far the log was searched for the port
         self._finalizer: weakref.finalize | None = None
+
+    def with_lora(self, lora: Sequence[Path]) -> LlamaServerProcess:
+        """A server, not started, of this one's binary, model and settings with the GGUF adapters ``lora``."""
+        settings = {name: getattr(self, name) for name in _SETTINGS}
+        return LlamaServerProcess(self.binary, self.gguf, **settings, lora=lora)
 
     def start(self) -> None:
         """Start the child and wait until it listens and answers ``/health``; on failure say why,
@@ -302,20 +311,8 @@ class ManagedLlamaBackend(ServerBackend):
                 "with_adapter on an engine of the base model (loaded without adapter_path)."
             )
             raise InvalidParameterError(msg)
-        base = self.server
-        server = LlamaServerProcess(
-            base.binary,
-            base.gguf,
-            alias=base.alias,
-            threads=base.threads,
-            slots=base.slots,
-            context=base.context,
-            server_args=base.server_args,
-            startup_timeout=base.startup_timeout,
-            lora=(lora,),
-        )
         return ManagedLlamaBackend(
-            server,
+            self.server.with_lora((lora,)),
             self._connect,
             name=self.name,
             path=self.path,
