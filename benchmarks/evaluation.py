@@ -253,30 +253,9 @@ def _fim_loss(model: Any, batch: list[tuple[list[int], list[int]]]) -> Any:
 def effect(folder: Path, workdir: Path, packages: tuple[str, ...], n: int, log: Any) -> dict[str, Any]:
     """``cross_file`` holes of each package under ``CONFIGS``: repository context against none, per
     package and pooled (paired differences with bootstrap 95% intervals)."""
-    from langchain_starcoder import StarCoderEngine
-    from langchain_starcoder.evaluation import EvalReport, cut_holes, evaluate
-    from langchain_starcoder.repo import RepoIndex
+    from langchain_starcoder.evaluation import EvalReport
 
-    engine = StarCoderEngine.load(folder)
-    reports: dict[str, Any] = {}
-    try:
-        for name in packages:
-            index = RepoIndex(package_repo(name, workdir / "eval-repos"))
-            holes = [
-                dataclasses.replace(windowed(h), context=with_context(index, h, engine.count_tokens))
-                for h in cut_holes(index, kinds="cross_file", n=n, seed=0)
-            ]
-            log(f"    {name}: {len(holes)} cross_file holes x {len(CONFIGS)} configurations")
-            reports[name] = evaluate(
-                engine,
-                holes,
-                CONFIGS,
-                repo=index,
-                max_tokens=MAX_TOKENS,
-                max_prompt_tokens=MAX_PROMPT_TOKENS,
-            )
-    finally:
-        engine.close()
+    reports = {name: package_effect(folder, workdir, name, n, log) for name in packages}
     pooled = EvalReport([r for report in reports.values() for r in report.records])
     out: dict[str, Any] = {}
     for name, report in [*reports.items(), ("pooled", pooled)]:
@@ -286,6 +265,43 @@ def effect(folder: Path, workdir: Path, packages: tuple[str, ...], n: int, log: 
         }
     out["examples"] = [dataclasses.asdict(r) for r in pooled.records[:8]]
     return out
+
+
+def package_effect(folder: Path, workdir: Path, name: str, n: int, log: Any) -> Any:
+    """One package's report under ``CONFIGS``, kept in ``workdir`` (a package takes CPU minutes: a run
+    cut short resumes there, and packages can run in separate processes)."""
+    from langchain_starcoder import StarCoderEngine
+    from langchain_starcoder.evaluation import EvalReport, cut_holes, evaluate
+    from langchain_starcoder.repo import RepoIndex
+
+    recipe = [folder.name, name, n, CONFIGS, PREFIX_CHARS, SUFFIX_CHARS, REPO_TOKENS, MAX_PROMPT_TOKENS]
+    key = hashlib.sha256(json.dumps([*recipe, MAX_TOKENS]).encode()).hexdigest()[:12]
+    saved = workdir / "eval-reports" / f"{name}-{key}.json"
+    if saved.exists():
+        return EvalReport.load(saved)
+    engine = StarCoderEngine.load(folder)
+    try:
+        index = RepoIndex(package_repo(name, workdir / "eval-repos"))
+        holes = [
+            dataclasses.replace(windowed(h), context=with_context(index, h, engine.count_tokens))
+            for h in cut_holes(index, kinds="cross_file", n=n, seed=0)
+        ]
+        log(f"    {name}: {len(holes)} cross_file holes x {len(CONFIGS)} configurations")
+        report = evaluate(
+            engine,
+            holes,
+            CONFIGS,
+            repo=index,
+            max_tokens=MAX_TOKENS,
+            max_prompt_tokens=MAX_PROMPT_TOKENS,
+        )
+    finally:
+        engine.close()
+    if report.metadata.get("interrupted"):
+        raise KeyboardInterrupt  # a part of a package is not kept as if it were the whole
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    report.save(saved)
+    return report
 
 
 def _comparison(report: Any, a: str, b: str) -> dict[str, Any]:
