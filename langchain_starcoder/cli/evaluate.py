@@ -258,6 +258,50 @@ def _holes(args: argparse.Namespace) -> tuple[list[Any], Any]:
     return holes, index
 
 
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    """compare's options: the reports, their names, the combined report."""
+    p.add_argument(
+        "reports",
+        metavar="REPORT",
+        type=Path,
+        nargs="+",
+        help="eval --out files of the same holes (two or more)",
+    )
+    p.add_argument(
+        "--names",
+        metavar="A,B,...",
+        help="a name for each report, in order (default: the files' names without .json)",
+    )
+    p.add_argument("--out", type=Path, metavar="FILE", help="write the combined report as JSON")
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    """compare evaluation reports of the same holes, paired hole by hole
+
+    Read eval --out reports of runs on the same holes (the same --seed, --kinds, --holes and files: the
+    base and the base with an adapter, two servers, two checkpoints) and print each run's means, then each
+    later run's paired difference against the first with its bootstrap 95% interval (docs/cli.md).
+    """
+    from ..errors import InvalidParameterError
+    from ..evaluation import EvalReport
+
+    names = args.names.split(",") if args.names else [path.stem for path in args.reports]
+    try:
+        if len(names) != len(args.reports) or len(set(names)) != len(names):
+            msg = f"--names needs {len(args.reports)} different names, one per report, not {args.names!r}."
+            raise InvalidParameterError(msg)
+        report = EvalReport.combined(
+            {name: EvalReport.load(path) for name, path in zip(names, args.reports, strict=True)}
+        )
+        if args.out is not None:
+            _save(report, args.out)
+    except (InvalidParameterError, CommandError) as e:
+        _err(f"{PROG}: error: {e}")
+        return 2
+    print(format_table(report), flush=True)
+    return 0
+
+
 def _save(report: Any, out: Path) -> None:
     """``report.save`` to a file beside ``out``, then renamed over it: never a half-written report."""
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial")

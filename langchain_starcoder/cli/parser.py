@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from .checkpoint import _cmd_build_test_model, _cmd_convert, _cmd_quantize
-from .evaluate import _cmd_eval, _eval_args
+from .evaluate import _cmd_compare, _cmd_eval, _compare_args, _eval_args
 from .export_adapter import _cmd_export_adapter, _export_adapter_args
 from .finetune import _cmd_finetune, _finetune_args
 from .model import _cmd_generate, _cmd_infill, _cmd_info
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         (_cmd_info, _info_args),
         (_cmd_serve, _serve_command_args),
         (_cmd_eval, _eval_args),
+        (_cmd_compare, _compare_args),
         (_cmd_finetune, _finetune_args),
         (_cmd_export_adapter, _export_adapter_args),
     ):

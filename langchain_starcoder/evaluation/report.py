@@ -9,7 +9,7 @@ import html
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,37 @@ class EvalReport:
             msg = f"No hole was completed under both {a!r} and {b!r}: nothing to compare."
             raise InvalidParameterError(msg)
         return pairs
+
+    @classmethod
+    def combined(cls, reports: Mapping[str, EvalReport]) -> EvalReport:
+        """Several runs on the same holes as one report, each run's configurations named after it
+        (``name``, or ``name:config`` for a run of several), so :meth:`compare` pairs them hole by hole:
+        the base against the base with an adapter, one server against another. The same seed, kinds
+        and files cut the same holes; a hole whose true middle differs between runs is refused."""
+        if len(reports) < 2:
+            msg = f"Combining takes two reports or more, not {len(reports)}."
+            raise InvalidParameterError(msg)
+        records, truths = [], {}
+        for name, report in reports.items():
+            several = len(report.configs) > 1
+            for r in report.records:
+                if truths.setdefault(r.task_id, r.truth) != r.truth:
+                    msg = (
+                        f"Hole {r.task_id} has another true middle in {name!r}: the reports were cut from "
+                        "other files or settings. Run each with the same --seed, --kinds, --holes and "
+                        "--since on the same files."
+                    )
+                    raise InvalidParameterError(msg)
+                config = f"{name}:{r.config}" if several else name
+                records.append(dataclasses.replace(r, config=config))
+        seen = [{r.task_id for r in report.records} for report in reports.values()]
+        if not set.intersection(*seen):
+            msg = (
+                "The reports share no hole: run each with the same --seed, --kinds and --holes on the same "
+                "files."
+            )
+            raise InvalidParameterError(msg)
+        return cls(records, {"combined": {name: r.metadata for name, r in reports.items()}})
 
     def rescored(self) -> EvalReport:
         """The same records with every score computed again from their prediction and truth."""

@@ -203,3 +203,32 @@ def test_exec_judges_each_prediction_and_the_table_has_pass_at_1(capsys, tiny_pa
     paired = next(line for line in lines[2:] if line.startswith("spm") and "[" in line)
     assert paired.count("[") == 5  # four metrics and pass@1, each with its interval
     assert (repo / "pkg" / "util.py").read_text() == UTIL  # the repository itself is never touched
+
+
+def test_compare_pairs_two_runs_of_the_same_holes(capsys, tiny_path, repo, tmp_path):
+    """compare: two eval runs on the same holes, paired hole by hole under the names given."""
+    for config, seed, name in (("psm", 3, "a.json"), ("spm", 3, "b.json"), ("psm", 4, "c.json")):
+        argv = ("eval", repo, "--model", tiny_path, "--holes", 4, "--configs", config, "--seed", seed)
+        code, _, err = run(capsys, *argv, "--out", tmp_path / name, *FAST)
+        assert code == 0, err
+    out = tmp_path / "both.json"
+    code, stdout, err = run(
+        capsys, "compare", tmp_path / "a.json", tmp_path / "b.json", "--names", "base,other", "--out", out
+    )
+    assert code == 0, err
+    both = EvalReport.load(out)
+    assert both.configs == ["base", "other"] and len(both.records) == 8
+    es = both.compare("other", "base")["es"]
+    paired = next(line for line in stdout.splitlines() if line.startswith("other") and "[" in line)
+    assert paired.split()[1] == "4" and f"{es.diff:+.1f} [{es.low:+.1f}, {es.high:+.1f}]" in paired
+    assert any(line.startswith("Against base") for line in stdout.splitlines())
+    # Runs of other holes, a name short, a lone report: one line, exit 2, nothing written.
+    for argv, expected in (
+        (("compare", tmp_path / "a.json", tmp_path / "c.json"), "share no hole"),
+        (("compare", tmp_path / "a.json", tmp_path / "b.json", "--names", "base"), "--names needs 2"),
+        (("compare", tmp_path / "a.json"), "two reports or more"),
+        (("compare", tmp_path / "a.json", tmp_path / "missing.json"), "Cannot read"),
+    ):
+        code, stdout, err = run(capsys, *argv, "--out", tmp_path / "bad.json")
+        assert (code, stdout) == (2, "") and expected in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "bad.json").exists()

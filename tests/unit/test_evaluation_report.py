@@ -3,6 +3,7 @@ from, the Jupyter table, and CrossCodeEval's JSONL both ways (their scoring of o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -285,3 +286,34 @@ def test_pass_at_1_on_the_judged_holes_only(tmp_path: Path) -> None:
     assert unjudged.summary()[0]["pass@1"] is None
     assert "pass@1" not in {d.metric for d in unjudged.compare("a", "b").rows}
     assert "pass@1" not in unjudged._repr_html_()
+
+
+def test_combined_reports_pair_runs_hole_by_hole() -> None:
+    def run(ems: list[int]) -> EvalReport:  # one configuration, "psm", on holes t0, t1, t2
+        return EvalReport(
+            [
+                HoleRecord(f"t{k}", "f.py", "line", "python", "psm", "x", "x", em=em)
+                for k, em in enumerate(ems)
+            ]
+        )
+
+    both = EvalReport.combined({"base": run([0, 1, 0]), "adapter": run([1, 1, 1])})
+    assert both.configs == ["base", "adapter"]  # a run of one configuration is named after the run
+    row = both.compare("adapter", "base")["em"]
+    assert (row.n, row.mean_a, row.mean_b) == (3, 1.0, pytest.approx(1 / 3))
+    several = EvalReport.combined({"x": _report(), "y": _report()})  # several configurations: name:config
+    assert several.configs == ["x:psm", "x:spm", "y:psm", "y:spm"]
+    assert several.compare("y:spm", "x:spm")["es"].diff == 0.0
+    assert set(several.metadata["combined"]) == {"x", "y"}
+
+
+def test_combining_other_holes_is_a_clear_error() -> None:
+    one = _report()
+    other = EvalReport([dataclasses.replace(r, truth=r.truth + "!") for r in one.records])
+    with pytest.raises(InvalidParameterError, match="another true middle in 'b'"):
+        EvalReport.combined({"a": one, "b": other})
+    moved = EvalReport([dataclasses.replace(r, task_id=r.task_id + "x") for r in one.records])
+    with pytest.raises(InvalidParameterError, match="share no hole"):
+        EvalReport.combined({"a": one, "b": moved})
+    with pytest.raises(InvalidParameterError, match="two reports or more"):
+        EvalReport.combined({"a": one})
