@@ -327,7 +327,7 @@ def markdown_table(sections: Iterable[Section], preset: str = "real") -> str:
         if section.skipped:
             lines.append(f"| {section.item} | {section.title} | skipped: {section.skipped} | | | |")
         for row in section.rows:
-            ratio = _fmt(row.ratio) if row.ratio >= 0.1 else f"1/{_fmt(1 / row.ratio)}"
+            ratio = f"1/{_fmt(1 / row.ratio)}" if 0 < row.ratio < 0.1 else _fmt(row.ratio)  # NaN: n/a
             lines.append(
                 f"| {row.item} | {row.title}: {row.metric} | {row.a}: {_cell(row.a_samples, row.unit)} | "
                 f"{row.b}: {_cell(row.b_samples, row.unit)} | {ratio} | {_goal(row, preset)} |"

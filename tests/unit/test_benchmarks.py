@@ -157,6 +157,11 @@ def test_rate_and_goal_arithmetic() -> None:
     row = Row(3, "t", "m", "A", "B", [1.0, 2.0, 9.0], [20.0, 30.0], "s", "shape", ("<=", 0.1))
     assert row.ratio == pytest.approx(2.0 / 25.0) and row.met is True
     assert "1/12" in markdown_table([_section(row)])
+    # Shares of 0 (an exact match no configuration reached): 0/0 is n/a, 0/x is 0, not a division error.
+    zero = markdown_table([_section(Row(24, "t", "em", "A", "B", [0.0], [0.0], "share", "shape"))])
+    assert zero.splitlines()[-1].split(" | ")[-2] == "n/a"
+    some = markdown_table([_section(Row(24, "t", "em", "A", "B", [0.0], [0.5], "share", "shape"))])
+    assert some.splitlines()[-1].split(" | ")[-2] == "0"
 
 
 def _section(row: Row) -> Section:
