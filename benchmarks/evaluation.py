@@ -275,7 +275,8 @@ def package_effect(folder: Path, workdir: Path, name: str, n: int, log: Any) -> 
     from langchain_starcoder.repo import RepoIndex
 
     recipe = [folder.name, name, n, CONFIGS, PREFIX_CHARS, SUFFIX_CHARS, REPO_TOKENS, MAX_PROMPT_TOKENS]
-    key = hashlib.sha256(json.dumps([*recipe, MAX_TOKENS]).encode()).hexdigest()[:12]
+    recipe.append(MAX_TOKENS)
+    key = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
     saved = workdir / "eval-reports" / f"{name}-{key}.json"
     if saved.exists():
         return EvalReport.load(saved)
