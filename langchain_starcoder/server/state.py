@@ -136,8 +136,8 @@ class ServerState:
 
     def _load(self, app: Starlette) -> None:
         """Load the engine and its served adapters; on failure keep the reason for the answers (500) and
-        call ``app.state.on_load_error(error)`` when set: how ``serve`` stops (uvicorn has no way for an
-        app to end its server)."""
+        log it, or hand it to ``app.state.on_load_error(error)`` when set: how ``serve`` stops (uvicorn has
+        no way for an app to end its server), saying the reason once, itself."""
         assert self.loader is not None
         engine = None
         try:
@@ -146,10 +146,11 @@ class ServerState:
         except BaseException as e:
             if engine is not None:  # its adapters failed: the base is closed here, nothing serves it
                 engine.close()
-            logger.error("Loading the model failed: %s", e, exc_info=not isinstance(e, StarCoderError))
             self.load_error = e
             on_load_error = getattr(app.state, "on_load_error", None)
-            if on_load_error is not None:
+            if on_load_error is None:
+                logger.error("Loading the model failed: %s", e, exc_info=not isinstance(e, StarCoderError))
+            else:
                 on_load_error(e)
 
     def ready(self) -> StarCoderEngine:

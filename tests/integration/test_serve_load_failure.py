@@ -66,6 +66,7 @@ def assert_failed_cleanly(result: subprocess.CompletedProcess[str], port: int, w
     errors = [line for line in result.stderr.splitlines() if line.startswith(PREFIX)]
     assert len(errors) == 1 and errors[0].startswith(f"{PREFIX}error: "), result.stderr
     assert words in errors[0], result.stderr
+    assert result.stderr.count(words) == 1, result.stderr  # said once, not logged first as well
     assert "Traceback" not in result.stderr
     with socket.create_server(("127.0.0.1", port)):  # the port is free again
         pass
