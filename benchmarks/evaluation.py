@@ -274,8 +274,8 @@ def package_effect(folder: Path, workdir: Path, name: str, n: int, log: Any) -> 
     from langchain_starcoder.evaluation import EvalReport, cut_holes, evaluate
     from langchain_starcoder.repo import RepoIndex
 
-    recipe = [folder.name, name, n, CONFIGS, PREFIX_CHARS, SUFFIX_CHARS, REPO_TOKENS, MAX_PROMPT_TOKENS]
-    recipe.append(MAX_TOKENS)
+    recipe = [folder.name, name, n, CONFIGS, PREFIX_CHARS, SUFFIX_CHARS, REPO_TOKENS]
+    recipe += [MAX_PROMPT_TOKENS, MAX_TOKENS]
     key = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
     saved = workdir / "eval-reports" / f"{name}-{key}.json"
     if saved.exists():
