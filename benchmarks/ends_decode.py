@@ -20,7 +20,6 @@ times the decode time per token measured on the speculative benchmark's copier c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .ends_measure import Hole
+from .harness import recipe_key
 
 DECODE_HOLES = 100  # of each kind per repository: the measure's holes are shuffled, so a random sample
 GENERATE_TOKENS, RUNS = 128, 9
@@ -42,7 +42,7 @@ def checkpoint(workdir: Path, log: Callable[[str], None] = print) -> tuple[Path,
     if trained:
         return trained[-1].parent, f"the copier ({trained[-1].parent.name}, trained)"
     corpus = training_functions()
-    key = hashlib.sha256(json.dumps([corpus, SHAPE, 1]).encode()).hexdigest()[:12]
+    key = recipe_key([corpus, SHAPE, 1])
     folder = Path(workdir) / f"copier-shape-{key}"
     what = f"the copier's shape and tokenizer, random weights ({folder.name}; the copier is not cached)"
     if (folder / ".bench-complete").is_file():

@@ -24,6 +24,11 @@ DEFAULT_WORKDIR = Path.home() / ".cache" / "langchain-starcoder" / "benchmarks"
 # --- shapes and checkpoints ----------------------------------------------------------------------
 
 
+def recipe_key(recipe: Any) -> str:
+    """A short name for what built a cached artefact: the same recipe, the same folder."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
 @dataclass(frozen=True)
 class Shape:
     """A checkpoint shape: a preset of ``build_starcoder2``, fewer layers, and config overrides."""
@@ -101,7 +106,7 @@ class Checkpoints:
 
         shape = self.shape(shape)
         spec = {"config": shape.config(), "quantize": quantize, "dtype": dtype, "seed": seed, "v": 2}
-        key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+        key = recipe_key(spec)
         path = self.workdir / f"{shape.preset}-{shape.config()['num_hidden_layers']}L-q{quantize}-{key}"
         marker = path / ".bench-complete"
         if marker.is_file():

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import hashlib
 import importlib.util
 import inspect
 import json
@@ -52,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import REPO, Row, Section
+from .harness import REPO, Row, Section, recipe_key
 
 TRAIN_MODULES = (
     "argparse",
@@ -206,7 +205,7 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     corpus = training_functions()
     # float(seconds): 900 and 900.0 are the same recipe, one key.
     recipe = [corpus, float(seconds), PHASES, LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS, SHAPE, 9]
-    key = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
+    key = recipe_key(recipe)
     folder = Path(workdir) / f"copier-{key}"
     done = folder / "training.json"
     if done.exists():
