@@ -5,7 +5,7 @@ held-out files, before (the base) and after (the base with the adapter), paired 
   float32; ``langchain_starcoder.testing``), built once in the work folder. A random base knows nothing
   before training, so "before" is near zero by construction: what that measures is that the path
   (data, masking, trainer, adapter, engine) learns from the repository and that it carries to files it
-  never saw, not how much a real model gains. A base that completes code (``benchmarks/evaluation.py``'s
+  never saw, not how much a real model gains. A base that completes code (``benchmarks/fim_copier.py``'s
   FIM copier, ``/tmp/bw/fim-copier-*``) can show exact match move.
 - The repository: a copy of an installed pure-Python package (``click`` by default; code no one here
   wrote), ``git init``-ed. ``finetune`` holds out a share of its files, by file.
@@ -14,7 +14,7 @@ held-out files, before (the base) and after (the base with the adapter), paired 
 - The holes: ``cut_holes`` over a copy of the held-out files only (line, span, block, call by default: a
   cross_file hole's answer is defined in another file, which a held-out copy lacks), completed
   under ``psm`` with no repository context, so each prompt is the hole's own file: one the adapter
-  never trained on. ``--windowed`` cuts each hole's file as ``benchmarks/evaluation.py`` does (1,200
+  never trained on. ``--windowed`` cuts each hole's file as ``benchmarks/fim_copier.py`` does (1,200
   characters before the hole, 400 after): the prompts the FIM copier was trained on.
 - The comparison: ``EvalReport.compare`` on the paired holes (its bootstrap 95% intervals).
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     from langchain_starcoder.evaluation import EvalReport, cut_holes
     from langchain_starcoder.finetune import finetune
 
-    from .evaluation import windowed
+    from .fim_copier import windowed
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="finetune-effect-"))
     workdir.mkdir(parents=True, exist_ok=True)
