@@ -29,9 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from .fim_copier import (
-    COPY_SECONDS,
-    FIM_SECONDS,
-    HOLES_PER_PACKAGE,
     MAX_PROMPT_TOKENS,
     PREFIX_CHARS,
     REPO_TOKENS,
@@ -200,9 +197,9 @@ def cost_wide(checkpoint: Path, repo: Path, n_cut: int, n_run: int) -> dict[str,
 
 def measure(workdir: Path, wide: Path, *, tiny: bool, log: Any = print) -> dict[str, Any]:
     """Train (or reuse) the checkpoint, then the effect and the costs (see the module's docs)."""
-    seconds = (5.0, 5.0) if tiny else (COPY_SECONDS, FIM_SECONDS)
-    packages, per_package = (("json",), 20) if tiny else (TRAIN_PACKAGES, HOLES_PER_PACKAGE)
-    folder, training = build_fim_copier(workdir, seconds, log, packages=packages, per_package=per_package)
+    # --tiny: a check of the harness, seconds of training
+    small = {"copy_seconds": 5.0, "lookup_phases": ((5, 128, 4),), "fim_steps": 5, "packages": ("json",)}
+    folder, training = build_fim_copier(workdir, log, **(small if tiny else {}))
     evaluated = EVAL_PACKAGES[:1] if tiny else EVAL_PACKAGES
     n_effect, n_cost, n_wide = (4, 4, 2) if tiny else (EFFECT_HOLES, COST_HOLES, WIDE_HOLES)
     log("  the effect of repository context")
@@ -217,7 +214,7 @@ def measure(workdir: Path, wide: Path, *, tiny: bool, log: Any = print) -> dict[
 
 def section(results: dict[str, Any], wide_shape: str) -> Section:
     s = Section("evaluation", ITEM, TITLE)
-    shape = "tiny shape, 4 layers, trained here (copying, then FIM)"
+    shape = "tiny shape, 4 layers, trained here (copying, looking up, then FIM)"
     effect_ = results["effect"]
     for mode in ("psm", "spm"):
         d = effect_["pooled"]["with_context"][mode]["em"]
@@ -298,9 +295,10 @@ def _notes(results: dict[str, Any]) -> list[str]:
         "(2 of the 30 layers: the full model's time is larger, the evaluation's own the same)."
     )
     notes.append(
-        f"Checkpoint: the copier ({tr['copier'].get('steps')} steps) then {tr['steps']} FIM steps "
-        f"({tr['examples']} prompts from {len(TRAIN_PACKAGES)} standard-library packages, "
-        f"{tr['epochs']} epochs, {tr['cpu_seconds']} CPU s, final loss {tr['final_loss']})."
+        f"Checkpoint: the copier ({tr['copier'].get('steps')} steps), {tr['lookup_steps']} steps looking up "
+        f"(loss {tr['lookup_loss']}), then {tr['steps']} FIM steps ({tr['examples']} prompts from "
+        f"{len(TRAIN_PACKAGES)} standard-library packages, {tr['epochs']} epochs, loss {tr['final_loss']}); "
+        f"{tr['cpu_seconds']} CPU s."
     )
     return notes
 

@@ -1,13 +1,21 @@
-"""The evaluation's checkpoint (issue 40): a model trained here that completes some code.
+"""The evaluation's checkpoint (issue 40): a model trained here to complete code by looking it up.
 
 Random weights complete nothing, so the speculative benchmark's copier (``speculative.build_copier``:
-the tiny shape with 4 layers, trained with PyTorch to copy a function from its prompt; that benchmark's
-cache, in a shared work folder) is trained further, the same way (one thread, AdamW, seed 0), on FIM
-prompts built by this package (``build_fim_prompt``, StarCoder2's repository layout, PSM and SPM, with
-and without repository context from ``RepoIndex.context_files``) around ``cross_file`` and ``line``
-holes cut by ``cut_holes`` from standard-library packages (``TRAIN_PACKAGES``), each hole's file cut to
-the window the evaluation cuts (``windowed``). The loss is on the middle and its ``<|endoftext|>``,
-with a tenth of the weight on the prompt's tokens. It never sees the evaluated repositories.
+the tiny shape with 4 layers, trained with PyTorch to copy a function after ``# After:``; that
+benchmark's cache, in a shared work folder) is trained the same way (one thread, AdamW, seed 0) in two
+more phases:
+
+1. Looking up (``LOOKUP_PHASES``): rows of standard-library code lines where some lines come back,
+   whole or after the start of another line, the loss only on what the line's earlier occurrence
+   predicts (``lookup_row``). The copier alone copies only after its ``# After:`` cue.
+2. FIM (``FIM_STEPS``): prompts built by this package (``build_fim_prompt``, StarCoder2's repository
+   layout, mostly SPM, with and without repository context from ``RepoIndex.context_files``) around
+   ``line`` and ``cross_file`` holes cut by ``cut_holes`` from standard-library packages
+   (``TRAIN_PACKAGES``), each file cut to the window the evaluation cuts (``windowed``), only those
+   whose answer the prompt holds after the same cue (``copyable``); the loss on the middle and its
+   ``<|endoftext|>``.
+
+It never sees the evaluated repositories; it learns to look up, not to write code.
 """
 
 from __future__ import annotations
@@ -47,9 +55,17 @@ TRAIN_PACKAGES = (
 #: Each hole's file cut to this many characters before and after it; its context and prompt budgets.
 PREFIX_CHARS, SUFFIX_CHARS = 1200, 400
 REPO_TOKENS, MAX_PROMPT_TOKENS = 1024, 2000
-#: The copier's training is the speculative benchmark's own (one cache in a shared work folder); then FIM.
-COPY_SECONDS, FIM_SECONDS = TRAIN_SECONDS, 480
-FIM_LR, PROMPT_WEIGHT, BATCH, HOLES_PER_PACKAGE = 1e-3, 0.1, 4, 600
+#: The copier's training is the speculative benchmark's own (one cache in a shared work folder).
+COPY_SECONDS = TRAIN_SECONDS
+#: Looking up: (steps, tokens a row, rows a step), short rows first (where look-up forms fast); its
+#: learning rate, the tokens of a line's start that identify it, the share of lines that come back.
+LOOKUP_PHASES = ((3000, 128, 16), (1500, 512, 4), (3000, 1536, 1))
+LOOKUP_LR, CUE_TOKENS, COMEBACK_SHARE = 1e-3, 3, 0.35
+#: FIM: steps, learning rate, prompts a step, holes cut from each package (before ``copyable``);
+#: the share of prompts given repository context, the share in SPM order, and the characters before
+#: the hole that must precede its answer elsewhere in the prompt.
+FIM_STEPS, FIM_LR, BATCH, HOLES_PER_PACKAGE = 400, 5e-4, 4, 2000
+CONTEXT_SHARE, SPM_SHARE, TAIL_CHARS = 0.7, 0.8, 8
 #: What training the checkpoint imports (the test extra); without them the section is skipped.
 TRAINING_NEEDS = ("torch", "transformers")
 
@@ -98,11 +114,66 @@ def with_context(index: Any, hole: Any, count_tokens: Any) -> tuple[Any, ...]:
 # --- the trained checkpoint ----------------------------------------------------------------------
 
 
+def code_lines(repos: list[Path], tokenizer: Any, rng: random.Random) -> list[list[int]]:
+    """The token ids of the non-trivial lines of ``repos``' Python files (each with its newline)."""
+    lines = [
+        line
+        for repo in repos
+        for path in sorted(repo.rglob("*.py"))
+        for line in path.read_text(errors="ignore").splitlines()
+        if len(line.strip()) > 8
+    ]
+    rng.shuffle(lines)
+    encoded = (tokenizer.encode(line + "\n", add_special_tokens=False).ids for line in lines[:80_000])
+    return [ids for ids in encoded if len(ids) > CUE_TOKENS + 2]
+
+
+def lookup_row(lines: list[list[int]], length: int, rng: random.Random) -> tuple[list[int], list[bool]]:
+    """``length + 1`` tokens of lines, some of which come back: whole (trained after their first
+    ``CUE_TOKENS``) or from a point on, after the start of another line and the ``CUE_TOKENS`` before
+    that point (trained from it); and which of the ``length`` predicted tokens are trained."""
+    ids: list[int] = []
+    mask: list[bool] = []
+    seen: list[list[int]] = []
+    while len(ids) <= length:
+        if len(seen) > 2 and rng.random() < COMEBACK_SHARE:
+            line = rng.choice(seen)
+            if rng.random() < 0.5:
+                head, start = [], CUE_TOKENS
+            else:
+                other = rng.choice(lines)
+                head, start = (
+                    other[: rng.randrange(1, len(other) - 1)],
+                    rng.randrange(CUE_TOKENS, len(line) - 1),
+                )
+            ids += head + line[start - CUE_TOKENS :]
+            mask += [False] * (len(head) + CUE_TOKENS) + [True] * (len(line) - start)
+        else:
+            line = rng.choice(lines)
+            seen.append(line)
+            ids += line
+            mask += [False] * len(line)
+    return ids[: length + 1], mask[1 : length + 1]
+
+
+def copyable(hole: Any, files: tuple[Any, ...]) -> bool:
+    """Whether the prompt holds the hole's answer where looking up finds it: its first line, after the
+    ``TAIL_CHARS`` characters that end the prefix (not blank), in a context file or elsewhere in the
+    file's window."""
+    head = hole.prefix[hole.prefix.rfind("\n") + 1 :]
+    answer = hole.truth.split("\n", 1)[0]
+    if not head[-TAIL_CHARS:].strip() or len(answer.strip()) < 2:
+        return False  # after indentation alone, which of the prompt's lines comes is a guess
+    elsewhere = [f.text for f in files] + [hole.prefix[: len(hole.prefix) - len(head)], hole.suffix]
+    return any(head[-TAIL_CHARS:] + answer in text for text in elsewhere)
+
+
 def fim_examples(
     tokenizer: Any, repos: list[Path], per_repo: int, log: Any
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, middle ids + ``<|endoftext|>``) of holes cut from ``repos``: PSM or SPM, with
-    repository context or without, each prompt built by this package as the evaluation builds it."""
+    """(prompt ids, middle ids + ``<|endoftext|>``) of the :func:`copyable` holes cut from ``repos``: SPM
+    or PSM, with repository context or without, each prompt built by this package as the evaluation
+    builds it."""
     from langchain_starcoder.evaluation import cut_holes
     from langchain_starcoder.fim import FIMRequest, build_fim_prompt
     from langchain_starcoder.repo import RepoIndex
@@ -116,34 +187,39 @@ def fim_examples(
     for repo in repos:
         index = RepoIndex(repo)
         holes = cut_holes(index, kinds=("line", "cross_file"), n=per_repo, seed=0)
+        kept = len(examples)
         for whole in holes:
-            files = with_context(index, whole, count) if rng.random() < 0.7 else ()
+            files = with_context(index, whole, count) if rng.random() < CONTEXT_SHARE else ()
             hole = windowed(whole)
+            if not copyable(hole, files):
+                continue
             request = FIMRequest(
                 hole.prefix,
                 hole.suffix,
                 context_files=files,
                 file_path=hole.file,
-                mode=rng.choice(("psm", "spm")),
+                mode="spm" if rng.random() < SPM_SHARE else "psm",
                 max_prompt_tokens=MAX_PROMPT_TOKENS,
             )
             prompt = build_fim_prompt(tokenizer, request).token_ids
             examples.append((prompt, [*tokenizer.encode(hole.truth, add_special_tokens=False).ids, 0]))
-        log(f"    {repo.name}: {len(holes)} holes")
+        log(f"    {repo.name}: {len(examples) - kept} of {len(holes)} holes")
     rng.shuffle(examples)
     return examples
 
 
 def build_fim_copier(
     workdir: Path,
-    seconds: tuple[float, float],
     log: Any = print,
     *,
+    copy_seconds: float = COPY_SECONDS,
+    lookup_phases: tuple[tuple[int, int, int], ...] = LOOKUP_PHASES,
+    fim_steps: int = FIM_STEPS,
     packages: tuple[str, ...] = TRAIN_PACKAGES,
     per_package: int = HOLES_PER_PACKAGE,
 ) -> tuple[Path, dict]:
-    """The speculative benchmark's copier (``seconds[0]`` CPU s of copying) trained ``seconds[1]`` CPU s
-    more on FIM prompts with and without repository context (cached in ``workdir``)."""
+    """The speculative benchmark's copier (``copy_seconds`` CPU s of copying) trained to look up, then on
+    FIM prompts (see the module's docs); cached in ``workdir`` by its recipe."""
     import torch
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer
@@ -151,47 +227,58 @@ def build_fim_copier(
 
     from .speculative import build_copier
 
-    copier, copied = build_copier(workdir, seconds[0], log)
-    recipe = [copier.name, float(seconds[1]), packages, FIM_LR, PROMPT_WEIGHT, BATCH, per_package]
-    recipe += [PREFIX_CHARS, SUFFIX_CHARS, REPO_TOKENS, MAX_PROMPT_TOKENS, 1]
-    key = recipe_key(recipe)
-    folder = Path(workdir) / f"fim-copier-{key}"
+    copier, copied = build_copier(workdir, copy_seconds, log)
+    recipe = [copier.name, lookup_phases, LOOKUP_LR, CUE_TOKENS, COMEBACK_SHARE, fim_steps, FIM_LR, BATCH]
+    recipe += [packages, per_package, CONTEXT_SHARE, SPM_SHARE, TAIL_CHARS, PREFIX_CHARS, SUFFIX_CHARS]
+    recipe += [REPO_TOKENS, MAX_PROMPT_TOKENS, 2]
+    folder = Path(workdir) / f"fim-copier-{recipe_key(recipe)}"
     done = folder / "training.json"
     if done.exists():
         return folder, json.loads(done.read_text())
-    log(f"  training the copier on FIM prompts for {seconds[1]:.0f} CPU s -> {folder}")
+    log(f"  training the copier to look up, then on FIM prompts -> {folder}")
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(copier, tmp)
     tokenizer = Tokenizer.from_file(str(tmp / "tokenizer.json"))
     repos = [package_repo(name, Path(workdir) / "stdlib-repos") for name in packages]
-    examples = fim_examples(tokenizer, repos, per_package, log)
-    if not examples:
-        msg = f"no holes in {', '.join(packages)}: nothing to train on."
-        raise RuntimeError(msg)
     config = json.loads((tmp / "config.json").read_text())
     hf_config = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = Starcoder2ForCausalLM(Starcoder2Config(**hf_config))
     model.load_state_dict(load_file(str(tmp / "model.safetensors")))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=FIM_LR, betas=(0.9, 0.98), weight_decay=0.0)
-    started, steps, losses = time.process_time(), 0, []
-    while (spent := time.process_time() - started) < seconds[1]:
-        batch = [examples[(steps * BATCH + k) % len(examples)] for k in range(BATCH)]
-        schedule(optimizer, FIM_LR, steps, spent / seconds[1], warmup=50)
-        losses.append(optimize(model, optimizer, _fim_loss(model, batch)))
-        steps += 1
-        if steps % 200 == 0:
-            log(f"    step {steps}: loss {statistics.mean(losses[-100:]):.3f}")
+    started = time.process_time()
+
+    rng = random.Random(0)
+    lines = code_lines(repos, tokenizer, rng)
+    rows = (
+        [lookup_row(lines, length, rng) for _ in range(per_step)]
+        for steps, length, per_step in lookup_phases
+        for _ in range(steps)
+    )
+    lookup_loss = _train(model, rows, sum(p[0] for p in lookup_phases), LOOKUP_LR, "looking up", log)
+    lookup_seconds = time.process_time() - started
+
+    examples = fim_examples(tokenizer, repos, per_package, log)
+    if not examples:
+        msg = f"no hole of {', '.join(packages)} has its answer in its prompt: nothing to train on."
+        raise RuntimeError(msg)
+    batches = (
+        [_fim_row(*examples[(step * BATCH + k) % len(examples)]) for k in range(BATCH)]
+        for step in range(fim_steps)
+    )
+    fim_loss = _train(model, batches, fim_steps, FIM_LR, "FIM", log)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
     info = {
         "copier": copied,
-        "steps": steps,
+        "lookup_steps": sum(p[0] for p in lookup_phases),
+        "lookup_loss": round(lookup_loss, 4),
+        "lookup_cpu_seconds": round(lookup_seconds, 1),
+        "steps": fim_steps,
         "examples": len(examples),
-        "epochs": round(steps * BATCH / len(examples), 2),
+        "epochs": round(fim_steps * BATCH / len(examples), 2),
         "cpu_seconds": round(time.process_time() - started, 1),
-        "final_loss": round(statistics.mean(losses[-100:]), 4),
+        "final_loss": round(fim_loss, 4),
     }
     (tmp / "training.json").write_text(json.dumps(info))
     shutil.rmtree(folder, ignore_errors=True)
@@ -199,19 +286,29 @@ def build_fim_copier(
     return folder, info
 
 
-def _fim_loss(model: Any, batch: list[tuple[list[int], list[int]]]) -> Any:
-    """Cross-entropy on each example's middle, plus ``PROMPT_WEIGHT`` of it on its prompt (rows padded
-    on the right: a causal model's earlier positions never see the padding)."""
+def _fim_row(prompt: list[int], middle: list[int]) -> tuple[list[int], list[bool]]:
+    """A FIM example as a row and the predictions trained: the middle and its end."""
+    return prompt + middle, [False] * (len(prompt) - 1) + [True] * len(middle)
+
+
+def _train(model: Any, batches: Any, steps: int, lr: float, name: str, log: Any) -> float:
+    """``steps`` AdamW steps on ``batches`` of (ids, which predictions are trained) rows, padded on the
+    right (a causal model's earlier positions never see the padding); the mean loss of the last 100."""
     import torch
 
-    rows = [prompt + middle for prompt, middle in batch]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    weight = torch.zeros((len(rows), width - 1))
-    for k, ((prompt, middle), row) in enumerate(zip(batch, rows, strict=True)):
-        ids[k, : len(row)] = torch.tensor(row)
-        weight[k, : len(prompt) - 1] = PROMPT_WEIGHT / max(1, len(prompt) - 1) * len(middle)
-        weight[k, len(prompt) - 1 : len(row) - 1] = 1.0
-    logits = model(input_ids=ids[:, :-1]).logits
-    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-    return (losses * weight).sum() / weight.sum()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    losses: list[float] = []
+    for step, rows in enumerate(batches):
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        trained = torch.zeros((len(rows), width - 1), dtype=torch.bool)
+        for k, (row, mask) in enumerate(rows):
+            ids[k, : len(row)] = torch.tensor(row)
+            trained[k, : len(mask)] = torch.tensor(mask)
+        schedule(optimizer, lr, step, step / steps, warmup=50)
+        logits = model(input_ids=ids[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits[trained], ids[:, 1:][trained])
+        losses.append(optimize(model, optimizer, loss))
+        if (step + 1) % 500 == 0:
+            log(f"    {name}, step {step + 1}: loss {statistics.mean(losses[-100:]):.3f}")
+    return statistics.mean(losses[-100:])

@@ -360,3 +360,40 @@ def test_finetune_effect_names_a_model_folder_without_a_checkpoint(tmp_path: Pat
     with pytest.raises(SystemExit, match=r"no config\.json there"):
         finetune_effect.main(["--model", str(empty), "--workdir", str(tmp_path / "work")])
     assert not (tmp_path / "work" / "adapter").exists()
+
+
+def test_the_fim_copier_trains_on_holes_whose_answer_its_prompt_holds() -> None:
+    """``fim_copier.copyable``: the answer's first line after the prefix's last characters, in a context
+    file or elsewhere in the window; not after indentation alone, not when the prompt lacks it."""
+    from benchmarks.fim_copier import copyable
+    from langchain_starcoder.evaluation import Hole
+    from langchain_starcoder.fim import ContextFile
+
+    def hole(prefix: str, truth: str, suffix: str = "\n") -> Hole:
+        return Hole("a.py", "cross_file", "python", prefix, suffix, truth)
+
+    defining = ContextFile("b.py", "def get(url, params: QueryParams | None = None):\n")
+    answer = "QueryParams | None = None):"
+    assert copyable(hole("def put(url, params: ", answer), (defining,))
+    assert not copyable(hole("def put(url, params: ", answer), ())
+    assert copyable(hole("x = 1\ndef put(url, params: ", answer, "\n    params: " + answer + "\n"), ())
+    assert not copyable(hole("def f():\n    ", answer), (defining,))  # after indentation alone
+    assert not copyable(hole("def put(url, query: ", answer), (defining,))  # after another cue
+
+
+def test_the_fim_copier_learns_to_look_up_what_a_rows_earlier_lines_predict() -> None:
+    """``fim_copier.lookup_row``: every trained token follows, earlier in the row, the same ``CUE_TOKENS``
+    tokens that precede it; lines come back whole and after other lines' starts."""
+    import random
+
+    from benchmarks.fim_copier import CUE_TOKENS, lookup_row
+
+    rng = random.Random(1)
+    lines = [[rng.randrange(10, 1000) for _ in range(rng.randrange(6, 20))] + [5] for _ in range(50)]
+    ids, mask = lookup_row(lines, 512, rng)
+    assert len(ids) == 513 and len(mask) == 512
+    trained = [k + 1 for k, m in enumerate(mask) if m]
+    assert 50 < len(trained) < 400
+    for j in trained:
+        seen = ids[j - CUE_TOKENS : j + 1]
+        assert any(ids[i : i + CUE_TOKENS + 1] == seen for i in range(j - CUE_TOKENS)), j
