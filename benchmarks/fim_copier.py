@@ -142,10 +142,8 @@ def lookup_row(lines: list[list[int]], length: int, rng: random.Random) -> tuple
                 head, start = [], CUE_TOKENS
             else:
                 other = rng.choice(lines)
-                head, start = (
-                    other[: rng.randrange(1, len(other) - 1)],
-                    rng.randrange(CUE_TOKENS, len(line) - 1),
-                )
+                head = other[: rng.randrange(1, len(other) - 1)]
+                start = rng.randrange(CUE_TOKENS, len(line) - 1)
             ids += head + line[start - CUE_TOKENS :]
             mask += [False] * (len(head) + CUE_TOKENS) + [True] * (len(line) - start)
         else:
