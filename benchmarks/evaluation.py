@@ -1,7 +1,7 @@
 """Evaluation (issue 40): does repository context raise a model's exact match on ``cross_file`` holes of
 code no one here wrote, by more than its bootstrap interval; and what the evaluation itself costs.
 
-- The checkpoint: ``fim_copier.build_fim_copier``, a model trained here to copy from its prompt.
+- The checkpoint: ``fim_copier.build_fim_copier``, a model trained here to look up what its prompt holds.
 - The effect: ``cross_file`` holes of ``EVAL_PACKAGES`` (click, jinja2 and httpx from the environment's
   site-packages, each copied into a folder of its own), each hole's file cut to ``PREFIX_CHARS`` before
   and ``SUFFIX_CHARS`` after (as CrossCodeEval cuts its prompts: the builder gives the hole the budget
