@@ -254,7 +254,8 @@ def build_fim_copier(
         for steps, length, per_step in lookup_phases
         for _ in range(steps)
     )
-    lookup_loss = _train(model, rows, sum(p[0] for p in lookup_phases), LOOKUP_LR, "looking up", log)
+    lookup_steps = sum(steps for steps, _, _ in lookup_phases)
+    lookup_loss = _train(model, rows, lookup_steps, LOOKUP_LR, "looking up", log)
     lookup_seconds = time.process_time() - started
 
     examples = fim_examples(tokenizer, repos, per_package, log)
@@ -269,7 +270,7 @@ def build_fim_copier(
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
     info = {
         "copier": copied,
-        "lookup_steps": sum(p[0] for p in lookup_phases),
+        "lookup_steps": lookup_steps,
         "lookup_loss": round(lookup_loss, 4),
         "lookup_cpu_seconds": round(lookup_seconds, 1),
         "steps": fim_steps,
