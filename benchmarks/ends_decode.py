@@ -36,7 +36,7 @@ GENERATE_TOKENS, RUNS = 128, 9
 def checkpoint(workdir: Path, log: Callable[[str], None] = print) -> tuple[Path, str]:
     """The copier if it is cached in ``workdir``, else a checkpoint of its shape and tokenizer (built
     once, kept in ``workdir``); and which of them it is, in words."""
-    from .speculative import SHAPE, training_functions
+    from .copier import SHAPE, training_functions
 
     trained = sorted(Path(workdir).glob("copier-*/training.json"), key=lambda p: p.stat().st_mtime)
     if trained:

@@ -198,7 +198,7 @@ def cost_wide(checkpoint: Path, repo: Path, n_cut: int, n_run: int) -> dict[str,
 def measure(workdir: Path, wide: Path, *, tiny: bool, log: Any = print) -> dict[str, Any]:
     """Train (or reuse) the checkpoint, then the effect and the costs (see the module's docs)."""
     # --tiny: a check of the harness, seconds of training
-    small = {"copy_seconds": 5.0, "lookup_phases": ((5, 128, 4),), "fim_steps": 5, "packages": ("json",)}
+    small = {"copy_seconds": 5.0, "rounds": ((((5, 128, 4),), 5),), "packages": ("json",)}
     folder, training = build_fim_copier(workdir, log, **(small if tiny else {}))
     evaluated = EVAL_PACKAGES[:1] if tiny else EVAL_PACKAGES
     n_effect, n_cost, n_wide = (4, 4, 2) if tiny else (EFFECT_HOLES, COST_HOLES, WIDE_HOLES)
@@ -294,11 +294,15 @@ def _notes(results: dict[str, Any]) -> list[str]:
         f"ms per hole; the model {statistics.median(w['model_per_hole_s']):.2f} s per completion "
         "(2 of the 30 layers: the full model's time is larger, the evaluation's own the same)."
     )
+    rounds = "; ".join(
+        f"round {k}: {r['lookup_steps']} steps looking up (loss {r['lookup_loss']}), then {r['steps']} "
+        f"FIM steps ({r['examples']} prompts, {r['epochs']} epochs, loss {r['final_loss']}), "
+        f"{r['cpu_seconds']} CPU s"
+        for k, r in enumerate(tr["rounds"], 1)
+    )
     notes.append(
-        f"Checkpoint: the copier ({tr['copier'].get('steps')} steps), {tr['lookup_steps']} steps looking up "
-        f"(loss {tr['lookup_loss']}), then {tr['steps']} FIM steps ({tr['examples']} prompts from "
-        f"{len(TRAIN_PACKAGES)} standard-library packages, {tr['epochs']} epochs, loss {tr['final_loss']}); "
-        f"{tr['cpu_seconds']} CPU s."
+        f"Checkpoint: the copier ({tr['copier'].get('steps')} steps), then FIM prompts from "
+        f"{len(TRAIN_PACKAGES)} standard-library packages in rounds: {rounds}."
     )
     return notes
 

@@ -1,19 +1,19 @@
 """The evaluation's checkpoint (issue 40): a model trained here to complete code by looking it up.
 
-Random weights complete nothing, so the speculative benchmark's copier (``speculative.build_copier``:
+Random weights complete nothing, so the speculative benchmark's copier (``copier.build_copier``:
 the tiny shape with 4 layers, trained with PyTorch to copy a function after ``# After:``; that
-benchmark's cache, in a shared work folder) is trained the same way (one thread, AdamW, seed 0) in two
-more phases:
+benchmark's cache, in a shared work folder) is trained the same way (one thread, AdamW) in
+rounds (``ROUNDS``, the k-th seeded k), each from the one before and cached by its recipe, of two
+phases:
 
-1. Looking up (``LOOKUP_PHASES``): rows of standard-library code lines where some lines come back,
-   whole or after the start of another line, the loss only on what the line's earlier occurrence
-   predicts (``lookup_row``). The copier alone copies only after its ``# After:`` cue.
-2. FIM (``FIM_STEPS``): prompts built by this package (``build_fim_prompt``, StarCoder2's repository
-   layout, mostly SPM, with and without repository context from ``RepoIndex.context_files``) around
-   ``line`` and ``cross_file`` holes cut by ``cut_holes`` from standard-library packages
-   (``TRAIN_PACKAGES``), each file cut to the window the evaluation cuts (``windowed``), only those
-   whose answer the prompt holds after the same cue (``copyable``); the loss on the middle and its
-   ``<|endoftext|>``.
+1. Looking up: rows of standard-library code lines where some lines come back, whole or after the
+   start of another line, the loss only on what the line's earlier occurrence predicts
+   (``lookup_row``). The copier alone copies only after its ``# After:`` cue.
+2. FIM: prompts built by this package (``build_fim_prompt``, StarCoder2's repository layout, mostly
+   SPM, with and without repository context from ``RepoIndex.context_files``) around ``line`` and
+   ``cross_file`` holes cut by ``cut_holes`` from standard-library packages (``TRAIN_PACKAGES``), each
+   file cut to the window the evaluation cuts (``windowed``), only those whose answer the prompt holds
+   after the same cue (``copyable``); the loss on the middle and its ``<|endoftext|>``.
 
 It never sees the evaluated repositories; it learns to look up, not to write code.
 """
@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .copier import TRAIN_SECONDS, build_copier
 from .harness import recipe_key
-from .speculative import TRAIN_SECONDS, optimize, schedule
+from .torch_training import adamw, optimize, save_weights, schedule, starcoder2
 
 #: Standard-library packages the FIM training cuts its holes from (never the evaluated ones).
 TRAIN_PACKAGES = (
@@ -57,14 +58,20 @@ PREFIX_CHARS, SUFFIX_CHARS = 1200, 400
 REPO_TOKENS, MAX_PROMPT_TOKENS = 1024, 2000
 #: The copier's training is the speculative benchmark's own (one cache in a shared work folder).
 COPY_SECONDS = TRAIN_SECONDS
-#: Looking up: (steps, tokens a row, rows a step), short rows first (where look-up forms fast); its
-#: learning rate, the tokens of a line's start that identify it, the share of lines that come back.
-LOOKUP_PHASES = ((3000, 128, 16), (1500, 512, 4), (3000, 1536, 1))
+#: Rounds of training: each round's look-up phases ((steps, tokens a row, rows a step), short rows
+#: first, where look-up forms fast), then its FIM steps. The second looks up farther back (where the
+#: first looked up worst: the context's distance) and trains FIM for longer (its loss still fell).
+ROUNDS = (
+    (((3000, 128, 16), (1500, 512, 4), (3000, 1536, 1)), 400),
+    (((3000, 1536, 1),), 1200),
+)
+#: Looking up: its learning rate, the tokens of a line's start that identify it, the share of lines
+#: that come back.
 LOOKUP_LR, CUE_TOKENS, COMEBACK_SHARE = 1e-3, 3, 0.35
-#: FIM: steps, learning rate, prompts a step, holes cut from each package (before ``copyable``);
-#: the share of prompts given repository context, the share in SPM order, and the characters before
-#: the hole that must precede its answer elsewhere in the prompt.
-FIM_STEPS, FIM_LR, BATCH, HOLES_PER_PACKAGE = 400, 5e-4, 4, 2000
+#: FIM: learning rate, prompts a step, holes cut from each package (before ``copyable``); the share
+#: of prompts given repository context, the share in SPM order, and the characters before the hole
+#: that must precede its answer elsewhere in the prompt.
+FIM_LR, BATCH, HOLES_PER_PACKAGE = 5e-4, 4, 2000
 CONTEXT_SHARE, SPM_SHARE, TAIL_CHARS = 0.7, 0.8, 8
 #: What training the checkpoint imports (the test extra); without them the section is skipped.
 TRAINING_NEEDS = ("torch", "transformers")
@@ -167,7 +174,7 @@ def copyable(hole: Any, files: tuple[Any, ...]) -> bool:
 
 
 def fim_examples(
-    tokenizer: Any, repos: list[Path], per_repo: int, log: Any
+    tokenizer: Any, repos: list[Path], per_repo: int, seed: int, log: Any
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, middle ids + ``<|endoftext|>``) of the :func:`copyable` holes cut from ``repos``: SPM
     or PSM, with repository context or without, each prompt built by this package as the evaluation
@@ -176,7 +183,7 @@ def fim_examples(
     from langchain_starcoder.fim import FIMRequest, build_fim_prompt
     from langchain_starcoder.repo import RepoIndex
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False).ids)
@@ -211,43 +218,51 @@ def build_fim_copier(
     log: Any = print,
     *,
     copy_seconds: float = COPY_SECONDS,
-    lookup_phases: tuple[tuple[int, int, int], ...] = LOOKUP_PHASES,
-    fim_steps: int = FIM_STEPS,
+    rounds: tuple[tuple[tuple[tuple[int, int, int], ...], int], ...] = ROUNDS,
     packages: tuple[str, ...] = TRAIN_PACKAGES,
     per_package: int = HOLES_PER_PACKAGE,
 ) -> tuple[Path, dict]:
-    """The speculative benchmark's copier (``copy_seconds`` CPU s of copying) trained to look up, then on
-    FIM prompts (see the module's docs); cached in ``workdir`` by its recipe."""
-    import torch
-    from safetensors.torch import load_file, save_file
+    """The speculative benchmark's copier (``copy_seconds`` CPU s of copying) trained in ``rounds`` to
+    look up, then on FIM prompts (see the module's docs); each round cached in ``workdir`` by its recipe.
+    """
+    folder, copied = build_copier(workdir, copy_seconds, log)
+    trained = []
+    for seed, (lookup_phases, fim_steps) in enumerate(rounds):
+        recipe = [folder.name, lookup_phases, LOOKUP_LR, CUE_TOKENS, COMEBACK_SHARE, fim_steps, FIM_LR]
+        recipe += [BATCH, packages, per_package, CONTEXT_SHARE, SPM_SHARE, TAIL_CHARS, PREFIX_CHARS]
+        recipe += [SUFFIX_CHARS, REPO_TOKENS, MAX_PROMPT_TOKENS, 2]
+        done = Path(workdir) / f"fim-copier-{recipe_key(recipe)}"
+        if not (done / "training.json").exists():
+            log(f"  training round {seed + 1}: looking up, then FIM prompts -> {done}")
+            _round(folder, done, seed, lookup_phases, fim_steps, packages, per_package, log)
+        folder = done
+        trained.append(json.loads((done / "training.json").read_text()))
+    return folder, {"copier": copied, "rounds": trained}
+
+
+def _round(
+    start: Path,
+    folder: Path,
+    seed: int,
+    lookup_phases: tuple[tuple[int, int, int], ...],
+    fim_steps: int,
+    packages: tuple[str, ...],
+    per_package: int,
+    log: Any,
+) -> None:
+    """One round of training from the checkpoint in ``start`` to ``folder``."""
     from tokenizers import Tokenizer
-    from transformers import Starcoder2Config, Starcoder2ForCausalLM
 
-    from .speculative import build_copier
-
-    copier, copied = build_copier(workdir, copy_seconds, log)
-    recipe = [copier.name, lookup_phases, LOOKUP_LR, CUE_TOKENS, COMEBACK_SHARE, fim_steps, FIM_LR, BATCH]
-    recipe += [packages, per_package, CONTEXT_SHARE, SPM_SHARE, TAIL_CHARS, PREFIX_CHARS, SUFFIX_CHARS]
-    recipe += [REPO_TOKENS, MAX_PROMPT_TOKENS, 2]
-    folder = Path(workdir) / f"fim-copier-{recipe_key(recipe)}"
-    done = folder / "training.json"
-    if done.exists():
-        return folder, json.loads(done.read_text())
-    log(f"  training the copier to look up, then on FIM prompts -> {folder}")
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(copier, tmp)
+    shutil.copytree(start, tmp)
     tokenizer = Tokenizer.from_file(str(tmp / "tokenizer.json"))
-    repos = [package_repo(name, Path(workdir) / "stdlib-repos") for name in packages]
+    repos = [package_repo(name, folder.parent / "stdlib-repos") for name in packages]
     config = json.loads((tmp / "config.json").read_text())
-    hf_config = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = Starcoder2ForCausalLM(Starcoder2Config(**hf_config))
-    model.load_state_dict(load_file(str(tmp / "model.safetensors")))
+    model = starcoder2(config, seed, weights=tmp / "model.safetensors")
     started = time.process_time()
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
     lines = code_lines(repos, tokenizer, rng)
     rows = (
         [lookup_row(lines, length, rng) for _ in range(per_step)]
@@ -258,7 +273,7 @@ def build_fim_copier(
     lookup_loss = _train(model, rows, lookup_steps, LOOKUP_LR, "looking up", log)
     lookup_seconds = time.process_time() - started
 
-    examples = fim_examples(tokenizer, repos, per_package, log)
+    examples = fim_examples(tokenizer, repos, per_package, seed, log)
     if not examples:
         msg = f"no hole of {', '.join(packages)} has its answer in its prompt: nothing to train on."
         raise RuntimeError(msg)
@@ -267,9 +282,9 @@ def build_fim_copier(
         for step in range(fim_steps)
     )
     fim_loss = _train(model, batches, fim_steps, FIM_LR, "FIM", log)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_weights(model, tmp / "model.safetensors")
     info = {
-        "copier": copied,
+        "start": start.name,
         "lookup_steps": lookup_steps,
         "lookup_loss": round(lookup_loss, 4),
         "lookup_cpu_seconds": round(lookup_seconds, 1),
@@ -282,7 +297,6 @@ def build_fim_copier(
     (tmp / "training.json").write_text(json.dumps(info))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
-    return folder, info
 
 
 def _fim_row(prompt: list[int], middle: list[int]) -> tuple[list[int], list[bool]]:
@@ -295,7 +309,7 @@ def _train(model: Any, batches: Any, steps: int, lr: float, name: str, log: Any)
     right (a causal model's earlier positions never see the padding); the mean loss of the last 100."""
     import torch
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    optimizer = adamw(model, lr)
     losses: list[float] = []
     for step, rows in enumerate(batches):
         width = max(len(ids) for ids, _ in rows)

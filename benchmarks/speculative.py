@@ -7,23 +7,8 @@ draft of the same model, on code edits from a real repository's history and on o
   ``# Before:\\n{old}\\n# After:\\n``, the expected output the new version.
 - Open-ended prompts: the first two lines of functions of the standard library's ``difflib``, ``shlex``
   and ``calendar`` (not trained on): code to continue, with nothing to copy but what repeats anyway.
-- The checkpoint: random weights copy nothing, so a StarCoder2 of the "tiny" preset's shape with 4 layers
-  (``SHAPE``; hidden 64, 4 heads, 2 KV heads, MLP 256, vocabulary 1024, no window) is trained here to copy
-  (2 layers copied the start of most edits and then slipped; hidden 128 formed no induction in the time): a
-  byte-level BPE trained on the training code, then PyTorch (transformers' ``Starcoder2ForCausalLM``,
-  one thread, seed 0; 3-4x faster per step than MLX's CPU build) with AdamW (learning rate 3e-3,
-  betas 0.9 and 0.98, warmed up over 100 steps, decayed to a tenth over the last 20% of the time,
-  gradients clipped at 1) on rows packed with examples
-  ``# Before:\\n{x}\\n# After:\\n{x}<|endoftext|>``, the loss on the copy and its end only; ``x`` a
-  third random tokens (only copying predicts them), the rest a function of ``argparse``,
-  ``textwrap``, ``json``, ``pathlib``, ``typing``, ``dataclasses``, ``inspect`` or ``configparser`` (at
-  most 700 tokens; never the benchmark's edits or open-ended modules), its prompt tokenized whole as
-  the benchmark's are. 3% of the copied input tokens are replaced by random ones (the targets stay
-  right), so that it goes on copying after a slip of its own. Rows of 64 tokens (32 a step) for the
-  first 35% of ``TRAIN_SECONDS`` of CPU time (induction forms there), then 256 (8 a step) to 60%,
-  then 1024 (2 a step), so that it copies from as far back as an edit
-  prompt needs. The weights are cached in the work folder; the report gives the steps, the final
-  loss, and how much the greedy edits copy the old versions.
+- The checkpoint: the copier (``benchmarks/copier.py``), trained here to copy; the report gives its
+  steps, its final loss, and how much its greedy edits copy the old versions.
 - Decode tokens/s: completion tokens over generation seconds (prefill excluded), summed over the
   prompts of a set, each greedy, interleaved plain / prompt lookup / draft model. Identical token ids
   across the variants are checked on every prompt.
@@ -37,78 +22,24 @@ Run alone: ``python -m benchmarks.speculative [--workdir DIR] [--tiny]`` (the BL
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import importlib.util
-import inspect
 import json
 import os
-import statistics
 import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
-from .harness import REPO, Row, Section, recipe_key
+from .copier import SHAPE, TRAIN_SECONDS, build_copier, definitions, edit_prompt, functions
+from .harness import REPO, Row, Section
 
-TRAIN_MODULES = (
-    "argparse",
-    "textwrap",
-    "json.decoder",
-    "json.encoder",
-    "pathlib",
-    "typing",
-    "dataclasses",
-    "inspect",
-    "configparser",
-)
 OPEN_MODULES = ("difflib", "shlex", "calendar")
-TRAIN_SECONDS = 900
-#: (until this share of the training time, rows of n tokens, rows per step): short rows first, where
-#: induction forms fast, then long ones, so that it copies from as far back as the edit prompts need.
-PHASES = ((0.35, 64, 32), (0.6, 256, 8), (1.0, 1024, 2))
-LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS = 3e-3, 700, 1 / 3, 0.03
-#: The copier's shape: the "tiny" preset with these changes (4 layers: induction by step 2,500, and edits
-#: copied verbatim for 160 tokens where 2 layers slipped every few lines).
-SHAPE: dict[str, int] = {"num_hidden_layers": 4}
 EDITS, OPEN_PROMPTS, MAX_TOKENS = 12, 12, 160
-HEADER, SEPARATOR = "# Before:\n", "\n# After:\n"
 _PACKAGE = "langchain_starcoder/"
 
 
 # --- tasks ---------------------------------------------------------------------------------------
-
-
-def functions(module_name: str) -> list[str]:
-    """The source of every function (and method) of a module, dedented, in file order."""
-    import importlib
-
-    source = inspect.getsource(importlib.import_module(module_name))
-    return [text for _, text in _defs(source).items()]
-
-
-def _defs(source: str) -> dict[str, str]:
-    """Qualified name -> dedented source of each function in ``source`` (empty if it does not parse)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return {}
-    out: dict[str, str] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                name = f"{prefix}{child.name}"
-                if not isinstance(child, ast.ClassDef):
-                    segment = ast.get_source_segment(source, child)
-                    if segment:
-                        out.setdefault(name, textwrap.dedent(" " * child.col_offset + segment))
-                visit(child, name + ".")
-
-    visit(tree, "")
-    return out
 
 
 def history_edits(repo: Path, limit: int) -> list[tuple[str, str]]:
@@ -128,7 +59,7 @@ def history_edits(repo: Path, limit: int) -> list[tuple[str, str]]:
         changed = git("diff", "--name-only", parents[0], commit, "--", _PACKAGE).split()
         for path in sorted(p for p in changed if p.endswith(".py")):
             try:
-                old, new = (_defs(git("show", f"{rev}:{path}")) for rev in (parents[0], commit))
+                old, new = (definitions(git("show", f"{rev}:{path}")) for rev in (parents[0], commit))
             except subprocess.CalledProcessError:  # added or deleted in this commit
                 continue
             for name in sorted(old.keys() & new.keys()):
@@ -143,10 +74,6 @@ def history_edits(repo: Path, limit: int) -> list[tuple[str, str]]:
     return edits
 
 
-def edit_prompt(old: str) -> str:
-    return f"{HEADER}{old}{SEPARATOR}"
-
-
 def open_prompts(limit: int) -> list[str]:
     """The first two lines of functions of modules not trained on: code to continue."""
     heads = []
@@ -157,128 +84,6 @@ def open_prompts(limit: int) -> list[str]:
                 heads.append("".join(lines[:2]))
     step = max(1, len(heads) // limit)
     return heads[::step][:limit]
-
-
-# --- the trained checkpoint --------------------------------------------------------------------
-
-
-def training_functions() -> list[str]:
-    return [f for module in TRAIN_MODULES for f in functions(module)]
-
-
-def schedule(optimizer: Any, base: float, steps: int, progress: float, warmup: int) -> None:
-    """The learning rate: warmed up over ``warmup`` steps, then decayed over the last fifth of the time
-    (``progress`` 0 to 1), to a tenth at the least."""
-    decay = 1.0 if progress < 0.8 else max(0.1, (1 - progress) / 0.2)
-    for group in optimizer.param_groups:
-        group["lr"] = base * min(1.0, (steps + 1) / warmup) * decay
-
-
-def optimize(model: Any, optimizer: Any, loss: Any) -> float:
-    """One step on ``loss``, gradients clipped to norm 1; the loss's value."""
-    import torch
-
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad()
-    return loss.item()
-
-
-def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path, dict[str, Any]]:
-    """A StarCoder2 of the tiny preset (with ``SHAPE``) trained to copy the function in its prompt (cached
-    in ``workdir``).
-
-    Trained with PyTorch (transformers' ``Starcoder2ForCausalLM``, one thread): on this CPU it takes
-    a training step 3-4x faster than MLX's CPU build, which is what lets induction form in minutes.
-    The weights' names are those our MLX module loads.
-    """
-    import numpy as np
-    import torch
-    from safetensors.torch import save_file
-    from tokenizers import Tokenizer
-    from transformers import Starcoder2Config, Starcoder2ForCausalLM
-
-    from langchain_starcoder.testing import SPECIAL_TOKENS, build_starcoder2
-    from langchain_starcoder.testing.tokenizer import write_tokenizer
-
-    corpus = training_functions()
-    # float(seconds): 900 and 900.0 are the same recipe, one key.
-    recipe = [corpus, float(seconds), PHASES, LEARNING_RATE, MAX_COPY, RANDOM_SHARE, SLIPS, SHAPE, 9]
-    key = recipe_key(recipe)
-    folder = Path(workdir) / f"copier-{key}"
-    done = folder / "training.json"
-    if done.exists():
-        return folder, json.loads(done.read_text())
-    log(f"  training a copying StarCoder2 for {seconds:.0f} CPU s -> {folder}")
-    build_starcoder2(folder, preset="tiny", sliding_window=0)
-    config = {**json.loads((folder / "config.json").read_text()), **SHAPE}
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    write_tokenizer(folder, config["vocab_size"], None, corpus=corpus)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    # Each function as an edit prompt tokenized whole (as the benchmark's are) and its copy.
-    examples = [
-        (tokenizer.encode(edit_prompt(f)).ids, tokenizer.encode(f).ids)
-        for f in corpus
-        if 4 <= len(tokenizer.encode(f).ids) <= MAX_COPY
-    ]
-    head, sep = tokenizer.encode(HEADER).ids, tokenizer.encode(SEPARATOR).ids
-    vocab, first = config["vocab_size"], len(SPECIAL_TOKENS)
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    hf_config = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
-    model = Starcoder2ForCausalLM(Starcoder2Config(**hf_config))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.98), weight_decay=0.0)
-
-    def row(length: int) -> tuple[list[int], list[int], list[bool]]:
-        """Copy examples laid end to end: ``# Before:\\n{x}\\n# After:\\n{x}<|endoftext|>``, the loss on the
-        copy and its end only; a third random tokens (only copying predicts them), the rest code.
-        Inputs only: a few copied tokens are wrong (as a model's slips are), so that it learns to
-        go on copying after one."""
-        ids: list[int] = []
-        mask: list[bool] = []
-        while len(ids) <= length:
-            if rng.random() < RANDOM_SHARE:
-                n = int(rng.integers(4, max(8, min(MAX_COPY, length // 2 - 8))))
-                x = rng.integers(first, vocab, n).tolist()
-                prompt = head + x + sep
-            else:
-                prompt, x = examples[int(rng.integers(len(examples)))]
-            ids += [*prompt, *x, 0]
-            mask += [False] * len(prompt) + [True] * (len(x) + 1)
-        ids, mask = ids[: length + 1], mask[1 : length + 1]
-        slips = (rng.random(length) < SLIPS) & np.array(mask)
-        inputs = np.where(slips, rng.integers(first, vocab, length), ids[:-1]).tolist()
-        return inputs, ids[1:], mask
-
-    started, steps, losses = time.process_time(), 0, []
-    while (spent := time.process_time() - started) < seconds:
-        progress = spent / seconds
-        length, batch = next((n, b) for until, n, b in PHASES if progress < until)
-        schedule(optimizer, LEARNING_RATE, steps, progress, warmup=100)
-        rows = [row(length) for _ in range(batch)]
-        inputs, targets, mask = (torch.tensor([r[i] for r in rows]) for i in range(3))
-        hidden = model.model(input_ids=inputs).last_hidden_state[mask]  # the scored positions only
-        losses.append(
-            optimize(
-                model, optimizer, torch.nn.functional.cross_entropy(model.lm_head(hidden), targets[mask])
-            )
-        )
-        steps += 1
-        if steps % 500 == 0:
-            log(f"    step {steps} (rows of {length}): loss {statistics.mean(losses[-100:]):.3f}")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
-    info = {
-        "steps": steps,
-        "cpu_seconds": round(time.process_time() - started, 1),
-        "corpus_tokens": sum(len(x) for _, x in examples),
-        "final_loss": round(statistics.mean(losses[-100:]), 4),
-        "learning_rate": LEARNING_RATE,
-        "phases": PHASES,
-    }
-    done.write_text(json.dumps(info))
-    return folder, info
 
 
 # --- measuring -------------------------------------------------------------------------------
