@@ -19,8 +19,9 @@ held-out files, before (the base) and after (the base with the adapter), paired 
 - The comparison: ``EvalReport.compare`` on the paired holes (its bootstrap 95% intervals).
 
 Run: ``python -m benchmarks.finetune_effect [--model DIR] [--method lora|dora|full] [--steps N]
-[--holes N] [--kinds line,span] [--windowed] [--package click] [--workdir DIR]``; it prints the table and
-writes ``effect.json`` (and the adapter, its loss.png and both reports) to the work folder.
+[--holes N] [--kinds line,span] [--windowed] [--config psm|spm] [--package click] [--workdir DIR]``; it
+prints the table and writes ``effect.json`` (and the adapter, its loss.png and both reports) to the work
+folder.
 """
 
 from __future__ import annotations
@@ -76,14 +77,17 @@ def held_out_copy(repo: Path, files: list[str], dest: Path) -> Path:
     return dest
 
 
-def completed(model: Path, adapter: Path | None, holes: list[Any], name: str, max_tokens: int) -> Any:
-    """The holes completed by the base (``adapter`` None) or the base with the adapter, as ``name``."""
+def completed(
+    model: Path, adapter: Path | None, holes: list[Any], config: str, name: str, max_tokens: int
+) -> Any:
+    """The holes completed under ``config`` by the base (``adapter`` None) or the base with the adapter,
+    as ``name``."""
     from langchain_starcoder import StarCoderEngine
     from langchain_starcoder.evaluation import evaluate
 
     engine = StarCoderEngine.load(model, adapter_path=adapter)
     try:
-        report = evaluate(engine, holes, "psm", max_tokens=max_tokens)
+        report = evaluate(engine, holes, config, max_tokens=max_tokens)
     finally:
         engine.close()
     for record in report.records:
@@ -120,12 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per training example")
     p.add_argument("--fim-rate", type=float, default=0.5, help="the share of FIM training examples")
+    p.add_argument("--spm-rate", type=float, default=0.5, help="the share of FIM examples in SPM order")
     p.add_argument("--held-out", type=float, default=0.25)
     # Each held-out evaluation runs every held-out example: on a slow machine, as costly as many steps.
     p.add_argument("--eval-every", type=int, help="steps between held-out losses (default: steps / 8)")
     p.add_argument("--holes", type=int, default=120)
     p.add_argument("--kinds", default=",".join(KINDS), help="the holes' kinds, comma-separated")
     p.add_argument("--windowed", action="store_true", help="cut each hole's file as evaluation.py does")
+    p.add_argument("--config", choices=("psm", "spm"), default="psm", help="the holes' FIM order")
     p.add_argument("--completion-tokens", type=int, default=32, help="per hole")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, help="default: a new temporary folder")
@@ -150,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         rank=args.rank,
         held_out=args.held_out,
         fim_rate=args.fim_rate,
+        spm_rate=args.spm_rate,
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         max_tokens=args.max_tokens,
@@ -161,8 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     holes = cut_holes(held, kinds=tuple(args.kinds.split(",")), n=args.holes, seed=args.seed)
     if args.windowed:
         holes = [windowed(h) for h in holes]
-    before = completed(model, None, holes, "base", args.completion_tokens)
-    after = completed(model, out, holes, "adapter", args.completion_tokens)
+    before = completed(model, None, holes, args.config, "base", args.completion_tokens)
+    after = completed(model, out, holes, args.config, "adapter", args.completion_tokens)
     before.save(workdir / "before.json")
     after.save(workdir / "after.json")
     both = EvalReport(before.records + after.records, {"package": args.package})

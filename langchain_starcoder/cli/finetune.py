@@ -32,9 +32,15 @@ def _finetune_args(p: argparse.ArgumentParser) -> None:
         training,
         ("--steps", int, "N", "training steps (batches)"),
         ("--rank", int, "R", "the LoRA/DoRA rank"),
+        ("--num-layers", int, "N", "the last N layers adapted or trained"),
         ("--batch-size", int, "N", "examples per step"),
         ("--learning-rate", float, "LR", "Adam's learning rate"),
         ("--max-tokens", int, "N", "tokens per example at most"),
+    )
+    training.add_argument(
+        "--grad-checkpoint",
+        action="store_true",
+        help="recompute activations in the backward pass: less memory, more time (mlx-lm's)",
     )
     data = p.add_argument_group("the data")
     _numbers(

@@ -15,6 +15,8 @@ class FinetuneDefaults:
     method: str = "lora"
     steps: int = 200
     rank: int = 8
+    num_layers: int | None = None
+    grad_checkpoint: bool = False
     held_out: float = 0.1
     fim_rate: float = 0.5
     spm_rate: float = 0.5

@@ -29,8 +29,8 @@ from .settings import DEFAULTS, METHODS
 #: mlx-lm's LoRA defaults (mlx_lm.lora's CONFIG_DEFAULTS): the update is scaled by 20, no dropout.
 LORA_SCALE = 20.0
 LORA_DROPOUT = 0.0
-#: Settings that may change on --resume: how long, and how often to measure and save.
-_MAY_CHANGE = ("steps", "save_every", "eval_every")
+#: Settings that may change on --resume: how long, how often to measure and save, and memory for time.
+_MAY_CHANGE = ("steps", "save_every", "eval_every", "grad_checkpoint")
 
 
 @dataclass
@@ -75,6 +75,8 @@ def finetune(
     method: str = DEFAULTS.method,
     steps: int = DEFAULTS.steps,
     rank: int = DEFAULTS.rank,
+    num_layers: int | None = DEFAULTS.num_layers,
+    grad_checkpoint: bool = DEFAULTS.grad_checkpoint,
     held_out: float = DEFAULTS.held_out,
     since: str | None = None,
     fim_rate: float = DEFAULTS.fim_rate,
@@ -94,7 +96,10 @@ def finetune(
     ``out`` gets mlx-lm's ``adapters.safetensors`` and ``adapter_config.json`` (``mlx_lm.generate
     --adapter-path`` and ``mlx_lm.fuse`` read them), ``finetune.json`` (settings, files, losses, speed),
     ``loss.png`` and the resume state. ``method``: "lora", "dora" or "full" (all the layers' weights);
-    ``rank``: the LoRA rank; ``held_out``: the fraction of files kept out of training to measure on
+    ``rank``: the LoRA rank; ``num_layers``: how many of the last layers are adapted or trained (None:
+    all; mlx_lm.lora's ``--num-layers``); ``grad_checkpoint``: recompute each layer's activations in
+    the backward pass (mlx-lm's gradient checkpointing: less memory, more time); ``held_out``: the
+    fraction of files kept out of training to measure on
     (with ``since``: the files changed after that git revision); ``fim_rate``/``spm_rate``: the
     share of fill-in-the-middle examples and, of those, in SPM order. A checkpoint every ``save_every``
     steps, the held-out loss every ``eval_every`` (over ``eval_batches`` batches of the held-out
@@ -110,15 +115,15 @@ def finetune(
     if state is not None:
         _check_resumable(state, settings, data, out_dir)
     settings["data_digest"] = data.digest
-    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a bad setting or repository leaves nothing
     run = _Run.start(settings, data, out_dir, state, callback)
     return run.train()
 
 
 def _settings(arguments: dict[str, Any]) -> dict[str, Any]:
     """The run's settings as recorded (in finetune.json and the checkpoint), the model as a path."""
-    names = ("method", "steps", "rank", "held_out", "since", "fim_rate", "spm_rate", "batch_size")
-    names += ("learning_rate", "max_tokens", "save_every", "eval_every", "eval_batches", "seed")
+    names = ("method", "steps", "rank", "num_layers", "grad_checkpoint", "held_out", "since")
+    names += ("fim_rate", "spm_rate", "batch_size", "learning_rate", "max_tokens", "save_every")
+    names += ("eval_every", "eval_batches", "seed")
     return {"model": os.fspath(arguments["model"]), **{k: arguments[k] for k in names}}
 
 
@@ -131,9 +136,10 @@ def _check(repo: Any, out: Any, s: dict[str, Any], resume: bool) -> Path:
         if isinstance(s[name], bool) or not isinstance(s[name], int) or s[name] < 1:
             msg = f"{name} must be a positive integer; not {s[name]!r}."
             raise InvalidParameterError(msg)
-    if s["eval_batches"] is not None and (not isinstance(s["eval_batches"], int) or s["eval_batches"] < 1):
-        msg = f"eval_batches must be a positive integer, or None for all; not {s['eval_batches']!r}."
-        raise InvalidParameterError(msg)
+    for name in ("eval_batches", "num_layers"):
+        if s[name] is not None and (isinstance(s[name], bool) or not isinstance(s[name], int) or s[name] < 1):
+            msg = f"{name} must be a positive integer, or None for all; not {s[name]!r}."
+            raise InvalidParameterError(msg)
     if not 0 < s["held_out"] < 1:
         msg = (
             "held_out is the fraction of files kept out of training, between 0 and 1 (e.g. 0.1); "
@@ -275,6 +281,7 @@ class _Run:
 
         mx.random.seed(settings["seed"])  # LoRA's initial weights, as mlx_lm.lora seeds them
         model = _load_model(settings)
+        out.mkdir(parents=True, exist_ok=True)  # only now: a bad setting, repository or model leaves nothing
         optimizer = optim.Adam(learning_rate=settings["learning_rate"])
         run = cls(settings, data, out, model, optimizer)
         run.callback = callback
@@ -330,14 +337,15 @@ class _Run:
         quiet, console.quiet = console.quiet, True
         tic = time.perf_counter()
         try:
-            train(
-                self.model,
-                self.optimizer,
-                self.data.train,
-                args=args,
-                iterate_batches=batches(self.step, s["seed"]),
-                training_callback=_reporter(self),
-            )
+            with _checkpointed(self.model if s["grad_checkpoint"] else None):
+                train(
+                    self.model,
+                    self.optimizer,
+                    self.data.train,
+                    args=args,
+                    iterate_batches=batches(self.step, s["seed"]),
+                    training_callback=_reporter(self),
+                )
         finally:
             console.quiet = quiet
             self.history["train_seconds"] += time.perf_counter() - tic - self.aside
@@ -439,6 +447,24 @@ class _Run:
         )
 
 
+@contextlib.contextmanager
+def _checkpointed(model: Any) -> Iterator[None]:
+    """mlx-lm's gradient checkpointing for ``model``'s layers while the block runs (None: off). It patches
+    the layer class, which the engine's models share: the class is restored after."""
+    if model is None:
+        yield
+        return
+    from mlx_lm.tuner.trainer import grad_checkpoint
+
+    kind = type(model.layers[0])
+    call = kind.__call__
+    grad_checkpoint(model.layers[0])
+    try:
+        yield
+    finally:
+        kind.__call__ = call
+
+
 def _reporter(run: _Run) -> Any:
     """An mlx-lm ``TrainingCallback`` passing each step's report to ``run``."""
     from mlx_lm.tuner.callbacks import TrainingCallback
@@ -452,7 +478,8 @@ def _reporter(run: _Run) -> Any:
 
 def _load_model(settings: dict[str, Any]) -> Any:
     """The model as the engine loads it, made trainable as ``method`` says: mlx-lm's LoRA or DoRA layers
-    on every layer's linear maps (over a quantized base: QLoRA), or every layer's weights (full)."""
+    on the linear maps of the last ``num_layers`` layers (over a quantized base: QLoRA), or those
+    layers' weights (full)."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     from ..loading import load_model, read_config, resolve_model_path
@@ -467,13 +494,23 @@ def _load_model(settings: dict[str, Any]) -> Any:
         )
         raise InvalidParameterError(msg)
     model = load_model(path, quantize=None, group_size=64, dtype="auto", config=config).model
+    layers = _layers(settings, model)
     model.freeze()
     if method == "full":
-        for layer in model.layers:
+        for layer in model.layers[-layers:]:
             layer.unfreeze()
     else:
-        linear_to_lora_layers(model, len(model.layers), _lora_parameters(settings), use_dora=method == "dora")
+        linear_to_lora_layers(model, layers, _lora_parameters(settings), use_dora=method == "dora")
     return model
+
+
+def _layers(settings: dict[str, Any], model: Any) -> int:
+    """How many of the last layers are adapted or trained (``num_layers``; None: all of them)."""
+    total, wanted = len(model.layers), settings["num_layers"]
+    if wanted is not None and wanted > total:
+        msg = f"num_layers={wanted}, but {settings['model']} has {total} layers: give at most {total}."
+        raise InvalidParameterError(msg)
+    return total if wanted is None else wanted
 
 
 def _lora_parameters(settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -491,10 +528,10 @@ def _write_adapter_config(out: Path, settings: dict[str, Any], model: Any) -> No
     config = {
         "model": settings["model"],
         "fine_tune_type": settings["method"],
-        "num_layers": len(model.layers),
+        "num_layers": _layers(settings, model),
         "lora_parameters": _lora_parameters(settings),
         BASE_KEY: base_signature(model.args),
-        **{k: v for k, v in settings.items() if k not in ("model", "method", "data_digest")},
+        **{k: v for k, v in settings.items() if k not in ("model", "method", "num_layers", "data_digest")},
     }
     text = json.dumps(config, indent=2, sort_keys=True)
     write_atomically(out / ADAPTER_CONFIG, lambda p: Path(p).write_text(text, encoding="utf-8"))

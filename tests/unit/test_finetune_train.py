@@ -166,6 +166,7 @@ def test_a_disk_that_fills_during_a_checkpoint_keeps_the_previous_one(tiny_path,
         ({"steps": 0}, "steps must be a positive integer"),
         ({"fim_rate": -0.1}, "fim_rate is a share"),
         ({"eval_batches": 0}, "eval_batches must be a positive integer"),
+        ({"num_layers": 0}, "num_layers must be a positive integer, or None for all"),
     ],
 )
 def test_bad_settings_fail_before_anything_loads(repo, tmp_path, change, message):
@@ -189,6 +190,46 @@ def test_a_damaged_or_missing_checkpoint_and_a_finished_folder(trained, tiny_pat
     state.write_bytes(state.read_bytes()[:200])
     with pytest.raises(CheckpointError, match="is damaged"):
         finetune(repo, model=tiny_path, out=out, resume=True, **{**FAST, "steps": 8})
+
+
+def test_num_layers_adapts_only_the_last_layers_and_the_engine_serves_it(trained, tiny_path, repo, tmp_path):
+    few = {**FAST, "steps": 2, "save_every": 2, "eval_every": 2}
+    last = finetune(repo, model=tiny_path, out=tmp_path / "last", num_layers=1, **few)
+    names = set(mx.load(str(last.out / "adapters.safetensors")))
+    assert names and all(n.startswith("model.layers.1.") for n in names)  # the tiny model has 2 layers
+    assert json.loads((last.out / "adapter_config.json").read_text())["num_layers"] == 1
+    assert json.loads((trained.out / "adapter_config.json").read_text())["num_layers"] == 2  # None: all
+    engine = StarCoderEngine.load(tiny_path, adapter_path=last.out)
+    try:
+        tuned = load_adapters(
+            load_model(tiny_path, quantize=None, group_size=64, dtype="auto").model, str(last.out)
+        )
+        np.testing.assert_allclose(
+            engine.logits([5, 17, 200, 301, 42]),
+            np.array(tuned(mx.array([[5, 17, 200, 301, 42]])))[0],
+            atol=1e-5,
+        )
+    finally:
+        engine.close()
+    full = finetune(repo, model=tiny_path, out=tmp_path / "full", method="full", num_layers=1, **few)
+    assert {n.split(".")[2] for n in mx.load(str(full.out / "adapters.safetensors"))} == {"1"}
+    with pytest.raises(InvalidParameterError, match=r"num_layers=3, but .* has 2 layers: give at most 2"):
+        finetune(repo, model=tiny_path, out=tmp_path / "three", num_layers=3, **few)
+    assert not (tmp_path / "three").exists()  # a bad setting leaves nothing
+
+
+def test_gradient_checkpointing_trains_the_same_and_leaves_the_layer_class_alone(
+    trained, tiny_path, repo, tmp_path
+):
+    from langchain_starcoder.models.starcoder2 import TransformerBlock
+
+    call = TransformerBlock.__call__
+    checkpointed = finetune(repo, model=tiny_path, out=tmp_path / "ckpt", grad_checkpoint=True, **FAST)
+    assert TransformerBlock.__call__ is call  # mlx-lm patches the class: restored for the engine's models
+    np.testing.assert_allclose(
+        [r["loss"] for r in checkpointed.losses], [r["loss"] for r in trained.losses], rtol=1e-4
+    )
+    assert json.loads((checkpointed.out / "finetune.json").read_text())["settings"]["grad_checkpoint"] is True
 
 
 @pytest.fixture(scope="module")
