@@ -36,6 +36,7 @@ from .fim_copier import (
     TRAIN_PACKAGES,
     TRAINING_NEEDS,
     build_fim_copier,
+    copyable,
     package_repo,
     windowed,
     with_context,
@@ -49,6 +50,8 @@ EVAL_PACKAGES = ("click", "jinja2", "httpx")
 CONFIGS = ("psm", "psm+repo", "spm", "spm+repo")  # context given with each hole (REPO_TOKENS)
 MAX_TOKENS = 32  # a line's completion, with room
 EFFECT_HOLES, COST_HOLES, WIDE_HOLES = 200, 200, 8
+#: The holes whose answer the repository context holds and the file's window does not (``copyable``).
+ONLY_IN_CONTEXT = "answer_only_in_context"
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -61,11 +64,13 @@ def effect(folder: Path, workdir: Path, packages: tuple[str, ...], n: int, log: 
 
     reports = {name: package_effect(folder, workdir, name, n, log) for name in packages}
     pooled = EvalReport([r for report in reports.values() for r in report.records])
+    pooled.metadata[ONLY_IN_CONTEXT] = sum(r.metadata.get(ONLY_IN_CONTEXT, 0) for r in reports.values())
     out: dict[str, Any] = {}
     for name, report in [*reports.items(), ("pooled", pooled)]:
         out[name] = {
             "summary": report.summary("config"),
             "with_context": {mode: _comparison(report, f"{mode}+repo", mode) for mode in ("psm", "spm")},
+            ONLY_IN_CONTEXT: report.metadata.get(ONLY_IN_CONTEXT),
         }
     out["examples"] = [dataclasses.asdict(r) for r in pooled.records[:8]]
     return out
@@ -91,6 +96,8 @@ def package_effect(folder: Path, workdir: Path, name: str, n: int, log: Any) -> 
             dataclasses.replace(windowed(h), context=with_context(index, h, engine.count_tokens))
             for h in cut_holes(index, kinds="cross_file", n=n, seed=0)
         ]
+        # The effect's ceiling for a model that looks up: holes whose answer only the context holds.
+        only = sum(copyable(h, h.context) and not copyable(h, ()) for h in holes)
         log(f"    {name}: {len(holes)} cross_file holes x {len(CONFIGS)} configurations")
         report = evaluate(
             engine,
@@ -104,6 +111,7 @@ def package_effect(folder: Path, workdir: Path, name: str, n: int, log: Any) -> 
         engine.close()
     if report.metadata.get("interrupted"):
         raise KeyboardInterrupt  # a part of a package is not kept as if it were the whole
+    report.metadata[ONLY_IN_CONTEXT] = only
     saved.parent.mkdir(parents=True, exist_ok=True)
     report.save(saved)
     return report
@@ -280,8 +288,11 @@ def _notes(results: dict[str, Any]) -> list[str]:
                 if m in ("em", "es", "id_em", "id_f1")
             )
             parts.append(f"{mode}+repo - {mode}: {shown}")
+        only = found.get(ONLY_IN_CONTEXT)
+        ceiling = "" if only is None else f", {only} with their answer only in the context"
         notes.append(
-            f"{name} ({next(iter(found['with_context'].values()))['em']['n']} holes): " + "; ".join(parts)
+            f"{name} ({next(iter(found['with_context'].values()))['em']['n']} holes{ceiling}): "
+            + "; ".join(parts)
         )
     t, w, tr = results["cost_tiny"], results["cost_wide"], results["training"]
     notes.append(
