@@ -203,17 +203,23 @@ def test_stream_left_before_its_first_chunk(
 
 async def test_astream_left_before_its_first_chunk(tiny_engine: StarCoderEngine, backend_spy: Any) -> None:
     seen = backend_spy(tiny_engine).generations
-    for i, kind in enumerate(("astream", "astream_infill")):
-        stream = getattr(tiny_engine, kind)(SNIPPETS[3], max_tokens=LONG)
-        first = asyncio.ensure_future(stream.__anext__())
-        while len(seen) <= i or not seen[i].sink._started:  # submitted and started on the worker
-            await asyncio.sleep(0.001)
-        first.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await first
-        del stream
+    for kind in ("astream", "astream_infill"):
+        for _ in range(5):  # on a busy machine the first chunk can come before the cancel: then again
+            i = len(seen)
+            stream = getattr(tiny_engine, kind)(SNIPPETS[3], max_tokens=LONG)
+            first = asyncio.ensure_future(stream.__anext__())
+            while len(seen) <= i or not seen[i].sink._started:  # submitted and started on the worker
+                await asyncio.sleep(0.001)
+            left = first.cancel()  # False: the first chunk was already taken
+            if left:
+                with pytest.raises(asyncio.CancelledError):
+                    await first
+            del stream
+            if left:
+                break
+        assert left, f"{kind}: the first chunk came before every cancel"
     await asyncio.to_thread(_idle, tiny_engine)
-    assert len(seen) == 2 and all(g.cancelled.is_set() and _generated(g) < 50 for g in seen)
+    assert len(seen) >= 2 and all(g.cancelled.is_set() and _generated(g) < 50 for g in seen)
 
 
 async def test_cancelled_agenerate_batch(tiny_engine: StarCoderEngine, backend_spy: Any) -> None:
