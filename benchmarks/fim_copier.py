@@ -59,11 +59,12 @@ REPO_TOKENS, MAX_PROMPT_TOKENS = 1024, 2000
 #: The copier's training is the speculative benchmark's own (one cache in a shared work folder).
 COPY_SECONDS = TRAIN_SECONDS
 #: Rounds of training: each round's look-up phases ((steps, tokens a row, rows a step), short rows
-#: first, where look-up forms fast), then its FIM steps. The second looks up farther back (where the
-#: first looked up worst: the context's distance) and trains FIM for longer (its loss still fell).
+#: first, where look-up forms fast), then its FIM steps. The later ones look up farther back (where the
+#: first looked up worst: the context's distance) and train FIM for longer (its loss still fell).
 ROUNDS = (
     (((3000, 128, 16), (1500, 512, 4), (3000, 1536, 1)), 400),
     (((3000, 1536, 1),), 1200),
+    (((3000, 1536, 1),), 1600),
 )
 #: Looking up: its learning rate, the tokens of a line's start that identify it, the share of lines
 #: that come back.
