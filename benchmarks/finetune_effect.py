@@ -114,6 +114,27 @@ def table(comparison: Any, loss: tuple[float, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="finetune-effect-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, repo = build(workdir, args.package, args.model)
+    result = trained(args, model, repo, workdir / "adapter")
+    holes = held_out_holes(args, repo, result.held_out_files, workdir / "held-out")
+    before = completed(model, None, holes, args.config, "base", args.completion_tokens)
+    after = completed(model, result.out, holes, args.config, "adapter", args.completion_tokens)
+    before.save(workdir / "before.json")
+    after.save(workdir / "after.json")
+    text = summarized(args, workdir, model, result, before, after)
+    print(
+        f"{args.package}: {len(result.train_files)} files trained on, {len(result.held_out_files)} held out "
+        f"({', '.join(result.held_out_files)}); {result.steps} {args.method} steps from {model}, "
+        f"{len(holes)} holes in them"
+    )
+    print(text)
+    print(f"Loss curve: {result.plot}; reports and effect.json in {workdir}")
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.finetune_effect", description=__doc__)
     p.add_argument("--model", type=Path, help="the base checkpoint (default: the tiny preset, random)")
     p.add_argument("--method", choices=("lora", "dora", "full"), default="lora")
@@ -135,19 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--completion-tokens", type=int, default=32, help="per hole")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, help="default: a new temporary folder")
-    args = p.parse_args(argv)
+    return p
 
-    from langchain_starcoder.evaluation import EvalReport, cut_holes
+
+def trained(args: argparse.Namespace, model: Path, repo: Path, out: Path) -> Any:
+    """``finetune`` on ``repo`` with the settings given, into a fresh ``out``."""
     from langchain_starcoder.finetune import finetune
 
-    from .fim_copier import windowed
-
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="finetune-effect-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    model, repo = build(workdir, args.package, args.model)
-    out = workdir / "adapter"
     shutil.rmtree(out, ignore_errors=True)
-    result = finetune(
+    return finetune(
         repo,
         model=model,
         out=out,
@@ -164,16 +181,28 @@ def main(argv: list[str] | None = None) -> None:
         eval_every=args.eval_every or max(1, args.steps // 8),
         seed=args.seed,
     )
-    held = held_out_copy(repo, result.held_out_files, workdir / "held-out")
+
+
+def held_out_holes(args: argparse.Namespace, repo: Path, files: list[str], dest: Path) -> list[Any]:
+    """The holes cut from a copy of the held-out ``files`` only (windowed when asked)."""
+    from langchain_starcoder.evaluation import cut_holes
+
+    from .fim_copier import windowed
+
+    held = held_out_copy(repo, files, dest)
     holes = cut_holes(held, kinds=tuple(args.kinds.split(",")), n=args.holes, seed=args.seed)
-    if args.windowed:
-        holes = [windowed(h) for h in holes]
-    before = completed(model, None, holes, args.config, "base", args.completion_tokens)
-    after = completed(model, out, holes, args.config, "adapter", args.completion_tokens)
-    before.save(workdir / "before.json")
-    after.save(workdir / "after.json")
-    both = EvalReport(before.records + after.records, {"package": args.package})
-    comparison = both.compare("adapter", "base")
+    return [windowed(h) for h in holes] if args.windowed else holes
+
+
+def summarized(
+    args: argparse.Namespace, workdir: Path, model: Path, result: Any, before: Any, after: Any
+) -> str:
+    """The paired comparison as a table, written with the run's settings and files to effect.json."""
+    from langchain_starcoder.evaluation import EvalReport
+
+    comparison = EvalReport(before.records + after.records, {"package": args.package}).compare(
+        "adapter", "base"
+    )
     loss = (result.held_out_loss_before, result.held_out_loss_after)
     text = table(comparison, loss)
     summary = {
@@ -187,13 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         "table": text,
     }
     (workdir / "effect.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    print(
-        f"{args.package}: {len(result.train_files)} files trained on, {len(result.held_out_files)} held out "
-        f"({', '.join(result.held_out_files)}); {result.steps} {args.method} steps from {model}, "
-        f"{len(holes)} holes in them"
-    )
-    print(text)
-    print(f"Loss curve: {result.plot}; reports and effect.json in {workdir}")
+    return text
 
 
 if __name__ == "__main__":
