@@ -112,7 +112,7 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     if done.exists():
         return folder, json.loads(done.read_text())
     log(f"  training a copying StarCoder2 for {seconds:.0f} CPU s -> {folder}")
-    config, tokenizer = _shape_and_tokenizer(folder, corpus)
+    config, tokenizer = shape_and_tokenizer(folder, corpus)
     rows = CopyRows.of(tokenizer, corpus, config["vocab_size"], np.random.default_rng(0))
     model = starcoder2(config, seed=0)
     started = time.process_time()
@@ -130,15 +130,15 @@ def build_copier(workdir: Path, seconds: float, log: Any = print) -> tuple[Path,
     return folder, info
 
 
-def _shape_and_tokenizer(folder: Path, corpus: list[str]) -> tuple[dict[str, Any], Any]:
-    """The tiny preset with ``SHAPE`` in ``folder`` (no window), with a BPE trained on ``corpus``; its
-    config and tokenizer."""
+def shape_and_tokenizer(folder: Path, corpus: list[str]) -> tuple[dict[str, Any], Any]:
+    """A checkpoint of the copier's shape in ``folder``: the tiny preset with ``SHAPE`` (no window, random
+    weights), with a BPE trained on ``corpus``; its config and tokenizer."""
     from tokenizers import Tokenizer
 
     from langchain_starcoder.testing import build_starcoder2
     from langchain_starcoder.testing.tokenizer import write_tokenizer
 
-    build_starcoder2(folder, preset="tiny", sliding_window=0)
+    build_starcoder2(folder, preset="tiny", num_layers=SHAPE["num_hidden_layers"], sliding_window=0)
     config = {**json.loads((folder / "config.json").read_text()), **SHAPE}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(folder, config["vocab_size"], None, corpus=corpus)

@@ -20,7 +20,6 @@ times the decode time per token measured on the speculative benchmark's copier c
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +35,7 @@ GENERATE_TOKENS, RUNS = 128, 9
 def checkpoint(workdir: Path, log: Callable[[str], None] = print) -> tuple[Path, str]:
     """The copier if it is cached in ``workdir``, else a checkpoint of its shape and tokenizer (built
     once, kept in ``workdir``); and which of them it is, in words."""
-    from .copier import SHAPE, training_functions
+    from .copier import SHAPE, shape_and_tokenizer, training_functions
 
     trained = sorted(Path(workdir).glob("copier-*/training.json"), key=lambda p: p.stat().st_mtime)
     if trained:
@@ -47,15 +46,8 @@ def checkpoint(workdir: Path, log: Callable[[str], None] = print) -> tuple[Path,
     what = f"the copier's shape and tokenizer, random weights ({folder.name}; the copier is not cached)"
     if (folder / ".bench-complete").is_file():
         return folder, what
-    from langchain_starcoder.testing import build_starcoder2
-    from langchain_starcoder.testing.tokenizer import write_tokenizer
-
     log(f"  building {folder.name}: the copier's shape and tokenizer")
-    # As build_copier makes it: the tiny preset, no window, SHAPE's layers, a BPE trained on its corpus.
-    build_starcoder2(folder, preset="tiny", num_layers=SHAPE["num_hidden_layers"], sliding_window=0)
-    config = {**json.loads((folder / "config.json").read_text()), **SHAPE}
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    write_tokenizer(folder, config["vocab_size"], None, corpus=corpus)
+    shape_and_tokenizer(folder, corpus)
     (folder / ".bench-complete").write_text("1")
     return folder, what
 
